@@ -1,0 +1,70 @@
+"""aiolocks: distributed locks for asyncio.
+
+Apache Curator's ZooKeeper recipes and Redisson's Redis locks behind one
+``async with lock:`` API, with an in-process ``memory://`` backend as the
+embedded default::
+
+    import aiolocks
+
+    async with aiolocks.connect("memory://") as backend:
+        async with backend.mutex("locks/pay/order-1001").hold(timeout=5):
+            ...
+
+Reentrancy belongs to the current asyncio task; waiting is event-driven; a
+lost hold cancels the body of ``async with`` and raises ``LockLostError``;
+cancelling a task at any await point never leaks a lock.
+"""
+
+from ._connect import connect as connect
+from ._core.backend import Backend as Backend
+from ._core.driver import Capabilities as Capabilities
+from ._core.errors import BackendUnavailableError as BackendUnavailableError
+from ._core.errors import DeadlockError as DeadlockError
+from ._core.errors import InvalidLockNameError as InvalidLockNameError
+from ._core.errors import LockError as LockError
+from ._core.errors import LockLostError as LockLostError
+from ._core.errors import LockNotOwnedError as LockNotOwnedError
+from ._core.errors import LockTimeoutError as LockTimeoutError
+from ._core.leader import LeaderLatch as LeaderLatch
+from ._core.locks import HoldContext as HoldContext
+from ._core.locks import Lock as Lock
+from ._core.locks import Mutex as Mutex
+from ._core.locks import ReadLock as ReadLock
+from ._core.locks import ReadWriteLock as ReadWriteLock
+from ._core.locks import SemaphoreMutex as SemaphoreMutex
+from ._core.locks import WriteLock as WriteLock
+from ._core.multilock import MultiLock as MultiLock
+from ._core.names import validate_name as validate_name
+from ._core.participants import Participant as Participant
+from ._core.semaphore import Lease as Lease
+from ._core.semaphore import LeaseContext as LeaseContext
+from ._core.semaphore import Semaphore as Semaphore
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "Backend",
+    "BackendUnavailableError",
+    "Capabilities",
+    "DeadlockError",
+    "HoldContext",
+    "InvalidLockNameError",
+    "LeaderLatch",
+    "Lease",
+    "LeaseContext",
+    "Lock",
+    "LockError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockTimeoutError",
+    "MultiLock",
+    "Mutex",
+    "Participant",
+    "ReadLock",
+    "ReadWriteLock",
+    "Semaphore",
+    "SemaphoreMutex",
+    "WriteLock",
+    "connect",
+    "validate_name",
+]

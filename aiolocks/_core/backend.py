@@ -1,0 +1,287 @@
+"""The public backend: one driver, the shared per-task ledgers, owned tasks.
+
+A :class:`Backend` is what ``aiolocks.connect()`` yields. It holds the policy
+that every driver shares (httpx's split: the client holds the policy, a
+transport has one job): lock objects and their reentrancy ledgers, the
+acquire/release plumbing that survives cancellation, orphan release when a
+task ends while holding, and ``close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+import weakref
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .driver import Capabilities, Driver, Family, Grant, Request
+from .errors import BackendUnavailableError
+from .names import validate_name
+from .participants import Participant
+from .tasks import TaskSet, wait_finished
+
+if TYPE_CHECKING:
+    from .hold import Hold
+    from .leader import LeaderLatch
+    from .locks import Mutex, ReadWriteLock, SemaphoreMutex
+    from .semaphore import Semaphore
+
+__all__ = ["Backend"]
+
+logger = logging.getLogger("aiolocks")
+
+
+class Backend:
+    """A connection to one lock service; the factory of every lock primitive.
+
+    Build it with :func:`aiolocks.connect`, or with a backend class on a client
+    you already have (``ZooKeeperBackend(client)``, ``RedisBackend(client)``).
+
+    >>> async with aiolocks.connect("memory://") as backend:  # doctest: +SKIP
+    ...     async with backend.mutex("locks/pay/order-1001"):
+    ...         ...
+
+    ``close()`` releases every hold; a hold whose ``async with`` body is still
+    running is marked lost, so that body gets :class:`LockLostError`.
+    """
+
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+        self.client_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        """Identifies this backend instance in ``Participant.id`` values."""
+        self._tasks = TaskSet()
+        self._holds: set[Hold] = set()
+        # (family, name, mode) -> {task: hold}: the per-task reentrancy ledgers
+        self._ledgers: dict[tuple[Family, str, str], dict[asyncio.Task[object], Hold]] = {}
+        self._latches: weakref.WeakSet[LeaderLatch] = weakref.WeakSet()
+        self._open_lock: asyncio.Lock | None = None
+        self._opened = False
+        self._closed = False
+
+    # -- identity ---------------------------------------------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend promises (fairness, visible queues, whether holds can be lost)."""
+        return self._driver.capabilities
+
+    @property
+    def url(self) -> str:
+        """The server(s) this backend talks to, without credentials."""
+        return self._driver.describe()
+
+    @property
+    def closed(self) -> bool:
+        """``close()`` has been called."""
+        return self._closed
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("open" if self._opened else "not opened")
+        return f"<{type(self).__name__} {self.url} {state}>"
+
+    # -- factories --------------------------------------------------------
+
+    def mutex(self, name: str, **options: Any) -> Mutex:
+        """A reentrant mutex owned by the current asyncio task (Curator InterProcessMutex)."""
+        from .locks import Mutex
+
+        return Mutex(self, name, options)
+
+    def semaphore_mutex(self, name: str, **options: Any) -> SemaphoreMutex:
+        """A non-reentrant mutex that any task may release (InterProcessSemaphoreMutex)."""
+        from .locks import SemaphoreMutex
+
+        return SemaphoreMutex(self, name, options)
+
+    def semaphore(self, name: str, max_leases: int, **options: Any) -> Semaphore:
+        """A counting semaphore of ``max_leases`` leases (InterProcessSemaphoreV2)."""
+        from .semaphore import Semaphore
+
+        return Semaphore(self, name, max_leases, options)
+
+    def read_write_lock(self, name: str, **options: Any) -> ReadWriteLock:
+        """A read/write lock with ``.read`` and ``.write`` halves (InterProcessReadWriteLock)."""
+        from .locks import ReadWriteLock
+
+        return ReadWriteLock(self, name, options)
+
+    def leader_latch(
+        self, name: str, participant_id: str | None = None, **options: Any
+    ) -> LeaderLatch:
+        """A leader latch: one started latch per name has leadership at a time."""
+        from .leader import LeaderLatch
+
+        return LeaderLatch(self, name, participant_id, options)
+
+    # -- lifecycle --------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect the driver; idempotent. ``connect()`` calls it for you."""
+        if self._opened:
+            return
+        self._check_open()
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if not self._opened:
+                await self._driver.open()
+                self._opened = True
+
+    async def close(self) -> None:
+        """Release every hold, stop background work and disconnect.
+
+        Holds still in use are marked lost first, so their ``async with``
+        bodies are cancelled and raise :class:`LockLostError`. Idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        cancelled: asyncio.CancelledError | None = None
+        for latch in list(self._latches):
+            latch._stop_on_close()
+        for hold in list(self._holds):
+            hold.grant.mark_lost("the backend was closed")
+        releases = [
+            self._tasks.spawn(self._driver_release(hold), name="aiolocks-close-release")
+            for hold in list(self._holds)
+        ]
+        if releases:
+            cancelled = await wait_finished(asyncio.gather(*releases, return_exceptions=True))
+        try:
+            await self._tasks.drain(cancel=True)
+        except asyncio.CancelledError as exc:
+            cancelled = cancelled or exc
+        if self._opened:
+            closing = asyncio.ensure_future(self._driver.close())
+            cancelled = await wait_finished(closing) or cancelled
+            if not closing.cancelled() and closing.exception() is not None:
+                logger.warning("closing %s failed", self.url, exc_info=closing.exception())
+        if cancelled is not None:
+            raise cancelled
+
+    async def __aenter__(self) -> Backend:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- plumbing used by the primitives ----------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendUnavailableError(f"backend {self.url} is closed")
+
+    def _lock_options(self, family: Family, options: Mapping[str, object]) -> Mapping[str, object]:
+        return self._driver.lock_options(family, options)
+
+    def _validate_name(self, name: object) -> str:
+        return validate_name(name)
+
+    def _participant_id(self, task: asyncio.Task[object] | None) -> str:
+        if task is None:
+            return self.client_id
+        return f"{self.client_id}/{task.get_name()}"
+
+    def _ledger(self, family: Family, name: str, mode: str) -> dict[asyncio.Task[object], Hold]:
+        key = (family, name, mode)
+        ledger = self._ledgers.get(key)
+        if ledger is None:
+            ledger = self._ledgers[key] = {}
+        return ledger
+
+    def _drop_ledger_if_empty(self, family: Family, name: str, mode: str) -> None:
+        key = (family, name, mode)
+        if not self._ledgers.get(key, True):
+            del self._ledgers[key]
+
+    def _register_hold(self, hold: Hold) -> None:
+        self._holds.add(hold)
+
+    def _notify_lost(self, hold: Hold) -> None:
+        """Hook for a lost hold (the hold already logged it)."""
+
+    async def _acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
+        """Run ``driver.acquire`` in its own task; give back grants won after a cancel."""
+        await self.open()
+        self._check_open()
+        attempt = self._tasks.spawn(
+            self._driver.acquire(request, deadline),
+            name=f"aiolocks-acquire:{request.family.value}:{request.name}",
+            log_errors=False,
+        )
+        cancelled = await wait_finished(attempt, cancel_inner=True)
+        if cancelled is None:
+            return attempt.result()
+        # The caller was cancelled. The attempt was cancelled too and cleaned
+        # up after itself, unless it had already won: then give it back here,
+        # so that nothing stays held by a caller that is gone.
+        if not attempt.cancelled() and attempt.exception() is None:
+            grants = attempt.result()
+            if grants:
+                releases = asyncio.gather(
+                    *(
+                        self._tasks.spawn(
+                            self._release_grant(grant), name="aiolocks-release-unwanted"
+                        )
+                        for grant in grants
+                    ),
+                    return_exceptions=True,
+                )
+                await wait_finished(releases)
+        raise cancelled
+
+    async def _release_grant(self, grant: Grant) -> None:
+        await self._driver.release(grant)
+
+    async def _driver_release(self, hold: Hold) -> None:
+        if hold.released:
+            return
+        hold.released = True
+        self._holds.discard(hold)
+        await self._driver.release(hold.grant)
+
+    async def _release(self, hold: Hold) -> None:
+        """Release ``hold`` on the server in an owned task; completes even if cancelled."""
+        if hold.released:
+            return
+        task = self._tasks.spawn(
+            self._driver_release(hold), name=f"aiolocks-release:{hold.name}", log_errors=False
+        )
+        cancelled = await wait_finished(task)
+        if not task.cancelled():
+            exc = task.exception()
+            if exc is not None and not hold.lost:
+                if cancelled is None:
+                    raise exc
+                logger.warning("releasing %r failed", hold.name, exc_info=exc)
+        if cancelled is not None:
+            raise cancelled
+
+    def _release_orphan(self, hold: Hold) -> None:
+        """Release, in the background, a hold whose owner task ended while holding."""
+        if hold.released or self._closed:
+            return
+        logger.warning(
+            "task %r ended while holding %s %r (fencing token %d); releasing it",
+            hold.owner.get_name() if hold.owner is not None else None,
+            hold.kind,
+            hold.name,
+            hold.token,
+        )
+        self._tasks.spawn(self._driver_release(hold), name=f"aiolocks-orphan:{hold.name}")
+
+    async def _participants(self, family: Family, name: str) -> list[Participant]:
+        await self.open()
+        self._check_open()
+        return await self._driver.participants(name, family)

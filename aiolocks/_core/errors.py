@@ -1,0 +1,73 @@
+"""The aiolocks exception tree.
+
+::
+
+    LockError (Exception)
+     +-- LockNotOwnedError (also RuntimeError)   release by a task that does not hold it
+     +-- LockLostError                           the hold was lost (session expired,
+                                                 lease lapsed, key taken)
+     +-- LockTimeoutError (also TimeoutError)    hold()/lease() did not acquire in time
+     +-- DeadlockError (also RuntimeError)       the call could only ever wait for itself
+     +-- InvalidLockNameError (also ValueError)  a name that no backend accepts
+     +-- BackendUnavailableError (also ConnectionError)
+                                                 the server cannot be reached in time
+
+Driver errors (``aiozk.exc.*``, ``redis.exceptions.*``) are mapped to these in
+one place per driver, always with ``raise ... from exc``. Cancellation is never
+wrapped or swallowed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendUnavailableError",
+    "DeadlockError",
+    "InvalidLockNameError",
+    "LockError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockTimeoutError",
+]
+
+
+class LockError(Exception):
+    """Base class of every aiolocks error."""
+
+
+class LockNotOwnedError(LockError, RuntimeError):
+    """``release()`` was called by a task that does not hold the lock.
+
+    Curator's ``IllegalMonitorStateException``, Redisson's
+    ``IllegalMonitorStateException`` on unlock by a non-owner.
+    """
+
+
+class LockLostError(LockError):
+    """A hold was lost while it was in use.
+
+    Raised out of ``async with lock:`` when the ZooKeeper session expired, the
+    Redis lease was not renewed in time, the key was deleted or taken behind
+    the library's back, or the backend was closed. The body of the ``async
+    with`` block was cancelled when the loss was detected.
+    """
+
+
+class LockTimeoutError(LockError, TimeoutError):
+    """The lock was not acquired within the timeout given to ``hold()``/``lease()``."""
+
+
+class DeadlockError(LockError, RuntimeError):
+    """The call could only wait for the calling task itself.
+
+    Raised at once, instead of hanging: a second ``acquire`` of a
+    ``SemaphoreMutex`` by the task that holds it, or ``.write`` taken by a task
+    that holds ``.read`` of the same read/write lock.
+    """
+
+
+class InvalidLockNameError(LockError, ValueError):
+    """A lock name that is empty, malformed, too long or contains control characters."""
+
+
+class BackendUnavailableError(LockError, ConnectionError):
+    """The lock server cannot be reached within the connect timeout or retry policy."""

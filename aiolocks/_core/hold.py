@@ -1,0 +1,131 @@
+"""One acquisition as the core sees it, and what happens when it is lost.
+
+A :class:`Hold` wraps the driver's :class:`Grant` with what every backend
+shares: the owning task and its reentrancy count, the ``async with`` bodies
+that run under it, and loss handling.
+
+Loss follows CPython's ``asyncio.timeout()``: when the driver reports the
+grant lost, every task running an ``async with`` body of this hold is
+cancelled once (``task.cancel()``), and the body's ``__aexit__`` withdraws
+that request with ``task.uncancel()``. If nobody else asked for cancellation
+meanwhile, the ``CancelledError`` becomes :class:`LockLostError`; if someone
+did (a timeout scope, a task group, a user ``task.cancel()``), the
+cancellation wins and propagates, as in ``asyncio.timeout()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .driver import Grant
+
+if TYPE_CHECKING:
+    from .backend import Backend
+
+__all__ = ["Hold"]
+
+logger = logging.getLogger("aiolocks")
+
+
+class Hold:
+    """One acquisition: its grant(s), owner task, reentrancy count and bodies."""
+
+    __slots__ = (
+        "_bodies",
+        "_loss_cancelled",
+        "backend",
+        "count",
+        "grant",
+        "kind",
+        "name",
+        "on_owner_done",
+        "owner",
+        "released",
+    )
+
+    def __init__(
+        self,
+        backend: Backend,
+        grant: Grant,
+        *,
+        kind: str,
+        owner: asyncio.Task[object] | None,
+    ) -> None:
+        self.backend = backend
+        self.grant = grant
+        self.kind = kind
+        self.name = grant.request.name
+        self.owner = owner
+        self.count = 1
+        self.released = False
+        self.on_owner_done: Callable[[asyncio.Task[object]], object] | None = None
+        # task -> stack of task.cancelling() values at each body entry
+        self._bodies: dict[asyncio.Task[object], list[int]] = {}
+        # task -> the cancelling() baseline of its outermost body, for tasks we cancelled
+        self._loss_cancelled: dict[asyncio.Task[object], int] = {}
+        backend._register_hold(self)
+        grant.add_loss_listener(self._on_grant_lost)
+
+    @property
+    def token(self) -> int:
+        """Fencing token of this hold."""
+        return self.grant.token
+
+    @property
+    def lost(self) -> bool:
+        """The server no longer backs this hold."""
+        return self.grant.lost
+
+    def _on_grant_lost(self, grant: Grant) -> None:
+        if self.released:
+            return
+        logger.warning(
+            "%s %r lost its hold (fencing token %d): %s",
+            self.kind,
+            self.name,
+            grant.token,
+            grant.lost_reason,
+        )
+        self.backend._notify_lost(self)
+        for task, stack in self._bodies.items():
+            if stack and task not in self._loss_cancelled and not task.done():
+                self._loss_cancelled[task] = stack[0]
+                task.cancel(f"aiolocks: hold of {self.kind} {self.name!r} was lost")
+
+    def enter_body(self, task: asyncio.Task[object]) -> None:
+        """Record that ``task`` runs an ``async with`` body under this hold."""
+        self._bodies.setdefault(task, []).append(task.cancelling())
+
+    async def exit_body(self, task: asyncio.Task[object], exc: BaseException | None) -> str:
+        """Leave a body of ``task`` and say how it ended.
+
+        Returns ``"held"`` (the hold was never lost), ``"lost"`` (raise
+        :class:`LockLostError`) or ``"cancelled"`` (lost, but somebody else
+        also cancelled the task: let the cancellation propagate). Withdraws our
+        loss cancellation, and absorbs it when the body ended before it was
+        delivered, like ``asyncio.timeout()``.
+        """
+        stack = self._bodies.get(task)
+        if stack:
+            stack.pop()
+            if not stack:
+                del self._bodies[task]
+        baseline = self._loss_cancelled.pop(task, None)
+        if baseline is None:
+            return "lost" if self.lost else "held"
+        if task.uncancel() > baseline:
+            return "cancelled"
+        if not isinstance(exc, asyncio.CancelledError):
+            # The body finished (or failed) before our cancellation reached
+            # it. uncancel() does not withdraw a pending request on every
+            # Python version, so absorb it here rather than let it hit an
+            # unrelated await later.
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                if task.cancelling() > baseline:
+                    return "cancelled"
+        return "lost"

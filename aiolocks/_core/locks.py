@@ -1,0 +1,524 @@
+"""Mutex, SemaphoreMutex and ReadWriteLock, written once over the driver protocol.
+
+Design note
+-----------
+Curator keeps a ``threadData`` map (thread -> LockData) per lock; aiolocks
+keeps a per-backend ledger ``task -> Hold`` per (family, name, mode), so every
+lock object of one name on one backend shares it (CHECKLIST Z9: two Curator
+objects for one path self-deadlock; ours do not). Re-entry by the owning task
+is a local count: no network call. The backend hold ends at the last release.
+
+``SemaphoreMutex`` is not reentrant and not tied to a task: its hold belongs
+to the lock object (Curator's lease semantics), and a second ``acquire`` by
+the task that took it raises :class:`DeadlockError` at once instead of hanging
+(trio's ``Lock`` does the same).
+
+Cancellation: the driver's acquire runs in its own task (see
+``Backend._acquire``); a grant that arrives after the caller was cancelled is
+given back. Between "granted" and "recorded in the ledger" there is no await.
+Release runs in an owned task that completes even when the caller is
+cancelled; the cancellation is re-raised afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, final
+
+from .driver import Family, Mode, Request
+from .errors import DeadlockError, LockLostError, LockNotOwnedError, LockTimeoutError
+from .hold import Hold
+from .participants import Participant
+from .timeouts import check_timeout, deadline_from
+
+if TYPE_CHECKING:
+    from .backend import Backend
+
+__all__ = [
+    "HoldContext",
+    "Lock",
+    "Mutex",
+    "ReadLock",
+    "ReadWriteLock",
+    "SemaphoreMutex",
+    "WriteLock",
+]
+
+
+def current_task(what: str) -> asyncio.Task[object]:
+    """The running task, or a clear error outside of one."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    if task is None:
+        raise RuntimeError(f"{what} must be called from inside an asyncio task")
+    return task
+
+
+class Lock:
+    """Behaviour shared by every lock: ``acquire``/``release``/``hold``/``async with``.
+
+    Subclasses decide who owns a hold (:class:`Mutex` and the read/write
+    halves: the current task, reentrantly; :class:`SemaphoreMutex`: the lock
+    object).
+    """
+
+    _family: Family
+    _mode: Mode
+    _kind: str
+
+    def __init__(self, backend: Backend, name: str, options: Mapping[str, object]) -> None:
+        self._name = name
+        self._key = backend._validate_name(name)
+        self._backend = backend
+        self._options = backend._lock_options(self._family, options)
+
+    @property
+    def name(self) -> str:
+        """The name this lock was created with."""
+        return self._name
+
+    @property
+    def backend(self) -> Backend:
+        """The backend this lock lives on."""
+        return self._backend
+
+    def _sort_key(self) -> tuple[str, str, str, str]:
+        return (self._backend.url, self._backend.client_id, self._key, self._mode.value)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._name!r} on {self._backend.url}>"
+
+    # -- ownership hooks (subclasses) -----------------------------------------
+
+    def _current_hold(self) -> Hold | None:
+        raise NotImplementedError
+
+    def _reenter(self, task: asyncio.Task[object]) -> bool:
+        raise NotImplementedError
+
+    def _request(self, task: asyncio.Task[object]) -> Request:
+        raise NotImplementedError
+
+    def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
+        raise NotImplementedError
+
+    def _take_for_release(self, task: asyncio.Task[object]) -> Hold | None:
+        """Count one release down; return the hold to release on the server, if any."""
+        raise NotImplementedError
+
+    # -- public API -------------------------------------------------------------
+
+    async def acquire(self, timeout: float | None = None) -> bool:
+        """Acquire the lock; ``True`` once held, ``False`` when ``timeout`` passed first.
+
+        ``timeout=None`` waits as long as it takes; ``0`` tries once. If the
+        calling task is cancelled while waiting, nothing stays held and the
+        ``CancelledError`` propagates.
+
+        :raises DeadlockError: the call could only wait for the calling task.
+        :raises LockLostError: re-entry into a hold that was already lost.
+        :raises BackendUnavailableError: the server cannot be reached.
+        """
+        seconds = check_timeout(timeout)
+        task = current_task(f"{type(self).__name__}.acquire()")
+        self._backend._check_open()
+        if self._reenter(task):
+            return True
+        request = self._request(task)
+        grants = await self._backend._acquire(request, deadline_from(seconds))
+        if not grants:
+            return False
+        # No await between the grant and recording it (STYLE idiom 4).
+        hold = Hold(self._backend, grants[0], kind=self._kind, owner=request.owner)
+        self._record(task, hold)
+        return True
+
+    async def release(self) -> None:
+        """Release one acquisition; the server hold ends at the last one.
+
+        Completes even if the calling task is cancelled meanwhile (the
+        cancellation is re-raised afterwards). After a loss it does not raise.
+
+        :raises LockNotOwnedError: the lock is not held (by the current task,
+            for a Mutex or a read/write half).
+        """
+        task = current_task(f"{type(self).__name__}.release()")
+        hold = self._take_for_release(task)
+        if hold is not None:
+            await self._backend._release(hold)
+
+    def hold(self, timeout: float | None = None) -> HoldContext:
+        """``async with lock.hold(timeout=5):`` acquire or raise :class:`LockTimeoutError`.
+
+        >>> async with lock.hold(timeout=5):  # doctest: +SKIP
+        ...     ...
+        """
+        return HoldContext(self, check_timeout(timeout))
+
+    async def __aenter__(self) -> Lock:
+        return await HoldContext(self, None).__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await HoldContext(self, None).__aexit__(exc_type, exc, tb)
+
+    @property
+    def fencing_token(self) -> int | None:
+        """Fencing token of the current hold; ``None`` when not held (by this task, for a Mutex).
+
+        Tokens strictly increase across successive holds of one name. Pass it
+        to the resource you protect, which rejects writes with a smaller
+        token than it has seen: that stops a holder that lost its lock while
+        paused.
+        """
+        hold = self._current_hold()
+        return None if hold is None else hold.token
+
+    @property
+    def is_lost(self) -> bool:
+        """The current hold was lost (session expired, lease not renewed, key taken)."""
+        hold = self._current_hold()
+        return hold is not None and hold.lost
+
+    def is_owned_by_current_task(self) -> bool:
+        """The current asyncio task holds this lock (Curator's isOwnedByCurrentThread)."""
+        raise NotImplementedError
+
+    def is_acquired_in_this_process(self) -> bool:
+        """Some task of this process (on this backend) holds this lock."""
+        raise NotImplementedError
+
+    async def participants(self) -> list[Participant]:
+        """Holders first, then waiters in queue order where the backend queues."""
+        return await self._backend._participants(self._family, self._key)
+
+
+@final
+class HoldContext:
+    """``async with lock.hold(timeout)``: acquire, run the body, release.
+
+    The body is cancelled if the hold is lost, and the block then raises
+    :class:`LockLostError`. ``as`` binds the lock itself.
+    """
+
+    __slots__ = ("_lock", "_timeout")
+
+    def __init__(self, lock: Lock, timeout: float | None) -> None:
+        self._lock = lock
+        self._timeout = timeout
+
+    async def __aenter__(self) -> Lock:
+        lock = self._lock
+        if not await lock.acquire(self._timeout):
+            raise LockTimeoutError(
+                f"{lock._kind} {lock.name!r} was not acquired within {self._timeout} s"
+            )
+        hold = lock._current_hold()
+        if hold is not None:
+            hold.enter_body(current_task("async with"))
+        return lock
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await exit_hold_body(self._lock._current_hold(), exc, self._lock.release)
+
+
+async def exit_hold_body(
+    hold: Hold | None,
+    exc: BaseException | None,
+    release: Callable[[], Awaitable[None]],
+) -> None:
+    """Shared ``__aexit__``: settle loss, release, and turn a loss into LockLostError."""
+    task = current_task("async with")
+    outcome = "held"
+    try:
+        if hold is not None:
+            outcome = await hold.exit_body(task, exc)
+    finally:
+        # Release even if settling the loss raised: the hold must not outlive the block.
+        await release()
+    if outcome == "cancelled":
+        if isinstance(exc, asyncio.CancelledError):
+            return
+        raise asyncio.CancelledError
+    if outcome == "lost":
+        assert hold is not None
+        raise LockLostError(
+            f"{hold.kind} {hold.name!r} was lost while the block ran "
+            f"({hold.grant.lost_reason}; fencing token {hold.token})"
+        ) from exc
+
+
+class _TaskOwnedLock(Lock):
+    """Reentrant per task: Mutex and the read/write halves."""
+
+    def _ledger(self) -> dict[asyncio.Task[object], Hold]:
+        return self._backend._ledger(self._family, self._key, self._mode.value)
+
+    def _current_hold(self) -> Hold | None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            return None
+        if task is None:
+            return None
+        return self._ledger().get(task)
+
+    def _reenter(self, task: asyncio.Task[object]) -> bool:
+        hold = self._ledger().get(task)
+        if hold is None:
+            return False
+        if hold.lost:
+            raise LockLostError(
+                f"{self._kind} {self._name!r} is held by the current task but its hold was lost "
+                f"({hold.grant.lost_reason}); release it before acquiring again"
+            )
+        hold.count += 1
+        return True
+
+    def _request(self, task: asyncio.Task[object]) -> Request:
+        return Request(
+            name=self._key,
+            family=self._family,
+            mode=self._mode,
+            participant=self._backend._participant_id(task),
+            owner=task,
+            options=self._options,
+        )
+
+    def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
+        self._ledger()[task] = hold
+        backend = self._backend
+        family, key, mode = self._family, self._key, self._mode.value
+
+        def owner_done(done: asyncio.Task[object]) -> None:
+            ledger = backend._ledger(family, key, mode)
+            if ledger.get(done) is hold:
+                del ledger[done]
+                backend._drop_ledger_if_empty(family, key, mode)
+                backend._release_orphan(hold)
+
+        task.add_done_callback(owner_done)
+        hold.on_owner_done = owner_done
+
+    def _take_for_release(self, task: asyncio.Task[object]) -> Hold | None:
+        ledger = self._ledger()
+        hold = ledger.get(task)
+        if hold is None:
+            raise LockNotOwnedError(f"{self._kind} {self._name!r} is not held by the current task")
+        hold.count -= 1
+        if hold.count > 0:
+            return None
+        del ledger[task]
+        self._backend._drop_ledger_if_empty(self._family, self._key, self._mode.value)
+        if hold.on_owner_done is not None:
+            task.remove_done_callback(hold.on_owner_done)
+            hold.on_owner_done = None
+        return hold
+
+    def is_owned_by_current_task(self) -> bool:
+        """The current asyncio task holds this lock (Curator's isOwnedByCurrentThread)."""
+        return self._current_hold() is not None
+
+    def is_acquired_in_this_process(self) -> bool:
+        """Some task of this process (on this backend) holds this lock."""
+        return bool(self._backend._ledgers.get((self._family, self._key, self._mode.value)))
+
+
+@final
+class Mutex(_TaskOwnedLock):
+    """A distributed mutex, reentrant per asyncio task (InterProcessMutex / RLock).
+
+    >>> lock = backend.mutex("locks/pay/order-1001")  # doctest: +SKIP
+    >>> async with lock.hold(timeout=5):  # doctest: +SKIP
+    ...     ...
+
+    Guarantees: one holder at a time per name across every process using
+    the backend; re-entry by the holding task costs no network call and must
+    be matched by as many releases; fair (FIFO) where the backend queues;
+    fencing tokens strictly increase. If the hold is lost (session expiry,
+    lease not renewed), the ``async with`` body is cancelled and
+    :class:`LockLostError` is raised. A task that ends while holding has its
+    hold released (with a warning).
+
+    :raises LockNotOwnedError: ``release()`` by a task that does not hold it.
+    """
+
+    _family = Family.MUTEX
+    _mode = Mode.EXCLUSIVE
+    _kind = "mutex"
+
+
+@final
+class SemaphoreMutex(Lock):
+    """A non-reentrant mutex whose hold belongs to the lock object (InterProcessSemaphoreMutex).
+
+    >>> lock = backend.semaphore_mutex("jobs/nightly")  # doctest: +SKIP
+    >>> async with lock:  # doctest: +SKIP
+    ...     ...
+
+    Any task may release it (lease semantics) and it is not released when
+    the acquiring task ends. A second ``acquire`` by the task that holds it
+    raises :class:`DeadlockError` at once, even with ``timeout=0``.
+
+    :raises DeadlockError: acquire by the task that already holds it.
+    :raises LockNotOwnedError: ``release()`` while this object holds nothing.
+    """
+
+    _family = Family.SEMAPHORE_MUTEX
+    _mode = Mode.EXCLUSIVE
+    _kind = "semaphore mutex"
+
+    def __init__(self, backend: Backend, name: str, options: Mapping[str, object]) -> None:
+        super().__init__(backend, name, options)
+        self._hold: Hold | None = None
+        self._holder_task: asyncio.Task[object] | None = None
+
+    def _current_hold(self) -> Hold | None:
+        return self._hold
+
+    def _reenter(self, task: asyncio.Task[object]) -> bool:
+        ledger = self._backend._ledger(self._family, self._key, self._mode.value)
+        if task in ledger:
+            raise DeadlockError(
+                f"semaphore mutex {self._name!r} is already held by the current task and is "
+                "not reentrant; use backend.mutex() for a reentrant lock"
+            )
+        return False
+
+    def _request(self, task: asyncio.Task[object]) -> Request:
+        return Request(
+            name=self._key,
+            family=self._family,
+            mode=self._mode,
+            participant=self._backend._participant_id(task),
+            owner=None,
+            options=self._options,
+        )
+
+    def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
+        self._hold = hold
+        self._holder_task = task
+        self._backend._ledger(self._family, self._key, self._mode.value)[task] = hold
+
+    def _take_for_release(self, task: asyncio.Task[object]) -> Hold | None:
+        hold = self._hold
+        if hold is None:
+            raise LockNotOwnedError(f"semaphore mutex {self._name!r} is not held by this object")
+        self._hold = None
+        holder, self._holder_task = self._holder_task, None
+        ledger = self._backend._ledger(self._family, self._key, self._mode.value)
+        if holder is not None and ledger.get(holder) is hold:
+            del ledger[holder]
+        self._backend._drop_ledger_if_empty(self._family, self._key, self._mode.value)
+        return hold
+
+    def is_owned_by_current_task(self) -> bool:
+        """The current task took the hold this object has."""
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            return False
+        return self._hold is not None and self._holder_task is task
+
+    def is_acquired_in_this_process(self) -> bool:
+        """Some task of this process (on this backend) holds this lock."""
+        return bool(self._backend._ledgers.get((self._family, self._key, self._mode.value)))
+
+
+@final
+class ReadLock(_TaskOwnedLock):
+    """The read half of a :class:`ReadWriteLock`: shared, reentrant per task.
+
+    A task holding the write half may take the read half (downgrade); it is
+    granted without letting a queued writer in between.
+    """
+
+    _family = Family.READ_WRITE
+    _mode = Mode.READ
+    _kind = "read lock"
+
+    def _request(self, task: asyncio.Task[object]) -> Request:
+        request = super()._request(task)
+        write = self._backend._ledger(self._family, self._key, Mode.WRITE.value).get(task)
+        if write is None or write.lost:
+            return request
+        return Request(
+            name=request.name,
+            family=request.family,
+            mode=request.mode,
+            participant=request.participant,
+            owner=task,
+            options=request.options,
+            downgrade_of=write.grant,
+        )
+
+
+@final
+class WriteLock(_TaskOwnedLock):
+    """The write half of a :class:`ReadWriteLock`: exclusive, reentrant per task.
+
+    :raises DeadlockError: the current task holds the read half (no upgrade;
+        it would wait for itself forever).
+    """
+
+    _family = Family.READ_WRITE
+    _mode = Mode.WRITE
+    _kind = "write lock"
+
+    def _reenter(self, task: asyncio.Task[object]) -> bool:
+        if super()._reenter(task):
+            return True
+        if task in self._backend._ledger(self._family, self._key, Mode.READ.value):
+            raise DeadlockError(
+                f"read/write lock {self._name!r}: the current task holds the read lock and "
+                "cannot upgrade to the write lock (release the read lock first)"
+            )
+        return False
+
+
+@final
+class ReadWriteLock:
+    """A read/write lock (InterProcessReadWriteLock / RReadWriteLock).
+
+    >>> rw = backend.read_write_lock("config/pricing")  # doctest: +SKIP
+    >>> async with rw.read:  # doctest: +SKIP
+    ...     ...
+    >>> async with rw.write:  # doctest: +SKIP
+    ...     ...
+
+    Readers share; a writer excludes readers and writers. Where the backend
+    is fair, readers wait only behind earlier writers and writers are not
+    starved. A writer may take the read half (downgrade); a reader taking
+    the write half gets :class:`DeadlockError`. Read and write holds share
+    one fencing sequence.
+    """
+
+    __slots__ = ("_name", "read", "write")
+
+    def __init__(self, backend: Backend, name: str, options: Mapping[str, object]) -> None:
+        self._name = name
+        self.read = ReadLock(backend, name, options)
+        """The shared half."""
+        self.write = WriteLock(backend, name, options)
+        """The exclusive half."""
+
+    @property
+    def name(self) -> str:
+        """The name this lock was created with."""
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"<ReadWriteLock {self._name!r} on {self.read.backend.url}>"

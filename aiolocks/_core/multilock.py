@@ -1,0 +1,189 @@
+"""MultiLock: all or nothing over several locks (InterProcessMultiLock / RedissonMultiLock).
+
+The components are taken one after the other in the calling task, in a
+canonical order (backend, then name, then mode), so two MultiLocks over the
+same locks listed in opposite orders cannot deadlock each other. One
+deadline covers the whole acquisition (not one timeout per lock, CHECKLIST
+R14). On timeout, error or cancellation, whatever was taken is released
+before the call returns or raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from types import TracebackType
+from typing import final
+
+from .errors import LockTimeoutError
+from .locks import Lock, current_task
+from .timeouts import check_timeout, deadline_from
+
+__all__ = ["MultiLock", "MultiLockHoldContext"]
+
+
+@final
+class MultiLock:
+    """Hold several locks at once, or none of them.
+
+    >>> a, b = backend.mutex("accounts/a"), backend.mutex("accounts/b")  # doctest: +SKIP
+    >>> both = aiolocks.MultiLock([a, b])  # doctest: +SKIP
+    >>> async with both.hold(timeout=5):  # doctest: +SKIP
+    ...     ...
+
+    Components may live on different backends. Reentrancy is that of the
+    components. ``release()`` releases every component even if one fails,
+    then raises the first failure. If a component's hold is lost, the
+    ``async with`` body is cancelled and raises :class:`LockLostError`.
+
+    :raises ValueError: an empty list, or the same lock object twice.
+    """
+
+    __slots__ = ("_locks",)
+
+    def __init__(self, locks: Iterable[Lock]) -> None:
+        given = list(locks)
+        if not given:
+            raise ValueError("MultiLock needs at least one lock")
+        for lock in given:
+            if not isinstance(lock, Lock):
+                raise TypeError(
+                    f"MultiLock takes aiolocks locks (mutex, semaphore_mutex, read/write halves), "
+                    f"got {type(lock).__name__}"
+                )
+        if len({id(lock) for lock in given}) != len(given):
+            raise ValueError("MultiLock got the same lock object twice")
+        self._locks = sorted(given, key=lambda lock: lock._sort_key())
+
+    @property
+    def locks(self) -> list[Lock]:
+        """The components, in the order they are acquired."""
+        return list(self._locks)
+
+    def __repr__(self) -> str:
+        return f"<MultiLock {[lock.name for lock in self._locks]!r}>"
+
+    async def acquire(self, timeout: float | None = None) -> bool:
+        """Acquire every component; ``False`` (holding none) when ``timeout`` passed first."""
+        seconds = check_timeout(timeout)
+        deadline = deadline_from(seconds)
+        taken: list[Lock] = []
+        try:
+            for lock in self._locks:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not await lock.acquire(remaining):
+                    await _release_all(taken)
+                    return False
+                taken.append(lock)
+        except BaseException:
+            # Cancellation or error midway: give back what we took; the
+            # release completes even if we are cancelled again meanwhile.
+            await _release_all(taken, quiet=True)
+            raise
+        return True
+
+    async def release(self) -> None:
+        """Release every component (even if one fails), then raise the first failure."""
+        await _release_all(self._locks)
+
+    def hold(self, timeout: float | None = None) -> MultiLockHoldContext:
+        """``async with multi.hold(timeout=5):`` or :class:`LockTimeoutError`."""
+        return MultiLockHoldContext(self, check_timeout(timeout))
+
+    async def __aenter__(self) -> MultiLock:
+        await MultiLockHoldContext(self, None).__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await MultiLockHoldContext(self, None).__aexit__(exc_type, exc, tb)
+
+    @property
+    def is_lost(self) -> bool:
+        """A component's current hold was lost."""
+        return any(lock.is_lost for lock in self._locks)
+
+    def is_owned_by_current_task(self) -> bool:
+        """The current task holds every component."""
+        return all(lock.is_owned_by_current_task() for lock in self._locks)
+
+
+@final
+class MultiLockHoldContext:
+    """``async with multi.hold(timeout)``: every component held for the body."""
+
+    __slots__ = ("_multi", "_timeout")
+
+    def __init__(self, multi: MultiLock, timeout: float | None) -> None:
+        self._multi = multi
+        self._timeout = timeout
+
+    async def __aenter__(self) -> MultiLock:
+        multi = self._multi
+        if not await multi.acquire(self._timeout):
+            names = ", ".join(repr(lock.name) for lock in multi._locks)
+            raise LockTimeoutError(f"MultiLock [{names}] was not acquired within {self._timeout} s")
+        task = current_task("async with")
+        for lock in multi._locks:
+            hold = lock._current_hold()
+            if hold is not None:
+                hold.enter_body(task)
+        return multi
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        from .errors import LockLostError
+
+        task = current_task("async with")
+        outcomes: list[str] = []
+        lost_names: list[str] = []
+        try:
+            for lock in self._multi._locks:
+                hold = lock._current_hold()
+                if hold is None:
+                    continue
+                outcome = await hold.exit_body(task, exc)
+                outcomes.append(outcome)
+                if outcome != "held":
+                    lost_names.append(f"{lock.name!r} ({hold.grant.lost_reason})")
+        finally:
+            await self._multi.release()
+        if "cancelled" in outcomes:
+            if isinstance(exc, asyncio.CancelledError):
+                return
+            raise asyncio.CancelledError
+        if lost_names:
+            raise LockLostError(
+                f"MultiLock lost {', '.join(lost_names)} while the block ran"
+            ) from exc
+
+
+async def _release_all(locks: Iterable[Lock], *, quiet: bool = False) -> None:
+    """Release each lock in reverse order; every one is attempted; first error raised.
+
+    Runs in the calling task (a Mutex belongs to it). Each ``release()``
+    finishes its server work even when cancelled and then re-raises, so a
+    cancellation here is noted and the loop goes on with the next lock.
+    """
+    first: Exception | None = None
+    cancelled: asyncio.CancelledError | None = None
+    for lock in reversed(list(locks)):
+        try:
+            await lock.release()
+        except asyncio.CancelledError as exc:
+            cancelled = cancelled or exc
+        except Exception as exc:
+            first = first or exc
+    if cancelled is not None:
+        raise cancelled
+    if first is not None and not quiet:
+        raise first

@@ -1,0 +1,32 @@
+"""What ``participants()`` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import final
+
+__all__ = ["Participant"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Participant:
+    """One hold or waiter of a lock, as the backend sees it.
+
+    ``participants()`` lists holders first, then waiters in queue order where
+    the backend queues (ZooKeeper, memory, Redis ``fair=True``).
+
+    :ivar id: who: the leader latch ``participant_id``, or ``<client-id>/<task>`` for locks
+    :ivar is_holder: holds the lock (or a lease) now
+    :ivar fencing_token: token of the hold; ``None`` for a waiter where the backend has none yet
+    :ivar mode: ``"exclusive"``, ``"lease"``, ``"read"`` or ``"write"``
+    :ivar node: the backend's own key for it (znode name, hash field), for debugging
+    :ivar ttl: seconds left on the lease where the backend has leases (Redis), else ``None``
+    """
+
+    id: str
+    is_holder: bool
+    fencing_token: int | None = None
+    mode: str = "exclusive"
+    node: str | None = None
+    ttl: float | None = None

@@ -1,0 +1,234 @@
+"""Semaphore and Lease (Curator's InterProcessSemaphoreV2, Redisson's permit semaphore).
+
+Leases are not tied to a task: any task may release a lease, and a lease is
+not released when the task that acquired it ends. Each lease has its own
+fencing token. ``acquire_many(n)`` is all or nothing: the driver returns ``n``
+grants or none, so a waiter never sits on part of what it needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, final
+
+from .driver import Family, Mode, Request
+from .errors import LockTimeoutError
+from .hold import Hold
+from .locks import current_task, exit_hold_body
+from .participants import Participant
+from .timeouts import check_timeout, deadline_from
+
+if TYPE_CHECKING:
+    from .backend import Backend
+
+__all__ = ["Lease", "LeaseContext", "Semaphore"]
+
+
+@final
+class Lease:
+    """One lease of a :class:`Semaphore`.
+
+    >>> lease = await sem.acquire(timeout=2)  # doctest: +SKIP
+    >>> async with lease:  # releases on exit  # doctest: +SKIP
+    ...     ...
+
+    Not tied to a task; ``release()`` is idempotent. If the lease is lost
+    (session expired, lease lapsed), ``is_lost`` turns true and a running
+    ``async with`` body is cancelled and raises :class:`LockLostError`.
+    """
+
+    __slots__ = ("_hold", "_semaphore")
+
+    def __init__(self, semaphore: Semaphore, hold: Hold) -> None:
+        self._semaphore = semaphore
+        self._hold = hold
+
+    @property
+    def semaphore(self) -> Semaphore:
+        """The semaphore this lease belongs to."""
+        return self._semaphore
+
+    @property
+    def fencing_token(self) -> int:
+        """This lease's fencing token (distinct and increasing across leases of one name)."""
+        return self._hold.token
+
+    @property
+    def is_lost(self) -> bool:
+        """The server no longer backs this lease."""
+        return self._hold.lost
+
+    @property
+    def is_released(self) -> bool:
+        """``release()`` was called."""
+        return self._hold.released
+
+    async def release(self) -> None:
+        """Give the lease back; a second call does nothing; completes even if cancelled."""
+        await self._semaphore._backend._release(self._hold)
+
+    async def __aenter__(self) -> Lease:
+        self._hold.enter_body(current_task("async with lease"))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await exit_hold_body(self._hold, exc, self.release)
+
+    def __repr__(self) -> str:
+        state = "lost" if self.is_lost else ("released" if self.is_released else "held")
+        return f"<Lease of {self._semaphore.name!r} token={self.fencing_token} {state}>"
+
+
+@final
+class LeaseContext:
+    """``async with sem.lease(timeout=2) as lease``: one lease for the body.
+
+    :raises LockTimeoutError: no lease within ``timeout``.
+    """
+
+    __slots__ = ("_lease", "_semaphore", "_timeout")
+
+    def __init__(self, semaphore: Semaphore, timeout: float | None) -> None:
+        self._semaphore = semaphore
+        self._timeout = timeout
+        self._lease: Lease | None = None
+
+    async def __aenter__(self) -> Lease:
+        lease = await self._semaphore.acquire(self._timeout)
+        if lease is None:
+            raise LockTimeoutError(
+                f"semaphore {self._semaphore.name!r} gave no lease within {self._timeout} s"
+            )
+        self._lease = lease
+        return await lease.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            await lease.__aexit__(exc_type, exc, tb)
+
+
+@final
+class Semaphore:
+    """A distributed counting semaphore of ``max_leases`` leases.
+
+    >>> sem = backend.semaphore("limits/downstream-api", max_leases=5)  # doctest: +SKIP
+    >>> async with sem as lease:  # doctest: +SKIP
+    ...     ...
+
+    At no moment do more than ``max_leases`` leases exist across all
+    processes. Fair (FIFO) where the backend queues. Leases are not tied to
+    a task.
+
+    :raises ValueError: ``max_leases`` < 1, or ``acquire_many(n)`` with
+        ``n < 1`` or ``n > max_leases``.
+    """
+
+    __slots__ = ("_backend", "_entered", "_key", "_max_leases", "_name", "_options")
+
+    def __init__(
+        self, backend: Backend, name: str, max_leases: int, options: Mapping[str, object]
+    ) -> None:
+        if isinstance(max_leases, bool) or not isinstance(max_leases, int):
+            raise TypeError(
+                f"semaphore {name!r}: max_leases must be an int, got {type(max_leases).__name__}"
+            )
+        if max_leases < 1:
+            raise ValueError(f"semaphore {name!r}: max_leases must be >= 1, got {max_leases}")
+        self._name = name
+        self._key = backend._validate_name(name)
+        self._backend = backend
+        self._max_leases = max_leases
+        self._options = backend._lock_options(Family.SEMAPHORE, options)
+        self._entered: dict[asyncio.Task[object], list[LeaseContext]] = {}
+
+    @property
+    def name(self) -> str:
+        """The name this semaphore was created with."""
+        return self._name
+
+    @property
+    def max_leases(self) -> int:
+        """How many leases may exist at once."""
+        return self._max_leases
+
+    def __repr__(self) -> str:
+        return f"<Semaphore {self._name!r} max_leases={self._max_leases} on {self._backend.url}>"
+
+    async def acquire(self, timeout: float | None = None) -> Lease | None:
+        """One lease, or ``None`` when ``timeout`` passed first (``0`` tries once)."""
+        leases = await self.acquire_many(1, timeout)
+        return None if leases is None else leases[0]
+
+    async def acquire_many(self, n: int, timeout: float | None = None) -> list[Lease] | None:
+        """``n`` leases at once, or ``None`` (and none held) when ``timeout`` passed first.
+
+        :raises ValueError: ``n < 1`` or ``n > max_leases`` (it could never succeed).
+        """
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"semaphore {self._name!r}: n must be an int, got {type(n).__name__}")
+        if n < 1 or n > self._max_leases:
+            raise ValueError(
+                f"semaphore {self._name!r}: cannot acquire {n} leases; "
+                f"n must be between 1 and max_leases={self._max_leases}"
+            )
+        seconds = check_timeout(timeout)
+        task = current_task("Semaphore.acquire()")
+        self._backend._check_open()
+        request = Request(
+            name=self._key,
+            family=Family.SEMAPHORE,
+            mode=Mode.LEASE,
+            participant=self._backend._participant_id(task),
+            max_leases=self._max_leases,
+            count=n,
+            owner=None,
+            options=self._options,
+        )
+        grants = await self._backend._acquire(request, deadline_from(seconds))
+        if not grants:
+            return None
+        return [
+            Lease(self, Hold(self._backend, grant, kind="semaphore lease", owner=None))
+            for grant in grants
+        ]
+
+    def lease(self, timeout: float | None = None) -> LeaseContext:
+        """``async with sem.lease(timeout=2) as lease:``; :class:`LockTimeoutError` on timeout."""
+        return LeaseContext(self, check_timeout(timeout))
+
+    async def __aenter__(self) -> Lease:
+        task = current_task("async with semaphore")
+        context = LeaseContext(self, None)
+        lease = await context.__aenter__()
+        self._entered.setdefault(task, []).append(context)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = current_task("async with semaphore")
+        stack = self._entered[task]
+        context = stack.pop()
+        if not stack:
+            del self._entered[task]
+        await context.__aexit__(exc_type, exc, tb)
+
+    async def participants(self) -> list[Participant]:
+        """Lease holders first, then waiters where the backend queues."""
+        return await self._backend._participants(Family.SEMAPHORE, self._key)

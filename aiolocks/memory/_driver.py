@@ -1,0 +1,294 @@
+"""Driver of the ``memory://`` backend.
+
+One :class:`_Queue` per (family, name): ``holders`` in grant order and
+``waiters`` in arrival order. :meth:`_Store.pump` grants from the head of the
+waiters while the head is grantable and stops at the first that is not, so
+the queue is strictly FIFO: a reader behind a waiting writer waits, a small
+semaphore request behind a large one waits. A waiter awaits its own future;
+nothing polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+import weakref
+from collections.abc import Mapping
+from typing import final
+
+from .._core.backend import Backend
+from .._core.driver import Capabilities, Family, Grant, Mode, Request
+from .._core.participants import Participant
+
+__all__ = ["MemoryBackend", "MemoryDriver", "from_url"]
+
+
+class _Entry:
+    __slots__ = ("future", "grants", "request")
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.future: asyncio.Future[None] | None = None
+        self.grants: list[Grant] | None = None
+
+    def granted(self) -> list[Grant] | None:
+        """The grants, once the queue granted this entry (a call, so mypy does not narrow)."""
+        return self.grants
+
+
+class _Queue:
+    __slots__ = ("holders", "waiters")
+
+    def __init__(self) -> None:
+        self.holders: dict[Grant, None] = {}
+        self.waiters: list[_Entry] = []
+
+    def grantable(self, request: Request) -> bool:
+        if request.mode is Mode.READ:
+            return not any(g.request.mode is Mode.WRITE for g in self.holders)
+        if request.mode is Mode.LEASE:
+            return len(self.holders) + request.count <= request.max_leases
+        return not self.holders
+
+
+class _Store:
+    """Everything one ``memory://<store>`` holds: queues and fencing counters."""
+
+    __slots__ = ("queues", "tokens")
+
+    def __init__(self) -> None:
+        self.queues: dict[tuple[Family, str], _Queue] = {}
+        self.tokens: dict[tuple[Family, str], int] = {}
+
+    def queue(self, family: Family, name: str) -> _Queue:
+        key = (family, name)
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = _Queue()
+        return queue
+
+    def drop_if_idle(self, family: Family, name: str) -> None:
+        queue = self.queues.get((family, name))
+        if queue is not None and not queue.holders and not queue.waiters:
+            del self.queues[(family, name)]
+
+    def grant(self, queue: _Queue, request: Request) -> list[Grant]:
+        key = (request.family, request.name)
+        grants = []
+        for _ in range(request.count):
+            token = self.tokens.get(key, 0) + 1
+            self.tokens[key] = token
+            grant = Grant(request, token, handle=key)
+            queue.holders[grant] = None
+            grants.append(grant)
+        return grants
+
+    def pump(self, family: Family, name: str) -> None:
+        queue = self.queues.get((family, name))
+        if queue is None:
+            return
+        while queue.waiters and queue.grantable(queue.waiters[0].request):
+            entry = queue.waiters.pop(0)
+            entry.grants = self.grant(queue, entry.request)
+            if entry.future is not None and not entry.future.done():
+                entry.future.set_result(None)
+        self.drop_if_idle(family, name)
+
+    def remove_waiter(self, entry: _Entry) -> None:
+        request = entry.request
+        queue = self.queues.get((request.family, request.name))
+        if queue is not None and entry in queue.waiters:
+            queue.waiters.remove(entry)
+        # A waiter leaving the head can unblock the ones behind it.
+        self.pump(request.family, request.name)
+
+    def release(self, grant: Grant) -> None:
+        request = grant.request
+        queue = self.queues.get((request.family, request.name))
+        if queue is not None:
+            queue.holders.pop(grant, None)
+        self.pump(request.family, request.name)
+
+
+# One dict of stores per event loop: futures belong to a loop.
+_stores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Store]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _store(name: str) -> _Store:
+    loop = asyncio.get_running_loop()
+    stores = _stores.get(loop)
+    if stores is None:
+        stores = _stores[loop] = {}
+    store = stores.get(name)
+    if store is None:
+        store = stores[name] = _Store()
+    return store
+
+
+def _check_lock_option(family: Family, key: str, value: object) -> object:
+    if key == "fair":
+        if not isinstance(value, bool):
+            raise ValueError(f"option fair={value!r} must be True or False")
+        return value
+    if key == "lease_time":
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ValueError(f"option lease_time={value!r} must be a number of seconds > 0")
+        return float(value)
+    if key == "watchdog":
+        if not isinstance(value, bool):
+            raise ValueError(f"option watchdog={value!r} must be True or False")
+        return value
+    raise ValueError(
+        f"unknown option {key!r} for a {family.value} on memory:// "
+        "(accepted: fair, lease_time, watchdog)"
+    )
+
+
+@final
+class MemoryDriver:
+    """In-process driver: FIFO queues and futures. See the module docstring."""
+
+    capabilities = Capabilities(fair=True, queue_visible=True, can_lose=False)
+
+    def __init__(self, store: str = "default") -> None:
+        self._store_name = store
+        self._store: _Store | None = None
+
+    def describe(self) -> str:
+        """``memory://`` or ``memory://<store>``."""
+        return "memory://" if self._store_name == "default" else f"memory://{self._store_name}"
+
+    def lock_options(self, family: Family, options: Mapping[str, object]) -> Mapping[str, object]:
+        """Accept ``fair`` (always FIFO here), ``lease_time`` and ``watchdog`` (no effect here).
+
+        They are accepted so that code written for a server backend runs
+        unchanged on ``memory://``; memory holds never lapse.
+        """
+        return {key: _check_lock_option(family, key, value) for key, value in options.items()}
+
+    async def open(self) -> None:
+        """Bind to this event loop's store."""
+        self._store = _store(self._store_name)
+
+    def _get_store(self) -> _Store:
+        if self._store is None:
+            self._store = _store(self._store_name)
+        return self._store
+
+    async def acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
+        """Queue, then wait on a future until granted or the deadline passes."""
+        store = self._get_store()
+        queue = store.queue(request.family, request.name)
+        downgrade = request.downgrade_of
+        if downgrade is not None and downgrade in queue.holders:
+            # Write -> read downgrade: granted at once, ahead of every waiter,
+            # so a queued writer cannot slip in when the write is released.
+            return store.grant(queue, request)
+        entry = _Entry(request)
+        queue.waiters.append(entry)
+        store.pump(request.family, request.name)
+        if entry.grants is not None:
+            return entry.grants
+        if deadline is not None and deadline <= time.monotonic():
+            store.remove_waiter(entry)
+            return None
+        entry.future = asyncio.get_running_loop().create_future()
+        try:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait((entry.future,), timeout=timeout)
+        except BaseException:
+            # Cancelled while waiting: leave the queue, or give back what was
+            # granted in the same loop iteration.
+            granted = entry.granted()
+            if granted is not None:
+                for grant in granted:
+                    store.release(grant)
+            else:
+                store.remove_waiter(entry)
+            raise
+        granted = entry.granted()
+        if granted is not None:
+            return granted
+        store.remove_waiter(entry)
+        return None
+
+    async def release(self, grant: Grant) -> None:
+        """Remove the holder and grant to the next waiters; idempotent."""
+        self._get_store().release(grant)
+
+    async def participants(self, name: str, family: Family) -> list[Participant]:
+        """Holders in grant order, then waiters in arrival order."""
+        queue = self._get_store().queues.get((family, name))
+        if queue is None:
+            return []
+        holders = [
+            Participant(
+                id=grant.request.participant,
+                is_holder=True,
+                fencing_token=grant.token,
+                mode=grant.request.mode.value,
+            )
+            for grant in queue.holders
+        ]
+        waiters = [
+            Participant(
+                id=entry.request.participant, is_holder=False, mode=entry.request.mode.value
+            )
+            for entry in queue.waiters
+        ]
+        return holders + waiters
+
+    async def close(self) -> None:
+        """Nothing to disconnect; the core has released every hold."""
+
+
+@final
+class MemoryBackend(Backend):
+    """The in-process backend (``memory://``).
+
+    >>> async with MemoryBackend() as backend:  # doctest: +SKIP
+    ...     async with backend.mutex("jobs/report"):
+    ...         ...
+
+    Backends built with the same ``store`` name in one event loop share locks.
+    """
+
+    def __init__(self, store: str = "default") -> None:
+        if not isinstance(store, str) or not store or "/" in store:
+            raise ValueError(
+                f"memory store name must be a non-empty str without '/', got {store!r}"
+            )
+        super().__init__(MemoryDriver(store))
+
+
+def from_url(url: str, **options: object) -> MemoryBackend:
+    """``memory://`` (the shared default store) or ``memory://<store>``; no options."""
+    if options:
+        raise ValueError(f"memory:// takes no options, got {', '.join(sorted(options))}")
+    if not isinstance(url, str):
+        raise ValueError(f"backend URL must be a str, got {type(url).__name__}")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme != "memory":
+        raise ValueError(f"not a memory:// URL: {url!r}")
+    rest, _, query = rest.partition("?")
+    if query:
+        first = query.split("&")[0].split("=")[0]
+        raise ValueError(f"unknown option {first!r} in {url!r}: memory:// takes no options")
+    store = rest.rstrip("/") or "default"
+    if not _STORE_NAME.fullmatch(store):
+        raise ValueError(
+            f"invalid memory store name {store!r} in {url!r}: use letters, digits, '.', '_', '-'"
+        )
+    return MemoryBackend(store)
+
+
+_STORE_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
