@@ -1,0 +1,104 @@
+"""Backends for the conformance suite.
+
+Every test in ``tests/conformance`` runs once per backend in ``BACKENDS``.
+No test names a backend: differences are expressed through
+``backend.capabilities`` (fairness, visible queues) and skip with a reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import pytest_asyncio
+
+import aiolocks
+
+#: backend label -> name of a pytest fixture giving an object with ``.url``
+#: (None: no server needed). A backend joins the suite by being listed here.
+BACKENDS: dict[str, str | None] = {
+    "memory": None,
+}
+
+#: query options appended to each backend's URL for the suite
+URL_OPTIONS: dict[str, str] = {}
+
+
+@pytest.fixture(params=list(BACKENDS))
+def backend_url(request: pytest.FixtureRequest) -> str:
+    """The URL of one backend under test."""
+    label: str = request.param
+    fixture = BACKENDS[label]
+    if fixture is None:
+        return f"memory://conformance-{uuid.uuid4().hex[:8]}"
+    server = request.getfixturevalue(fixture)
+    url: str = server.url
+    extra = URL_OPTIONS.get(label)
+    if extra:
+        url += ("&" if "?" in url else "?") + extra
+    return url
+
+
+@pytest_asyncio.fixture
+async def backend(backend_url: str) -> AsyncIterator[aiolocks.Backend]:
+    """An open backend; at the end of the test it must hold nothing."""
+    async with aiolocks.connect(backend_url) as opened:
+        yield opened
+        await settle(opened)
+        leftover = [f"{hold.kind} {hold.name!r}" for hold in opened._holds]
+        assert not leftover, f"the test left holds behind: {leftover}"
+
+
+@pytest_asyncio.fixture
+async def other_backend(backend_url: str) -> AsyncIterator[aiolocks.Backend]:
+    """A second, independent connection to the same service (another 'process')."""
+    async with aiolocks.connect(backend_url) as opened:
+        yield opened
+
+
+@pytest.fixture
+def names() -> Callable[[], str]:
+    """Factory of fresh lock names, unique per test."""
+    prefix = f"conformance/{uuid.uuid4().hex[:10]}"
+    counter = iter(range(1_000_000))
+
+    def make() -> str:
+        return f"{prefix}/lock-{next(counter)}"
+
+    return make
+
+
+async def settle(backend: aiolocks.Backend, timeout: float = 10.0) -> None:
+    """Wait until the backend's background work (releases, cleanups) is done."""
+    deadline = time.monotonic() + timeout
+    for _ in range(3):  # let done-callbacks (orphan release) run first
+        await asyncio.sleep(0)
+    while len(backend._tasks) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    assert not len(backend._tasks), "background work did not finish"
+
+
+async def wait_until(
+    predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition"
+) -> None:
+    """Poll a cheap local predicate (test helper only; the library never polls)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+async def wait_queued(lock_participants: Callable[[], object], count: int) -> None:
+    """Wait until the backend's queue shows ``count`` participants."""
+    deadline = time.monotonic() + 10
+    while True:
+        got = await lock_participants()  # type: ignore[misc]
+        if len(got) >= count:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"queue never reached {count} participants: {got}")
+        await asyncio.sleep(0.01)
