@@ -21,6 +21,7 @@ import aiolocks
 #: (None: no server needed). A backend joins the suite by being listed here.
 BACKENDS: dict[str, str | None] = {
     "memory": None,
+    "redis": "redis_server",
 }
 
 #: query options appended to each backend's URL for the suite

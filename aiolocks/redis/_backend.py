@@ -1,0 +1,356 @@
+"""Public Redis backends and ``from_url``: URL parsing without I/O, client construction."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, final
+
+from .._core.backend import Backend
+from .._core.urls import HostPort, ParsedURL, parse_positive_float, parse_url
+from ._driver import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_KEY_PREFIX,
+    DEFAULT_LEASE_TIME,
+    RedisDriver,
+    RedisNode,
+    validate_key_prefix,
+    validate_lease_time,
+)
+from ._redlock import RedlockDriver
+
+if TYPE_CHECKING:
+    import redis.asyncio
+    import redis.asyncio.cluster
+
+__all__ = ["RedisBackend", "RedlockBackend", "from_url"]
+
+SCHEMES = ("redis", "rediss", "redis+sentinel", "redis+cluster", "redlock")
+
+
+def _parse_nonnegative_int(name: str, text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"option {name}={text!r} must be an integer >= 0")
+    return int(text)
+
+
+def _parse_text(name: str, text: str) -> str:
+    return text
+
+
+URL_OPTIONS = {
+    "lease_time": parse_positive_float,
+    "key_prefix": _parse_text,
+    "min_replicas": _parse_nonnegative_int,
+    "connect_timeout": parse_positive_float,
+}
+
+
+def _check_options(options: Mapping[str, object]) -> dict[str, Any]:
+    """Validate backend options given as keywords or parsed from the query string."""
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key == "lease_time":
+            out[key] = validate_lease_time(value)
+        elif key == "key_prefix":
+            out[key] = validate_key_prefix(value)
+        elif key == "min_replicas":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"min_replicas must be an integer >= 0, got {value!r}")
+            out[key] = value
+        elif key == "connect_timeout":
+            out[key] = validate_lease_time(value, "connect_timeout")
+        else:
+            raise ValueError(
+                f"unknown option {key!r} for a Redis backend "
+                f"(allowed: {', '.join(sorted(URL_OPTIONS))})"
+            )
+    return out
+
+
+def _describe_client(client: Any) -> str:
+    """``redis://host:port/db`` (no credentials) for a user-provided client."""
+    if hasattr(client, "get_nodes"):
+        # before initialize() only the startup nodes are known
+        manager = getattr(client, "nodes_manager", None)
+        known = client.get_nodes() or list(getattr(manager, "startup_nodes", {}).values())
+        nodes = ",".join(f"{n.host}:{n.port}" for n in known)
+        return f"redis+cluster://{nodes or 'unknown'}"
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", {}) if pool is not None else {}
+    service = getattr(pool, "service_name", None)
+    if service is not None:
+        return f"redis+sentinel://{service}/{kwargs.get('db', 0)}"
+    host = kwargs.get("host", "localhost")
+    port = kwargs.get("port", 6379)
+    if "path" in kwargs:
+        return f"redis+unix://{kwargs['path']}/{kwargs.get('db', 0)}"
+    return f"redis://{HostPort(str(host), int(port))}/{kwargs.get('db', 0)}"
+
+
+def _client_kwargs(url: ParsedURL, connect_timeout: float, retries: int) -> dict[str, Any]:
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+
+    return {
+        "username": url.username,
+        "password": url.password,
+        "socket_connect_timeout": connect_timeout,
+        # Bounds a command on a stalled server; pub/sub reads block without it.
+        "socket_timeout": connect_timeout,
+        # Every script is safe to resend (acquire.lua answers a resend with
+        # the same grant, release/renew are compare-and-act), so one quick
+        # retry is allowed; redis-py's default backs off for seconds.
+        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), retries),
+    }
+
+
+def _db(url: ParsedURL, text: str) -> int:
+    if text == "":
+        return 0
+    if not text.isdigit():
+        raise ValueError(f"invalid database {text!r} in {url.raw!r}: expected /<number>")
+    return int(text)
+
+
+@final
+class RedisBackend(Backend):
+    """Redis locks in the manner of Redisson, on ``redis.asyncio`` (or a Sentinel / Cluster client).
+
+    >>> client = redis.asyncio.Redis()                     # doctest: +SKIP
+    >>> backend = RedisBackend(client, lease_time=10)      # doctest: +SKIP
+    >>> async with backend, backend.mutex("orders/42"):    # doctest: +SKIP
+    ...     ...
+
+    Every lock is one hash with a lease (``lease_time``, default 30 s) that a
+    watchdog renews every third of the lease while held; a renewal that
+    finds the hold gone, or cannot reach Redis before the lease runs out,
+    marks the hold lost (the ``async with`` body is cancelled and gets
+    ``LockLostError``). Waiters are woken by pub/sub and never wait longer
+    than the holder's remaining lease. ``mutex(name, fair=True)`` queues in
+    FIFO order. Closing a backend built on your client does not close it.
+
+    :param client: a ``redis.asyncio.Redis`` (plain or from ``Sentinel.master_for``)
+        or ``redis.asyncio.cluster.RedisCluster``
+    :param lease_time: default lease of every hold, seconds
+    :param key_prefix: prefix of every key (no braces), default ``"aiolocks:"``
+    :param min_replicas: after a lock write, ``WAIT`` for this many replicas
+        and fail the acquire if fewer acknowledged (not on Cluster)
+    :param connect_timeout: seconds to wait for Redis when opening
+    """
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster,
+        *,
+        lease_time: float = DEFAULT_LEASE_TIME,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        min_replicas: int = 0,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ) -> None:
+        opts = _check_options(
+            {
+                "lease_time": lease_time,
+                "key_prefix": key_prefix,
+                "min_replicas": min_replicas,
+                "connect_timeout": connect_timeout,
+            }
+        )
+        cluster = hasattr(client, "get_nodes")
+        if cluster and opts["min_replicas"]:
+            raise ValueError("min_replicas is not supported on a Redis Cluster client")
+        node = RedisNode(
+            lambda: client,
+            owns_client=False,
+            describe=_describe_client(client),
+            connect_timeout=opts["connect_timeout"],
+            min_replicas=opts["min_replicas"],
+            cluster=cluster,
+        )
+        super().__init__(
+            RedisDriver(node, lease_time=opts["lease_time"], key_prefix=opts["key_prefix"])
+        )
+
+    @classmethod
+    def _with_driver(cls, driver: RedisDriver) -> RedisBackend:
+        self = cls.__new__(cls)
+        Backend.__init__(self, driver)
+        return self
+
+
+@final
+class RedlockBackend(Backend):
+    """Redlock: a mutex taken on a majority of N independent Redis masters.
+
+    >>> backend = await aiolocks.connect("redlock://h1:6379,h2:6379,h3:6379")  # doctest: +SKIP
+    >>> async with backend.mutex("orders/42"):                                  # doctest: +SKIP
+    ...     ...
+
+    A hold needs ``N // 2 + 1`` masters, and is trusted only for ``lease -
+    elapsed - drift``; the watchdog renews it on every master and declares it
+    lost when a majority cannot be renewed in time. Redlock cannot protect
+    against clock jumps or process pauses longer than the lease; use the
+    fencing token where the protected resource can check it (see
+    ``docs/redis.md``). Supports ``mutex``, ``semaphore_mutex`` and
+    ``leader_latch``. Built with :func:`from_url`.
+    """
+
+    @classmethod
+    def _with_driver(cls, driver: RedlockDriver) -> RedlockBackend:
+        self = cls.__new__(cls)
+        Backend.__init__(self, driver)
+        return self
+
+
+def from_url(url: str, **options: object) -> Backend:
+    """Build a Redis backend from a URL without any I/O; ``ValueError`` names a bad part.
+
+    Schemes: ``redis://[user:pass@]host[:port][/db]``, ``rediss://`` (TLS),
+    ``redis+sentinel://h1:26379,h2/<service>[/db]``,
+    ``redis+cluster://h1:7000,h2:7001``, ``redlock://h1:6379,h2:6380,h3:6381[/db]``.
+    Query options and keywords: ``lease_time``, ``key_prefix``,
+    ``min_replicas``, ``connect_timeout``.
+    """
+    scheme = url.partition("://")[0] if isinstance(url, str) else ""
+    default_port = 26379 if scheme == "redis+sentinel" else 6379
+    parsed = parse_url(url, schemes=SCHEMES, default_port=default_port, options=URL_OPTIONS)
+    opts = _check_options({**parsed.options, **options})
+    lease_time = opts.get("lease_time", DEFAULT_LEASE_TIME)
+    key_prefix = opts.get("key_prefix", DEFAULT_KEY_PREFIX)
+    min_replicas = opts.get("min_replicas", 0)
+    connect_timeout = opts.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
+    path = parsed.path.lstrip("/")
+    hosts = parsed.hosts
+    kwargs = _client_kwargs(parsed, connect_timeout, retries=1)
+
+    if scheme in ("redis", "rediss"):
+        if len(hosts) != 1:
+            raise ValueError(
+                f"{scheme}:// takes one host, got {len(hosts)} in {url!r} "
+                "(use redis+sentinel://, redis+cluster:// or redlock:// for several)"
+            )
+        db = _db(parsed, path)
+        host = hosts[0]
+        describe = f"{scheme}://{host}/{db}"
+
+        def make_plain() -> Any:
+            import redis.asyncio
+
+            return redis.asyncio.Redis(
+                host=host.host, port=host.port, db=db, ssl=scheme == "rediss", **kwargs
+            )
+
+        node = RedisNode(
+            make_plain,
+            owns_client=True,
+            describe=describe,
+            connect_timeout=connect_timeout,
+            min_replicas=min_replicas,
+        )
+        return RedisBackend._with_driver(
+            RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
+        )
+
+    if scheme == "redis+sentinel":
+        service, _, db_text = path.partition("/")
+        if not service:
+            raise ValueError(f"redis+sentinel:// URL {url!r} needs /<service name> after the hosts")
+        if "/" in db_text:
+            raise ValueError(f"invalid path {parsed.path!r} in {url!r}: expected /<service>[/db]")
+        db = _db(parsed, db_text)
+        describe = f"redis+sentinel://{','.join(map(str, hosts))}/{service}/{db}"
+        closers: list[Any] = []
+
+        def make_sentinel() -> Any:
+            from redis.asyncio.sentinel import Sentinel
+
+            sentinel = Sentinel(  # type: ignore[no-untyped-call]
+                [(h.host, h.port) for h in hosts],
+                sentinel_kwargs={
+                    "socket_connect_timeout": connect_timeout,
+                    "socket_timeout": connect_timeout,
+                },
+                **{k: v for k, v in kwargs.items() if k not in ("username", "password")},
+            )
+            closers.extend(sentinel.sentinels)
+            return sentinel.master_for(
+                service, db=db, username=parsed.username, password=parsed.password
+            )
+
+        async def close_sentinels() -> None:
+            for client in closers:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+
+        node = RedisNode(
+            make_sentinel,
+            owns_client=True,
+            describe=describe,
+            connect_timeout=connect_timeout,
+            min_replicas=min_replicas,
+            on_close=close_sentinels,
+        )
+        return RedisBackend._with_driver(
+            RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
+        )
+
+    if scheme == "redis+cluster":
+        if path:
+            raise ValueError(
+                f"redis+cluster:// URL {url!r} must not have a path (a cluster has only db 0)"
+            )
+        if min_replicas:
+            raise ValueError("min_replicas is not supported on redis+cluster://")
+        describe = f"redis+cluster://{','.join(map(str, hosts))}"
+
+        def make_cluster() -> Any:
+            from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+            return RedisCluster(
+                startup_nodes=[ClusterNode(h.host, h.port) for h in hosts],
+                username=parsed.username,
+                password=parsed.password,
+                socket_connect_timeout=connect_timeout,
+                socket_timeout=connect_timeout,
+            )
+
+        node = RedisNode(
+            make_cluster,
+            owns_client=True,
+            describe=describe,
+            connect_timeout=connect_timeout,
+            cluster=True,
+        )
+        return RedisBackend._with_driver(
+            RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
+        )
+
+    # redlock://
+    if min_replicas:
+        raise ValueError("min_replicas is not supported on redlock:// (independent masters)")
+    db = _db(parsed, path)
+    if len(set(hosts)) != len(hosts):
+        raise ValueError(f"redlock:// URL {url!r} names a host twice")
+    nodes = []
+    # Independent masters: no retries, so a dead master costs one refused
+    # connection, not a backoff (Redlock needs answers well within the lease).
+    node_kwargs = _client_kwargs(parsed, connect_timeout, retries=0)
+    for host in hosts:
+
+        def make_node(host: HostPort = host) -> Any:
+            import redis.asyncio
+
+            return redis.asyncio.Redis(host=host.host, port=host.port, db=db, **node_kwargs)
+
+        nodes.append(
+            RedisNode(
+                make_node,
+                owns_client=True,
+                describe=f"redis://{host}/{db}",
+                connect_timeout=connect_timeout,
+            )
+        )
+    describe = f"redlock://{','.join(map(str, hosts))}/{db}"
+    return RedlockBackend._with_driver(
+        RedlockDriver(nodes, describe=describe, lease_time=lease_time, key_prefix=key_prefix)
+    )

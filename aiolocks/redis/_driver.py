@@ -1,0 +1,661 @@
+"""The Redis driver: Redisson's locks on ``redis.asyncio``, one hash per lock.
+
+Design note
+-----------
+Algorithm (Redisson RLock / RPermitExpirableSemaphore / RReadWriteLock /
+RedissonFairLock ideas, re-derived; see ``docs/redis.md``):
+
+* Every lock is one hash ``<key_prefix>{<family>:<name>}``. Each hold is one
+  field ``<client-uuid>:<per-acquisition id>`` whose value carries its own
+  expiry (server ``TIME``), fencing token, mode and participant. The hash
+  has a PEXPIRE covering its longest hold, so a crashed client's holds lapse.
+  The core keeps per-task reentrancy locally, so each grant is one field
+  and re-entry never reaches Redis.
+* ``acquire.lua`` reclaims lapsed holds, decides by mode (exclusive, lease,
+  read, write, optional FIFO queue) and either writes the fields and returns
+  the fencing tokens, or returns how long the blocking hold has left.
+* ``release.lua`` is a compare-and-delete of our own fields plus PUBLISH on
+  the lock's channel: naturally idempotent, so a retried release can never
+  decrement twice or remove somebody else's hold.
+* Waiting: try; on failure subscribe (confirmed) to the channel; try again;
+  wait for a message or the blocking hold's remaining TTL (expiry publishes
+  nothing) or the deadline; repeat.
+* Every command whose outcome matters runs in its own task awaited through
+  :func:`asyncio.shield` (redis-py sometimes drops a cancellation landing
+  during a command). The field ids are minted before the first send, so a
+  cancelled or failed acquire can always be cleaned up: the cleanup waits for
+  the in-flight script to finish, then runs ``release.lua`` for our ids.
+  ``acquire.lua`` answers a resend with the same grant, so redis-py's own
+  retries on a connection error cannot double a hold either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, final
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .._core.driver import Capabilities, Family, Grant, Mode, Request
+from .._core.errors import BackendUnavailableError, LockError
+from .._core.participants import Participant
+from ._pubsub import PubSubHub, Wake
+from ._scripts import Scripts, source
+from ._watchdog import run_watchdog
+
+__all__ = ["LockKeys", "RedisDriver", "RedisHold", "RedisNode", "lock_keys"]
+
+logger = logging.getLogger("aiolocks.redis")
+
+T = TypeVar("T")
+
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+
+MODE_CODES = {Mode.EXCLUSIVE: "x", Mode.LEASE: "l", Mode.READ: "r", Mode.WRITE: "w"}
+MODE_NAMES = {"x": "exclusive", "l": "lease", "r": "read", "w": "write"}
+
+DEFAULT_LEASE_TIME = 30.0
+DEFAULT_KEY_PREFIX = "aiolocks:"
+DEFAULT_CONNECT_TIMEOUT = 10.0
+#: how long ``WAIT`` waits for ``min_replicas`` acknowledgements after a lock write
+REPLICA_WAIT_MS = 1000
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LockKeys:
+    """The keys and channel of one lock; they share one ``{hash tag}`` (one cluster slot)."""
+
+    holders: str
+    fence: str
+    queue: str
+    queue_timeouts: str
+    channel: str
+
+    @property
+    def acquire_keys(self) -> list[str]:
+        return [self.holders, self.fence, self.queue, self.queue_timeouts]
+
+
+def lock_keys(prefix: str, family: Family, name: str) -> LockKeys:
+    """Map ``(family, name)`` to its keys: ``<prefix>{<family>:<name>}[:suffix]``.
+
+    The prefix may not contain braces, so the hash tag is always ours: it
+    starts at our ``{`` and ends at the first ``}`` after it (inside the name
+    if the name has one), the same for every key of the lock.
+    """
+    base = f"{prefix}{{{family.value}:{name}}}"
+    return LockKeys(base, f"{base}:fence", f"{base}:queue", f"{base}:queue-timeouts", base)
+
+
+def validate_lease_time(value: object, what: str = "lease_time") -> float:
+    """A finite number of seconds, at least 0.01 (the watchdog renews every third)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number of seconds, got {value!r}")
+    lease = float(value)
+    if not math.isfinite(lease) or lease < 0.01:
+        raise ValueError(f"{what}={value!r} must be a finite number of seconds >= 0.01")
+    return lease
+
+
+def validate_key_prefix(value: object) -> str:
+    """Any text without ``{``/``}`` (they would steal the hash tag)."""
+    if not isinstance(value, str):
+        raise ValueError(f"key_prefix must be a str, got {value!r}")
+    if "{" in value or "}" in value:
+        raise ValueError(f"key_prefix={value!r} must not contain '{{' or '}}'")
+    return value
+
+
+@final
+class RedisHold:
+    """The driver handle of one grant (``Grant.handle``)."""
+
+    __slots__ = ("field", "keys", "lease", "released", "watchdog")
+
+    def __init__(self, keys: LockKeys, field: str, lease: float) -> None:
+        self.keys = keys
+        self.field = field
+        self.lease = lease
+        self.released = False
+        self.watchdog: asyncio.Task[None] | None = None
+
+    def stop(self) -> None:
+        """Mark released and stop renewing, synchronously (before any unlock is sent)."""
+        self.released = True
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """What one acquire has put on the wire, for the cleanup."""
+
+    keys: LockKeys
+    fields: list[str]
+    member: str
+    lease: float
+    dirty: bool = False
+    inflight: asyncio.Task[Any] | None = None
+
+
+class RedisNode:
+    """One Redis endpoint (a server, a Sentinel master, a cluster): client, scripts, pub/sub.
+
+    Owns the tasks it spawns, so ``close()`` can finish them.
+    """
+
+    def __init__(
+        self,
+        make_client: Callable[[], Any],
+        *,
+        owns_client: bool,
+        describe: str,
+        connect_timeout: float,
+        min_replicas: int = 0,
+        cluster: bool = False,
+        on_close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._make_client = make_client
+        self._on_close = on_close
+        self._owns_client = owns_client
+        self.describe = describe
+        self.connect_timeout = connect_timeout
+        self.min_replicas = min_replicas
+        self.cluster = cluster
+        self.client: Any = None
+        self.scripts: Scripts | None = None
+        self.hub: PubSubHub | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def open(self) -> None:
+        """Build the client and preload the scripts, within ``connect_timeout``."""
+        if self.client is None:
+            self.client = self._make_client()
+            self.scripts = Scripts.register(self.client)
+            self.hub = PubSubHub(
+                self.client.pubsub, describe=self.describe, timeout=self.connect_timeout
+            )
+        assert self.scripts is not None
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                if self.cluster:
+                    await self.client.initialize()
+                await self.scripts.load(self.client)
+        except TimeoutError:
+            raise BackendUnavailableError(
+                f"Redis {self.describe} did not answer within "
+                f"connect_timeout={self.connect_timeout:g} s"
+            ) from None
+        except (RedisError, OSError) as exc:
+            raise BackendUnavailableError(f"cannot reach Redis {self.describe}: {exc}") from exc
+
+    async def close(self) -> None:
+        """Finish cleanups (bounded), stop pub/sub, close the client if we made it."""
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=self.connect_timeout)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+        if self.hub is not None:
+            await self.hub.close()
+        if self._owns_client and self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.aclose()
+        if self._on_close is not None:
+            await self._on_close()
+
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        """Start an owned task (no fire-and-forget)."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: the awaiting side reports it
+
+    # -- commands ------------------------------------------------------------
+
+    async def try_acquire(self, keys: LockKeys, args: Sequence[object]) -> tuple[list[Any], int]:
+        """Run ``acquire.lua`` (and ``WAIT`` when ``min_replicas``); returns (reply, acked)."""
+        assert self.scripts is not None
+        if not self.min_replicas:
+            return list(await self.scripts.acquire(keys=keys.acquire_keys, args=list(args))), 0
+        # WAIT counts the writes of *this connection*, so it must follow the
+        # script on the same one: a non-transactional pipeline. NOSCRIPT means
+        # the script did not run, so loading it and sending again is safe.
+        for first in (True, False):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(self.scripts.acquire.sha, 4, *keys.acquire_keys, *args)
+            # stay well inside the socket timeout (= connect_timeout)
+            wait_ms = min(REPLICA_WAIT_MS, int(self.connect_timeout * 500))
+            pipe.execute_command("WAIT", self.min_replicas, max(wait_ms, 1))
+            try:
+                reply, acked = await pipe.execute()
+            except NoScriptError:
+                if not first:
+                    raise
+                await self.client.script_load(source("acquire"))
+                continue
+            break
+        return list(reply), int(acked)
+
+    async def release(self, keys: LockKeys, member: str, fields: Sequence[str]) -> int:
+        """Run ``release.lua``: delete our fields / queue entry, publish if anything went."""
+        assert self.scripts is not None
+        args = [keys.channel, member, *fields]
+        return int(await self.scripts.release(keys=keys.acquire_keys, args=args))
+
+    async def renew(self, keys: LockKeys, field: str, lease: float) -> bool:
+        """Run ``renew.lua``; False when the field is gone."""
+        assert self.scripts is not None
+        args = [int(lease * 1000), field]
+        return bool(await self.scripts.renew(keys=[keys.holders], args=args))
+
+    async def inspect(self, keys: LockKeys) -> list[Any]:
+        """Run ``inspect.lua``."""
+        assert self.scripts is not None
+        return list(
+            await self.scripts.inspect(keys=[keys.holders, keys.queue, keys.queue_timeouts])
+        )
+
+    async def shielded(self, coro: Coroutine[Any, Any, T], attempt: _Attempt | None = None) -> T:
+        """Run ``coro`` in its own task, awaited through :func:`asyncio.shield`.
+
+        A cancellation of the caller then cannot be lost inside redis-py, and
+        the command still completes so its outcome can be reconciled.
+        """
+        task = self.spawn(coro, name=f"aiolocks-redis-command:{self.describe}")
+        if attempt is not None:
+            attempt.inflight = task
+        return await asyncio.shield(task)
+
+    async def cleanup(self, attempt: _Attempt) -> None:
+        """Undo whatever ``attempt`` may have written; cannot be skipped by a cancel.
+
+        Waits for the in-flight script first (releasing before it ran would
+        let it grant afterwards), then runs ``release.lua`` for our ids and
+        queue entry, retrying until the lease would have lapsed anyway.
+        """
+        if not attempt.dirty:
+            return
+        attempt.dirty = False
+        task = self.spawn(self._cleanup(attempt), name=f"aiolocks-redis-cleanup:{self.describe}")
+        # If we are cancelled again here the cleanup task still runs to its
+        # end: it is owned by this node and awaited by close().
+        await asyncio.shield(task)
+
+    async def _cleanup(self, attempt: _Attempt) -> None:
+        inflight = attempt.inflight
+        if inflight is not None and not inflight.done():
+            await asyncio.wait([inflight])
+        give_up = time.monotonic() + attempt.lease
+        delay = 0.05
+        while True:
+            try:
+                await self.release(attempt.keys, attempt.member, attempt.fields)
+                return
+            except TRANSIENT as exc:
+                if time.monotonic() + delay > give_up:
+                    logger.warning(
+                        "could not clean up an abandoned acquire of %s on %s (%s); "
+                        "it lapses with its lease",
+                        attempt.keys.holders,
+                        self.describe,
+                        exc,
+                    )
+                    return
+            except RedisError as exc:
+                logger.warning("cleaning up %s failed: %s", attempt.keys.holders, exc)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def map_error(exc: BaseException, what: str, describe: str) -> LockError:
+    """Driver errors -> aiolocks errors, in one place (``raise map_error(...) from exc``)."""
+    if isinstance(exc, TRANSIENT):
+        return BackendUnavailableError(f"Redis {describe} unreachable while {what}: {exc}")
+    return LockError(f"Redis {describe} refused {what}: {exc}")
+
+
+def check_lock_options(
+    family: Family, options: Mapping[str, object], *, allow_fair: bool = True
+) -> dict[str, object]:
+    """Validate ``lease_time=``, ``watchdog=`` and (MUTEX only) ``fair=``."""
+    out: dict[str, object] = {}
+    for key, value in options.items():
+        if key == "lease_time":
+            out[key] = None if value is None else validate_lease_time(value)
+        elif key == "watchdog":
+            if not isinstance(value, bool):
+                raise ValueError(f"watchdog must be True or False, got {value!r}")
+            out[key] = value
+        elif key == "fair" and family is Family.MUTEX and allow_fair:
+            if not isinstance(value, bool):
+                raise ValueError(f"fair must be True or False, got {value!r}")
+            out[key] = value
+        else:
+            allowed = "lease_time, watchdog" + (
+                ", fair" if family is Family.MUTEX and allow_fair else ""
+            )
+            raise ValueError(
+                f"unknown option {key!r} for a Redis {family.value} (allowed: {allowed})"
+            )
+    return out
+
+
+def parse_participants(reply: Sequence[Any]) -> list[Participant]:
+    """Turn an ``inspect.lua`` reply into participants: holders by token, then the queue."""
+    now = int(_text(reply[0]))
+    flat = [_text(x) for x in reply[1]]
+    holders: list[Participant] = []
+    for i in range(0, len(flat), 2):
+        field, value = flat[i], flat[i + 1]
+        parts = value.split("|", 3)
+        if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
+            continue
+        expiry = int(parts[0])
+        if expiry <= now:
+            continue
+        holders.append(
+            Participant(
+                id=parts[3],
+                is_holder=True,
+                fencing_token=int(parts[1]),
+                mode=MODE_NAMES.get(parts[2], parts[2]),
+                node=field,
+                ttl=(expiry - now) / 1000,
+            )
+        )
+    holders.sort(key=lambda p: p.fencing_token or 0)
+    timeouts_flat = [_text(x) for x in reply[3]]
+    timeouts = {
+        timeouts_flat[i]: float(timeouts_flat[i + 1]) for i in range(0, len(timeouts_flat), 2)
+    }
+    waiters: list[Participant] = []
+    for raw in reply[2]:
+        member = _text(raw)
+        expiry_ms = timeouts.get(member)
+        if expiry_ms is None or expiry_ms <= now:
+            continue
+        field, _, who = member.partition("|")
+        waiters.append(
+            Participant(id=who, is_holder=False, node=field, ttl=(expiry_ms - now) / 1000)
+        )
+    return holders + waiters
+
+
+@final
+class RedisDriver:
+    """The :class:`~aiolocks._core.driver.Driver` for one Redis endpoint."""
+
+    capabilities = Capabilities(fair=False, queue_visible=False, can_lose=True)
+
+    def __init__(
+        self,
+        node: RedisNode,
+        *,
+        lease_time: float = DEFAULT_LEASE_TIME,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+    ) -> None:
+        self.node = node
+        self.lease_time = validate_lease_time(lease_time)
+        self.key_prefix = validate_key_prefix(key_prefix)
+        #: one uuid per backend: the first half of every field we write
+        self.client_uuid = uuid.uuid4().hex
+        self._holds: set[RedisHold] = set()
+        self._closed = False
+
+    def describe(self) -> str:
+        return self.node.describe
+
+    def lock_options(self, family: Family, options: Mapping[str, object]) -> Mapping[str, object]:
+        return check_lock_options(family, options)
+
+    async def open(self) -> None:
+        await self.node.open()
+
+    async def close(self) -> None:
+        self._closed = True
+        for hold in list(self._holds):
+            # Holds still here were not released through the core; stop
+            # renewing and let their leases lapse rather than block close().
+            hold.stop()
+        self._holds.clear()
+        await self.node.close()
+
+    def keys(self, request: Request) -> LockKeys:
+        """The keys of the lock a request is for."""
+        return lock_keys(self.key_prefix, request.family, request.name)
+
+    def _lease(self, request: Request) -> float:
+        lease = request.options.get("lease_time")
+        return self.lease_time if lease is None else float(lease)  # type: ignore[arg-type]
+
+    # -- acquire ---------------------------------------------------------------
+
+    async def acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
+        if self._closed:
+            raise BackendUnavailableError(f"the Redis backend {self.describe()} is closed")
+        lease = self._lease(request)
+        fair = bool(request.options.get("fair", False))
+        keys = self.keys(request)
+        # Minted before the first send (Curator's protected mode): whatever
+        # happens to the reply, the cleanup knows what to delete.
+        fields = [f"{self.client_uuid}:{secrets.token_hex(8)}" for _ in range(request.count)]
+        member = f"{fields[0]}|{request.participant}" if fair else ""
+        downgrade = ""
+        if request.downgrade_of is not None and isinstance(request.downgrade_of.handle, RedisHold):
+            downgrade = request.downgrade_of.handle.field
+        max_holders = request.max_leases if request.mode is Mode.LEASE else 1
+        args: list[object] = [
+            MODE_CODES[request.mode],
+            max_holders,
+            int(lease * 1000),
+            request.participant,
+            "1" if fair else "0",
+            int(lease * 1000),
+            downgrade,
+            member,
+            *fields,
+        ]
+        attempt = _Attempt(keys, fields, member, lease)
+        try:
+            try:
+                grants = await self._acquire(request, deadline, attempt, args, lease, fair)
+            except (RedisError, OSError) as exc:
+                raise map_error(exc, f"acquiring {request.name!r}", self.describe()) from exc
+            if grants is None:
+                await self.node.cleanup(attempt)  # leave the fair queue
+            return grants
+        except BaseException:
+            # Cancelled, timed out in a wait, or failed: nothing may stay
+            # held or queued. The cleanup waits for the in-flight script.
+            await self.node.cleanup(attempt)
+            raise
+
+    async def _try(
+        self, attempt: _Attempt, args: Sequence[object], fair: bool, deadline: float | None
+    ) -> tuple[bool, list[Any], float]:
+        """One acquire script, retried through a short outage; (granted, reply, sent at).
+
+        A connection error is retried with backoff for up to
+        ``connect_timeout`` (and never past the deadline), so a waiter rides
+        out a restart or a failover; then it becomes BackendUnavailableError.
+        Resending is safe: ``acquire.lua`` answers a resend of a granted
+        attempt with the same grant, and a definite "no" proves that no
+        earlier send of this attempt was granted either.
+        """
+        first_error: float | None = None
+        delay = 0.05
+        while True:
+            attempt.dirty = True
+            # The lease runs from when the script ran, at or after this send:
+            # the watchdog may trust the hold until sent + lease, no longer.
+            sent = time.monotonic()
+            try:
+                reply, acked = await self.node.shielded(
+                    self.node.try_acquire(attempt.keys, args), attempt
+                )
+            except TRANSIENT:
+                now = time.monotonic()
+                if first_error is None:
+                    first_error = now
+                give_up = first_error + self.node.connect_timeout
+                if deadline is not None:
+                    give_up = min(give_up, deadline)
+                if now + delay >= give_up:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            break
+        granted = int(reply[0]) == 1
+        if granted and self.node.min_replicas and acked < self.node.min_replicas:
+            raise BackendUnavailableError(
+                f"only {acked} of min_replicas={self.node.min_replicas} replicas of "
+                f"{self.describe()} acknowledged the lock write; released it"
+            )
+        if not granted and not fair:
+            attempt.dirty = False  # a definite "no" wrote nothing
+        return granted, reply, sent
+
+    async def _acquire(
+        self,
+        request: Request,
+        deadline: float | None,
+        attempt: _Attempt,
+        args: Sequence[object],
+        lease: float,
+        fair: bool,
+    ) -> list[Grant] | None:
+        granted, reply, sent = await self._try(attempt, args, fair, deadline)
+        if granted:
+            return self._grants(request, attempt, reply, lease, sent)
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        hub = self.node.hub
+        assert hub is not None
+        # R6: subscribe (confirmed) *before* the second try, so an unlock
+        # published between that try and the wait is not missed.
+        # Only an unfair exclusive waiter can be woken alone: one unlock frees
+        # one slot for anybody. Fair waiters must all look (only the queue
+        # head may take it), and leases/readers may all fit.
+        wake = Wake(exclusive=not fair and request.mode is Mode.EXCLUSIVE)
+        async with hub.listen(attempt.keys.channel, wake):
+            while True:
+                wake.clear()
+                granted, reply, sent = await self._try(attempt, args, fair, deadline)
+                if granted:
+                    wake.won = True
+                    return self._grants(request, attempt, reply, lease, sent)
+                wait_ms = int(reply[1])
+                # R7: never longer than the blocking hold's TTL (expiry
+                # publishes nothing), the deadline, or, in a fair queue, a
+                # third of our queue entry's timeout (we refresh it by trying).
+                bound = lease if wait_ms < 0 else wait_ms / 1000
+                if fair:
+                    bound = min(bound, lease / 3)
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    bound = min(bound, left)
+                await wake.wait(bound)
+
+    def _grants(
+        self, request: Request, attempt: _Attempt, reply: list[Any], lease: float, sent: float
+    ) -> list[Grant]:
+        # No await from here to the return: the grants go straight to the core.
+        attempt.dirty = False
+        tokens = [int(_text(x)) for x in reply[1:]]
+        enabled = bool(request.options.get("watchdog", True))
+        grants = []
+        for field, token in zip(attempt.fields, tokens, strict=True):
+            hold = RedisHold(attempt.keys, field, lease)
+            grant = Grant(request, token, hold)
+            hold.watchdog = self.node.spawn(
+                run_watchdog(
+                    grant,
+                    renew=self._renewer(hold),
+                    released=lambda hold=hold: hold.released,  # type: ignore[misc]
+                    lease=lease,
+                    valid_until=sent + lease,
+                    enabled=enabled,
+                    owner=request.owner,
+                ),
+                name=f"aiolocks-redis-watchdog:{request.name}",
+            )
+            self._holds.add(hold)
+            grants.append(grant)
+        return grants
+
+    def _renewer(self, hold: RedisHold) -> Callable[[], Awaitable[str | None]]:
+        async def renew() -> str | None:
+            ok = await self.node.shielded(self.node.renew(hold.keys, hold.field, hold.lease))
+            if ok:
+                return None
+            return "its Redis field is gone (deleted, overwritten or expired)"
+
+        return renew
+
+    # -- release ---------------------------------------------------------------
+
+    async def release(self, grant: Grant) -> None:
+        hold = grant.handle
+        if not isinstance(hold, RedisHold) or hold.released:
+            return
+        # Stop the watchdog *before* sending the unlock (Redisson #7272).
+        hold.stop()
+        self._holds.discard(hold)
+        give_up = time.monotonic() + min(hold.lease, self.node.connect_timeout)
+        delay = 0.05
+        while True:
+            try:
+                await self.node.shielded(self.node.release(hold.keys, "", [hold.field]))
+                return
+            except TRANSIENT as exc:
+                if grant.lost:
+                    return  # the lease lapses; nothing to report on a lost hold
+                if time.monotonic() + delay > give_up:
+                    raise map_error(
+                        exc, f"releasing {grant.request.name!r}", self.describe()
+                    ) from exc
+            except RedisError as exc:
+                if grant.lost:
+                    return
+                raise map_error(exc, f"releasing {grant.request.name!r}", self.describe()) from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    # -- inspect -----------------------------------------------------------------
+
+    async def participants(self, name: str, family: Family) -> list[Participant]:
+        keys = lock_keys(self.key_prefix, family, name)
+        try:
+            reply = await self.node.shielded(self.node.inspect(keys))
+        except (RedisError, OSError) as exc:
+            raise map_error(exc, f"listing {name!r}", self.describe()) from exc
+        return parse_participants(reply)

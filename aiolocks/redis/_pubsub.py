@@ -1,0 +1,283 @@
+"""One pub/sub connection per backend, fanning unlock messages out to waiters.
+
+Redisson's idea, asyncio-shaped: a waiter that lost the first try asks the
+hub for a subscription to its lock's channel, *waits until the server has
+confirmed the SUBSCRIBE* (so an unlock published between its next try and
+its wait cannot be missed: R6), tries again, then waits on a :class:`Wake`
+for a message or for the holder's remaining TTL, whichever comes first.
+
+* Subscriptions are ref-counted per channel; the last waiter to leave sends
+  UNSUBSCRIBE (always, on every exit path: Redisson #4064).
+* SUBSCRIBE/UNSUBSCRIBE are sent by one commander task, fed by a queue, so a
+  cancelled waiter never interrupts a command half-way; the reader task is
+  the only one reading the connection.
+* Pub/sub is an optimisation, never the only wake-up: a reconnect (messages
+  may be lost) or a connection error wakes every waiter so it looks again,
+  and every wait is bounded by the blocking hold's TTL anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, final
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .._core.errors import BackendUnavailableError
+
+__all__ = ["PubSubHub", "Wake"]
+
+logger = logging.getLogger("aiolocks.redis")
+
+
+@final
+class Wake:
+    """One waiter's doorbell: set by a message (or a reconnect), cleared before each try.
+
+    An ``exclusive`` waiter (an unfair mutex: one release frees one slot) is
+    rung one at a time per message, so N local waiters do not all retry on
+    every release (Redisson's "wake one per process", R8). Set ``won`` before
+    leaving with the lock; a waiter leaving without it passes its turn on.
+    """
+
+    __slots__ = ("_event", "exclusive", "won")
+
+    def __init__(self, *, exclusive: bool = False) -> None:
+        self._event = asyncio.Event()
+        self.exclusive = exclusive
+        self.won = False
+
+    def is_set(self) -> bool:
+        """Rung and not yet cleared."""
+        return self._event.is_set()
+
+    def clear(self) -> None:
+        """Forget earlier rings; call this *before* sending a try."""
+        self._event.clear()
+
+    def ring(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Wait for a ring or ``timeout`` seconds; True if rung."""
+        if self._event.is_set():
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                await self._event.wait()
+        except TimeoutError:
+            return False
+        return True
+
+
+class _Channel:
+    __slots__ = ("ready", "wakes")
+
+    def __init__(self) -> None:
+        # insertion-ordered: exclusive waiters are rung oldest first
+        self.wakes: dict[Wake, None] = {}
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def ring_all(self) -> None:
+        """Everybody looks again (reconnects, errors, close)."""
+        for wake in self.wakes:
+            wake.ring()
+
+    def ring_message(self) -> None:
+        """An unlock: every shared waiter, and one exclusive waiter unless one is already rung."""
+        pending = False
+        first: Wake | None = None
+        for wake in self.wakes:
+            if not wake.exclusive:
+                wake.ring()
+            elif wake.is_set():
+                pending = True
+            elif first is None:
+                first = wake
+        if first is not None and not pending:
+            first.ring()
+
+    def pass_turn(self) -> None:
+        """An exclusive waiter left without the lock: ring the next one."""
+        for wake in self.wakes:
+            if wake.exclusive and not wake.is_set():
+                wake.ring()
+                return
+
+
+@final
+class PubSubHub:
+    """Per-channel waiters over a single ``PubSub`` connection."""
+
+    def __init__(self, make_pubsub: Callable[[], Any], *, describe: str, timeout: float) -> None:
+        self._make_pubsub = make_pubsub
+        self._describe = describe
+        self._timeout = timeout
+        self._pubsub: Any = None
+        self._channels: dict[str, _Channel] = {}
+        # SUBSCRIBEs sent per channel and not yet confirmed: a confirmation only
+        # makes a channel ready once every SUBSCRIBE sent for it is answered,
+        # so an old confirmation cannot vouch for a newer subscription.
+        self._unconfirmed: dict[str, int] = {}
+        self._commands: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._commander: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self._closed = False
+
+    @property
+    def channel_count(self) -> int:
+        """How many channels have local waiters (for tests: 0 once quiet)."""
+        return len(self._channels)
+
+    @contextlib.asynccontextmanager
+    async def listen(self, channel: str, wake: Wake | None = None) -> AsyncIterator[Wake]:
+        """Subscribe to ``channel`` (ref-counted) and yield a :class:`Wake` once confirmed.
+
+        Pass ``wake`` to share one doorbell between several hubs (Redlock).
+        """
+        if self._closed:
+            raise BackendUnavailableError(f"the Redis backend {self._describe} is closed")
+        self._start()
+        wake = Wake() if wake is None else wake
+        entry = self._channels.get(channel)
+        if entry is None:
+            entry = self._channels[channel] = _Channel()
+            self._commands.put_nowait(("subscribe", channel))
+        entry.wakes[wake] = None
+        try:
+            # Shield: several waiters share the future; one being cancelled
+            # must not cancel it for the others.
+            async with asyncio.timeout(self._timeout):
+                await asyncio.shield(entry.ready)
+            yield wake
+        except TimeoutError:
+            raise BackendUnavailableError(
+                f"Redis {self._describe} did not confirm a SUBSCRIBE within {self._timeout:g} s"
+            ) from None
+        finally:
+            entry.wakes.pop(wake, None)
+            if wake.exclusive and not wake.won:
+                # It may have used up the only ring of an unlock (cancelled,
+                # timed out, failed): let the next local waiter look instead.
+                entry.pass_turn()
+            if not entry.wakes and self._channels.get(channel) is entry:
+                del self._channels[channel]
+                if not entry.ready.done():
+                    entry.ready.cancel()
+                if not self._closed:
+                    self._commands.put_nowait(("unsubscribe", channel))
+
+    def _start(self) -> None:
+        if self._commander is None:
+            self._commander = asyncio.get_running_loop().create_task(
+                self._command_loop(), name=f"aiolocks-redis-pubsub-commands:{self._describe}"
+            )
+
+    async def _command_loop(self) -> None:
+        """Send SUBSCRIBE/UNSUBSCRIBE in order; the only writer of the connection."""
+        while not self._closed:
+            verb, channel = await self._commands.get()
+            if verb == "stop":
+                return
+            if verb == "subscribe":
+                if channel not in self._channels:
+                    continue  # everybody left before we got to it
+                self._unconfirmed[channel] = self._unconfirmed.get(channel, 0) + 1
+            elif channel in self._channels:
+                continue  # somebody came back: keep the subscription
+            try:
+                if self._pubsub is None:
+                    self._pubsub = self._make_pubsub()
+                if verb == "subscribe":
+                    await self._pubsub.subscribe(channel)
+                else:
+                    await self._pubsub.unsubscribe(channel)
+            except Exception as exc:  # any failure: tell the waiters, keep serving
+                if verb == "subscribe":
+                    self._unconfirmed.pop(channel, None)
+                    entry = self._channels.get(channel)
+                    if entry is not None and not entry.ready.done():
+                        entry.ready.set_exception(
+                            BackendUnavailableError(
+                                f"cannot subscribe on Redis {self._describe}: {exc}"
+                            )
+                        )
+                        entry.ready.exception()  # retrieved by whoever awaits it
+                        del self._channels[channel]
+                        entry.ring_all()
+                continue
+            if self._reader is None:
+                self._reader = asyncio.get_running_loop().create_task(
+                    self._read_loop(), name=f"aiolocks-redis-pubsub-reader:{self._describe}"
+                )
+
+    async def _read_loop(self) -> None:
+        """Turn messages into rings; the only reader of the connection."""
+        backoff = 0.05
+        while not self._closed:
+            try:
+                message = await self._pubsub.get_message(timeout=None)
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                # Messages may have been lost: every waiter looks again (its
+                # try reports the error or the lock state). redis-py
+                # re-subscribes our channels on reconnect; the confirmations
+                # ring everyone once more.
+                logger.debug("pub/sub connection to %s failed: %s", self._describe, exc)
+                for entry in list(self._channels.values()):
+                    entry.ring_all()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            backoff = 0.05
+            if not message:
+                continue
+            kind = message.get("type")
+            raw = message.get("channel")
+            channel = raw.decode() if isinstance(raw, bytes) else str(raw)
+            current = self._channels.get(channel)
+            if kind == "subscribe":
+                left = self._unconfirmed.get(channel, 0) - 1
+                if left > 0:
+                    self._unconfirmed[channel] = left
+                else:
+                    self._unconfirmed.pop(channel, None)
+                if current is not None:
+                    if left <= 0 and not current.ready.done():
+                        current.ready.set_result(None)
+                    current.ring_all()
+            elif kind == "message" and current is not None:
+                current.ring_message()
+
+    async def close(self) -> None:
+        """Stop both tasks and close the pub/sub connection (not the client)."""
+        self._closed = True
+        for entry in self._channels.values():
+            entry.ring_all()
+            if not entry.ready.done():
+                entry.ready.set_exception(
+                    BackendUnavailableError(f"the Redis backend {self._describe} is closed")
+                )
+                entry.ready.exception()  # retrieved by whoever awaits it
+        self._channels.clear()
+        # redis-py can swallow a cancellation that lands inside a command, so
+        # the command loop is also told to stop through its queue.
+        self._commands.put_nowait(("stop", ""))
+        tasks = [task for task in (self._commander, self._reader) if task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=5)
+            for task in stuck:
+                logger.warning("pub/sub task %s did not stop", task.get_name())
+        for task in tasks:
+            if task.done() and not task.cancelled():
+                task.exception()
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+            self._pubsub = None

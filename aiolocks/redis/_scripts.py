@@ -1,0 +1,46 @@
+"""The Lua scripts of the Redis driver, kept as ``scripts/*.lua`` files.
+
+Each script is registered on a client with redis-py's ``register_script``:
+calls go out as ``EVALSHA`` and redis-py reloads the script when the server
+answers ``NOSCRIPT`` (after a restart or ``SCRIPT FLUSH``). ``Scripts.load``
+preloads them at ``open()`` so that an uncontended acquire costs exactly one
+``EVALSHA``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, final
+
+__all__ = ["SCRIPT_NAMES", "Scripts", "source"]
+
+SCRIPT_NAMES = ("acquire", "release", "renew", "inspect")
+
+
+@cache
+def source(name: str) -> str:
+    """The text of ``scripts/<name>.lua``."""
+    return resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text("utf-8")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Scripts:
+    """The scripts registered on one client (``redis.asyncio`` Redis or RedisCluster)."""
+
+    acquire: Any
+    release: Any
+    renew: Any
+    inspect: Any
+
+    @classmethod
+    def register(cls, client: Any) -> Scripts:
+        """Register every script on ``client`` (no I/O)."""
+        return cls(*(client.register_script(source(name)) for name in SCRIPT_NAMES))
+
+    async def load(self, client: Any) -> None:
+        """``SCRIPT LOAD`` each script (on every primary for a cluster client)."""
+        for name in SCRIPT_NAMES:
+            await client.script_load(source(name))

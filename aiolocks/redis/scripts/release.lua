@@ -1,0 +1,37 @@
+-- aiolocks: give holds back (compare-and-delete of our own fields) and
+-- leave a fair queue. Idempotent: a retried release finds nothing and
+-- returns 0, it can never remove somebody else's hold.
+--
+-- KEYS[1] holders hash   KEYS[2] fence counter   KEYS[3] fair queue   KEYS[4] queue timeouts
+-- ARGV[1] channel to publish on   ARGV[2] queue member or ''   ARGV[3..] field ids
+-- Returns the number of holds and queue entries removed.
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local removed = 0
+for i = 3, #ARGV do
+  removed = removed + redis.call('HDEL', KEYS[1], ARGV[i])
+end
+if ARGV[2] ~= '' then
+  -- a waiter leaving the queue head must wake the next one
+  removed = removed + redis.call('LREM', KEYS[3], 0, ARGV[2])
+  redis.call('ZREM', KEYS[4], ARGV[2])
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  -- Idle lock: drop the fence counter too, so no key outlives its lock.
+  -- Tokens restart from server time, which is already past the last token
+  -- unless tokens were handed out faster than one per microsecond; keep
+  -- the counter just long enough to cover that.
+  local last = redis.call('GET', KEYS[2])
+  if last then
+    local ahead = tonumber(last) - now_us
+    if ahead < 0 then
+      redis.call('DEL', KEYS[2])
+    else
+      redis.call('PEXPIRE', KEYS[2], math.floor(ahead / 1000) + 2)
+    end
+  end
+end
+if removed > 0 then
+  redis.call('PUBLISH', ARGV[1], 'released')
+end
+return removed

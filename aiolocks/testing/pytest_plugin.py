@@ -1,0 +1,218 @@
+"""pytest fixtures that provide real ZooKeeper and Redis servers.
+
+pytest loads this module in every run through the ``aiolocks`` ``pytest11``
+entry point, so it imports only the standard library and the launchers
+(never ``aiozk`` or ``redis``), and a server starts only when a test asks
+for its fixture.
+
+Session fixtures (shared, never stop them in a test):
+
+=====================  ==============================  ==============================
+fixture                gives                           external servers instead
+=====================  ==============================  ==============================
+``zookeeper_server``   :class:`ZooKeeperServer`        ``AIOLOCKS_ZK_HOSTS=h:p``
+``zookeeper_ensemble`` :class:`ZooKeeperEnsemble` (3)  ``AIOLOCKS_ZK_ENSEMBLE_HOSTS=h:p,h:p,h:p``
+``redis_server``       :class:`RedisServer`            ``AIOLOCKS_REDIS_URL=redis://h:p``
+``redis_sentinel``     :class:`RedisSentinelSet`       ``AIOLOCKS_REDIS_SENTINEL_URL=redis+sentinel://...``
+``redis_cluster``      :class:`RedisCluster` (3)       ``AIOLOCKS_REDIS_CLUSTER_URL=redis+cluster://...``
+``redis_servers5``     :class:`RedisServerGroup` (5)   ``AIOLOCKS_REDLOCK_URLS=redis://a,redis://b,...``
+=====================  ==============================  ==============================
+
+Function fixtures ``zookeeper_restartable`` and ``redis_restartable`` give a
+fresh private server that the test may stop, kill and restart. They skip
+when the matching environment variable above points at external servers.
+
+When a binary is missing (and no environment variable is set) the fixture
+*fails* and says how to install it (``scripts/install-servers.sh``); with
+``AIOLOCKS_SKIP_MISSING_SERVERS=1`` it skips instead. A fixture given an
+external server yields an object with ``managed == False``; call
+:func:`require_managed` in a test that needs to control the processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Protocol, TypeVar
+
+import pytest
+
+from .servers import (
+    RedisCluster,
+    RedisSentinelSet,
+    RedisServer,
+    RedisServerGroup,
+    ServerNotInstalledError,
+    ZooKeeperEnsemble,
+    ZooKeeperServer,
+)
+
+__all__ = [
+    "redis_cluster",
+    "redis_restartable",
+    "redis_sentinel",
+    "redis_server",
+    "redis_servers5",
+    "require_managed",
+    "zookeeper_ensemble",
+    "zookeeper_restartable",
+    "zookeeper_server",
+]
+
+SKIP_MISSING_ENV = "AIOLOCKS_SKIP_MISSING_SERVERS"
+
+
+class _Launcher(Protocol):
+    def start(self) -> object: ...
+
+    def close(self) -> None: ...
+
+
+class _Managed(Protocol):
+    @property
+    def managed(self) -> bool: ...
+
+
+_L = TypeVar("_L", bound=_Launcher)
+
+
+def _skip_missing() -> bool:
+    return os.environ.get(SKIP_MISSING_ENV, "").strip().lower() in {"1", "true", "yes"}
+
+
+def _launch(factory: Callable[[], _L], env_var: str) -> _L:
+    """Build and start a launcher; turn a missing binary into fail (or skip)."""
+    launcher = factory()
+    try:
+        launcher.start()
+    except ServerNotInstalledError as exc:
+        launcher.close()
+        missing = str(exc)
+    else:
+        return launcher
+    # Outside the except block, so the report is the message alone.
+    message = (
+        f"{missing}.\nInstall ZooKeeper, Redis and Java with scripts/install-servers.sh "
+        f"(as root), or point the tests at running servers with {env_var}=..., "
+        f"or set {SKIP_MISSING_ENV}=1 to skip the tests that need this server."
+    )
+    if _skip_missing():
+        pytest.skip(message)
+    pytest.fail(message, pytrace=False)
+
+
+def _serve(factory: Callable[[], _L], env_var: str) -> Iterator[_L]:
+    launcher = _launch(factory, env_var)
+    try:
+        yield launcher
+    finally:
+        # Cleanup path: stop the processes and remove their folders even when
+        # the session is interrupted.
+        launcher.close()
+
+
+def _external(env_var: str) -> str | None:
+    value = os.environ.get(env_var, "").strip()
+    return value or None
+
+
+def require_managed(server: _Managed) -> None:
+    """Skip the current test unless ``server`` is run by aiolocks.testing (not external).
+
+    >>> require_managed(zookeeper_server)  # doctest: +SKIP
+    """
+    if not server.managed:
+        pytest.skip(
+            "this test stops or restarts its server, and the fixture points at an external "
+            "server given by an AIOLOCKS_* environment variable"
+        )
+
+
+def _skip_if_external(env_var: str) -> None:
+    if _external(env_var) is not None:
+        pytest.skip(
+            f"{env_var} is set, so tests use external servers; this test needs a private "
+            "server that it can stop, kill and restart"
+        )
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    """A ZooKeeper server shared by the session (or ``AIOLOCKS_ZK_HOSTS``)."""
+    hosts = _external("AIOLOCKS_ZK_HOSTS")
+    if hosts is not None:
+        yield ZooKeeperServer.external(hosts)
+        return
+    yield from _serve(ZooKeeperServer, "AIOLOCKS_ZK_HOSTS")
+
+
+@pytest.fixture(scope="session")
+def zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
+    """A 3-server ZooKeeper ensemble shared by the session (or ``AIOLOCKS_ZK_ENSEMBLE_HOSTS``).
+
+    Tests that kill members must restart them and call ``wait_for_leader()``
+    before they end, so the next test finds the full ensemble.
+    """
+    hosts = _external("AIOLOCKS_ZK_ENSEMBLE_HOSTS")
+    if hosts is not None:
+        yield ZooKeeperEnsemble.external(hosts)
+        return
+    yield from _serve(ZooKeeperEnsemble, "AIOLOCKS_ZK_ENSEMBLE_HOSTS")
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A Redis server shared by the session (or ``AIOLOCKS_REDIS_URL``)."""
+    url = _external("AIOLOCKS_REDIS_URL")
+    if url is not None:
+        yield RedisServer.external(url)
+        return
+    yield from _serve(RedisServer, "AIOLOCKS_REDIS_URL")
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[RedisSentinelSet]:
+    """A master, a replica and three sentinels (or ``AIOLOCKS_REDIS_SENTINEL_URL``).
+
+    Shared: a test that fails the master over should start its own
+    :class:`RedisSentinelSet` instead.
+    """
+    url = _external("AIOLOCKS_REDIS_SENTINEL_URL")
+    if url is not None:
+        yield RedisSentinelSet.external(url)
+        return
+    yield from _serve(RedisSentinelSet, "AIOLOCKS_REDIS_SENTINEL_URL")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """A 3-master Redis Cluster shared by the session (or ``AIOLOCKS_REDIS_CLUSTER_URL``)."""
+    url = _external("AIOLOCKS_REDIS_CLUSTER_URL")
+    if url is not None:
+        yield RedisCluster.external(url)
+        return
+    yield from _serve(RedisCluster, "AIOLOCKS_REDIS_CLUSTER_URL")
+
+
+@pytest.fixture(scope="session")
+def redis_servers5() -> Iterator[RedisServerGroup]:
+    """Five independent Redis servers, for Redlock (or ``AIOLOCKS_REDLOCK_URLS``, comma list)."""
+    urls = _external("AIOLOCKS_REDLOCK_URLS")
+    if urls is not None:
+        yield RedisServerGroup.external([url.strip() for url in urls.split(",") if url.strip()])
+        return
+    yield from _serve(RedisServerGroup, "AIOLOCKS_REDLOCK_URLS")
+
+
+@pytest.fixture
+def zookeeper_restartable() -> Iterator[ZooKeeperServer]:
+    """A private ZooKeeper server for this test only: stop, kill and restart it freely."""
+    _skip_if_external("AIOLOCKS_ZK_HOSTS")
+    yield from _serve(ZooKeeperServer, "AIOLOCKS_ZK_HOSTS")
+
+
+@pytest.fixture
+def redis_restartable() -> Iterator[RedisServer]:
+    """A private Redis server for this test only: stop, kill and restart it freely."""
+    _skip_if_external("AIOLOCKS_REDIS_URL")
+    yield from _serve(RedisServer, "AIOLOCKS_REDIS_URL")

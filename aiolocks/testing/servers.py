@@ -1,0 +1,1973 @@
+"""Real ZooKeeper and Redis servers, started from the installed binaries.
+
+Design note
+-----------
+Backend tests talk to real servers (DESIGN.md, "Servers for tests and
+demos"). Every launcher here follows one recipe:
+
+1. Pick a free port *below* the kernel's ephemeral range (so that a client
+   socket can never grab it while a server is stopped for a restart test), and
+   check that it binds on 127.0.0.1.
+2. Make a private temporary folder, write the configuration there and start
+   the binary in its own process group with stdout/stderr captured to a log
+   file in that folder.
+3. Wait for readiness *by protocol*: ZooKeeper must answer the ``srvr``
+   four-letter word with a ``Mode:`` line, Redis must answer ``PING``. A
+   server that exits or does not get ready raises :class:`ServerStartError`
+   carrying the tail of its log.
+4. Stop by PID: SIGTERM to the process group, SIGKILL after a short grace,
+   always reap (no zombies). ``kill()`` is SIGKILL at once, for crash tests.
+   An ``atexit`` hook kills whatever is still running and removes the folders;
+   on Linux, servers started from the main thread also get
+   ``PR_SET_PDEATHSIG`` so they die when the test runner is killed.
+
+``stop()`` keeps the folder and the port, so ``start()`` brings the same
+server back on the same port with the same data (ZooKeeper keeps its
+snapshots, so sessions survive a restart; Redis runs without persistence).
+``close()`` (and leaving the ``with`` block) stops and removes the folder.
+
+Every top-level launcher also has an ``external(...)`` constructor describing
+a server that somebody else runs (``docker-compose.yml``, CI services). Such
+an object has the same addresses but ``managed`` is ``False`` and the process
+controls raise :class:`ServerNotManagedError`.
+
+ZooKeeper is started as ``java -cp ... ZooKeeperServerMain`` (single server)
+or ``QuorumPeerMain`` (ensemble members) rather than through ``zkServer.sh``:
+that is the fastest start (well under a second for a single server here).
+Settings chosen for tests: ``tickTime=200`` (so ``minSessionTimeout=400`` ms
+is allowed), ``maxSessionTimeout=60000``, the four-letter words aiozk and the
+tests need, no AdminServer, container nodes reaped every 500 ms and no fsync
+(data still reaches the page cache, which survives a SIGKILL),
+``maxClientCnxns=0`` (no per-IP connection limit). Redis runs with
+``--repl-diskless-sync-delay 0`` (replicas sync at once) and
+``--enable-debug-command local``.
+
+Environment variables read here:
+
+``AIOLOCKS_JAVA``, ``JAVA_HOME``
+    the Java runtime (default: ``java`` on ``PATH``).
+``AIOLOCKS_ZK_CLASSPATH``, ``ZOOKEEPER_HOME``
+    where the ZooKeeper jars are (default: ``$ZOOKEEPER_HOME/lib``, then
+    ``/usr/share/zookeeper/lib``, then the Debian package's
+    ``/usr/share/java/zookeeper.jar`` plus ``slf4j-simple.jar`` for the log).
+``AIOLOCKS_REDIS_SERVER``, ``AIOLOCKS_REDIS_SENTINEL``
+    the Redis binaries (default: ``redis-server``/``redis-sentinel`` on
+    ``PATH`` or in ``/usr/bin``, ``/usr/local/bin``).
+``AIOLOCKS_SERVERS_DIR``
+    where the temporary folders are made (default: the system temp dir).
+``AIOLOCKS_KEEP_SERVER_DIRS=1``
+    keep the folders (configs, data, logs) after the servers stop.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import glob
+import os
+import random
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import ClassVar, Final, Self, TypeAlias, final
+from urllib.parse import unquote, urlsplit
+
+__all__ = [
+    "LOCALHOST",
+    "RedisCluster",
+    "RedisSentinel",
+    "RedisSentinelSet",
+    "RedisServer",
+    "RedisServerGroup",
+    "RespValue",
+    "ServerCommandError",
+    "ServerError",
+    "ServerNotInstalledError",
+    "ServerNotManagedError",
+    "ServerStartError",
+    "ZOOKEEPER_FOUR_LETTER_WORDS",
+    "ZooKeeperEnsemble",
+    "ZooKeeperEnsembleMember",
+    "ZooKeeperServer",
+    "free_port",
+]
+
+#: The address every managed server binds to.
+LOCALHOST: Final = "127.0.0.1"
+
+#: The four-letter words enabled on every ZooKeeper we start. aiozk cannot
+#: connect without ``srvr`` (it probes read-only mode with it); tests read
+#: ``wchs``/``mntr``/``cons``.
+ZOOKEEPER_FOUR_LETTER_WORDS: Final = "srvr,mntr,wchs,wchc,cons,stat,ruok,conf,dump"
+
+#: A decoded RESP2 reply: simple and bulk strings become ``str``, integers
+#: ``int``, nil ``None``, arrays ``list``. Error replies raise
+#: :class:`ServerCommandError`.
+RespValue: TypeAlias = str | int | list["RespValue"] | None
+
+_POLL_INTERVAL: Final = 0.05
+_LOG_TAIL_LINES: Final = 40
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ServerError(RuntimeError):
+    """Base class of the errors raised by :mod:`aiolocks.testing` launchers."""
+
+
+class ServerNotInstalledError(ServerError):
+    """A binary or jar the launcher needs is not installed.
+
+    The message names what is missing; ``scripts/install-servers.sh`` installs
+    everything on Debian 12.
+    """
+
+
+class ServerStartError(ServerError):
+    """A server exited during startup or did not become ready in time.
+
+    ``log_tail`` holds the last lines of its log (also part of the message)
+    and ``log_path`` the full log.
+    """
+
+    def __init__(self, message: str, *, log_path: Path | None, log_tail: str) -> None:
+        super().__init__(f"{message}\n--- last lines of {log_path} ---\n{log_tail}")
+        self.log_path = log_path
+        self.log_tail = log_tail
+
+
+class ServerNotManagedError(ServerError):
+    """The server is external (given by address), so it cannot be started or stopped."""
+
+
+class ServerCommandError(ServerError):
+    """A server answered a command with an error reply (RESP ``-ERR ...``)."""
+
+
+# --------------------------------------------------------------------------- ports
+
+
+_handed_out_ports: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _port_binds(port: int, host: str) -> bool:
+    # No SO_REUSEADDR: a port in TIME_WAIT or bound to 0.0.0.0 counts as busy.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    """Return a TCP port on ``host`` that nothing is bound to right now.
+
+    Ports are taken below the kernel's ephemeral range, so that outgoing
+    client connections cannot occupy a port while its server is stopped for a
+    restart test. A port is never handed out twice by one process.
+
+    >>> port = free_port()
+    """
+    low = min(_ephemeral_low(), 32768)
+    if low > 12000:
+        for _ in range(500):
+            port = random.randint(10000, low - 1)
+            if port not in _handed_out_ports and _port_binds(port, host):
+                _handed_out_ports.add(port)
+                return port
+    # Fallback: let the kernel choose (an ephemeral port).
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out_ports:
+            _handed_out_ports.add(port)
+            return port
+    raise ServerError("no free TCP port found")  # pragma: no cover
+
+
+# --------------------------------------------------------------------------- tiny clients
+
+
+def _read_all(host: str, port: int, payload: bytes, timeout: float) -> bytes:
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(payload)
+        chunks: list[bytes] = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _four_letter(host: str, port: int, command: str, timeout: float) -> str:
+    if len(command) != 4:
+        raise ValueError(f"four-letter words have four letters, not {command!r}")
+    return _read_all(host, port, command.encode("ascii"), timeout).decode("utf-8", "replace")
+
+
+def _encode_command(args: Sequence[str | int | bytes]) -> bytes:
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+class _RespConnection:
+    """A blocking RESP2 connection: enough for PING, INFO, CONFIG and friends."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self._sock = socket.create_connection((host, port), timeout=timeout)
+        self._buffer = bytearray()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def call(self, *args: str | int | bytes) -> RespValue:
+        self._sock.sendall(_encode_command(args))
+        return self._read_reply()
+
+    def _fill(self) -> None:
+        chunk = self._sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        self._buffer += chunk
+
+    def _read_line(self) -> bytes:
+        while (end := self._buffer.find(b"\r\n")) < 0:
+            self._fill()
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 2]
+        return line
+
+    def _read_exact(self, size: int) -> bytes:
+        while len(self._buffer) < size + 2:
+            self._fill()
+        data = bytes(self._buffer[:size])
+        del self._buffer[: size + 2]
+        return data
+
+    def _read_reply(self) -> RespValue:
+        line = self._read_line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode("utf-8", "surrogateescape")
+        if kind == b"-":
+            raise ServerCommandError(rest.decode("utf-8", "replace"))
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            size = int(rest)
+            if size < 0:
+                return None
+            return self._read_exact(size).decode("utf-8", "surrogateescape")
+        if kind == b"*":
+            count = int(rest)
+            if count < 0:
+                return None
+            return [self._read_reply() for _ in range(count)]
+        raise ServerError(f"unexpected RESP reply {line!r}")
+
+
+def _parse_info(text: RespValue) -> dict[str, str]:
+    if not isinstance(text, str):
+        raise ServerError(f"INFO returned {text!r}")
+    result: dict[str, str] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            key, _, value = line.partition(":")
+            result[key] = value
+    return result
+
+
+def _pairs(value: RespValue) -> dict[str, RespValue]:
+    """Turn a flat ``[k1, v1, k2, v2, ...]`` reply into a dict."""
+    if not isinstance(value, list):
+        raise ServerError(f"expected a list reply, got {value!r}")
+    return {str(value[i]): value[i + 1] for i in range(0, len(value) - 1, 2)}
+
+
+def _wait_until(
+    condition: str, check: Callable[[], bool], timeout: float, *, interval: float = _POLL_INTERVAL
+) -> None:
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            if check():
+                return
+        except (OSError, ServerError) as exc:
+            last_error = exc
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_error!r})" if last_error else ""
+            raise TimeoutError(f"timed out after {timeout:g}s waiting until {condition}{detail}")
+        time.sleep(interval)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _make_dir(kind: str, base_dir: Path | None) -> Path:
+    parent = base_dir or (
+        Path(os.environ["AIOLOCKS_SERVERS_DIR"]) if os.environ.get("AIOLOCKS_SERVERS_DIR") else None
+    )
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f"aiolocks-{kind}-", dir=parent))
+    _owned_dirs.add(path)
+    return path
+
+
+def _remove_dir(path: Path) -> None:
+    _owned_dirs.discard(path)
+    if not _env_flag("AIOLOCKS_KEEP_SERVER_DIRS"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _tail(path: Path | None, lines: int = _LOG_TAIL_LINES) -> str:
+    if path is None:
+        return "(no log)"
+    try:
+        text = path.read_text("utf-8", "replace")
+    except OSError as exc:
+        return f"(cannot read log: {exc})"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    # The child leads its own process group (start_new_session=True), so the
+    # group id is its pid; signalling the group also reaches any child it forked.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+
+
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def _die_with_parent_hook() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the server die with us (Linux only), or ``None``.
+
+    ``atexit`` does not run when the test runner is killed by a signal (a CI
+    timeout, ``kill``); ``PR_SET_PDEATHSIG`` makes the kernel SIGKILL the
+    server then. The signal fires when the *thread* that started the server
+    exits, so it is only armed from the main thread.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes  # here, not at the top: the pytest plugin imports this module in every run
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:  # runs in the child, between fork and exec
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: follow it now
+            os._exit(1)
+
+    return arm
+
+
+def _find_binary(env_var: str, name: str, package: str) -> str:
+    override = os.environ.get(env_var)
+    if override:
+        if not (os.path.isfile(override) and os.access(override, os.X_OK)):
+            raise ServerNotInstalledError(f"{env_var}={override} is not an executable file")
+        return override
+    found = shutil.which(name)
+    if found is None:
+        for folder in ("/usr/bin", "/usr/local/bin", "/usr/sbin"):
+            candidate = os.path.join(folder, name)
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                found = candidate
+                break
+    if found is None:
+        raise ServerNotInstalledError(
+            f"{name!r} was not found (Debian package {package!r}; set {env_var} to use another "
+            "binary); install the servers with scripts/install-servers.sh"
+        )
+    return found
+
+
+_running: set[_ServerProcess] = set()
+_owned_dirs: set[Path] = set()
+
+
+class _ServerProcess:
+    """One server process: folder, log, spawn, readiness, stop, kill."""
+
+    kind: ClassVar[str] = "server"
+    _stop_grace: ClassVar[float] = 5.0
+
+    def __init__(
+        self,
+        *,
+        port: int | None,
+        base_dir: Path | None,
+        startup_timeout: float,
+        managed: bool = True,
+        host: str = LOCALHOST,
+    ) -> None:
+        self._host = host
+        self._port_auto = port is None and managed
+        self._port = port if port is not None else (free_port() if managed else 0)
+        self._base_dir = base_dir
+        self._dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._startup_timeout = startup_timeout
+        self._managed = managed
+        self._started_once = False
+
+    # -- subclass hooks
+
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _prepare(self, directory: Path) -> None:
+        """Write configuration files before every start (default: nothing)."""
+
+    def _probe(self) -> bool:
+        raise NotImplementedError
+
+    def _output_path(self, directory: Path) -> Path:
+        return directory / f"{self.kind}.log"
+
+    def _log_files(self) -> list[Path]:
+        return [self.log_path] if self.log_path is not None else []
+
+    # -- public surface
+
+    @property
+    def host(self) -> str:
+        """The address the server listens on (always ``127.0.0.1`` when managed)."""
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The client port; it stays the same across ``stop()``/``start()``."""
+        return self._port
+
+    @property
+    def managed(self) -> bool:
+        """``True`` when this process is started and stopped by us, ``False`` for external."""
+        return self._managed
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs, else ``None``."""
+        if self._proc is None or self._proc.poll() is not None:
+            return None
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive (not whether it is ready)."""
+        return self.pid is not None
+
+    @property
+    def directory(self) -> Path | None:
+        """The private temporary folder (config, data, logs), once started."""
+        return self._dir
+
+    @property
+    def log_path(self) -> Path | None:
+        """The server's log file, once started."""
+        return None if self._dir is None else self._output_path(self._dir)
+
+    def _describe(self) -> str:
+        return f"{self.kind} on {self._host}:{self._port}"
+
+    def _require_managed(self) -> None:
+        if not self._managed:
+            raise ServerNotManagedError(
+                f"{self._describe()} is an external server; it cannot be started or stopped here"
+            )
+
+    def start(self, *, wait: bool = True) -> Self:
+        """Start the server (a no-op if it runs) and, unless ``wait=False``, wait until ready.
+
+        :raises ServerNotInstalledError: the binary is missing.
+        :raises ServerStartError: the server exited or was not ready in time.
+        """
+        self._require_managed()
+        if self.running:
+            return self
+        attempts = 3 if self._port_auto and not self._started_once else 1
+        for attempt in range(attempts):
+            command = self._command()  # raises ServerNotInstalledError before any side effect
+            self._spawn(command)
+            if not wait:
+                break
+            try:
+                self.wait_ready()
+            except ServerStartError as exc:
+                # Another process took the port between our probe and the
+                # server's bind: take a new port, but only before the first
+                # successful start (a restart must keep its port).
+                if attempt + 1 < attempts and "Address already in use" in exc.log_tail:
+                    self._port = free_port(self._host)
+                    continue
+                raise
+            break
+        self._started_once = True
+        return self
+
+    def _spawn(self, command: list[str]) -> None:
+        if self._dir is None:
+            self._dir = _make_dir(self.kind, self._base_dir)
+        self._prepare(self._dir)
+        output = self._output_path(self._dir)
+        with output.open("ab") as log:
+            log.write(f"\n=== aiolocks.testing: starting {' '.join(command)}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self._dir,
+                start_new_session=True,
+                preexec_fn=_die_with_parent_hook(),
+            )
+        _running.add(self)
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until the server answers its readiness probe.
+
+        :raises ServerStartError: it exited, or was not ready within ``timeout``
+            (default: the ``startup_timeout`` given to the constructor); the
+            process is killed in that case.
+        """
+        self._require_managed()
+        proc = self._proc
+        if proc is None:
+            raise ServerError(f"{self._describe()} was not started")
+        deadline = time.monotonic() + (self._startup_timeout if timeout is None else timeout)
+        while True:
+            code = proc.poll()
+            if code is not None:
+                self._reap()
+                raise self._start_error(
+                    f"{self._describe()} exited with code {code} while starting"
+                )
+            try:
+                if self._probe():
+                    return
+            except (OSError, ServerError):
+                pass
+            if time.monotonic() >= deadline:
+                self.kill()
+                raise self._start_error(f"{self._describe()} was not ready in time")
+            time.sleep(_POLL_INTERVAL)
+
+    def _start_error(self, message: str) -> ServerStartError:
+        tails = [f"[{path.name}]\n{_tail(path)}" for path in self._log_files()]
+        return ServerStartError(message, log_path=self.log_path, log_tail="\n".join(tails))
+
+    def stop(self, *, timeout: float | None = None) -> None:
+        """Stop the server: SIGTERM, then SIGKILL after a grace period. Keeps folder and port."""
+        self._require_managed()
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(self._stop_grace if timeout is None else timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+        self._reap()
+
+    def _terminate(self) -> None:
+        """Send SIGTERM without waiting, so that a group of servers stops in parallel."""
+        proc = self._proc
+        if self._managed and proc is not None and proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Kill the server with SIGKILL (a crash) and reap it. Keeps folder and port."""
+        self._require_managed()
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGKILL)
+        self._reap()
+
+    def _reap(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            # Wait for the exit but leave the zombie: while it is not reaped
+            # its pid cannot be reused, so signalling the group is safe. Then
+            # anything the server forked (same group) goes with it.
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()  # reap: no zombie is left behind
+        self._proc = None
+        _running.discard(self)
+
+    def restart(self) -> None:
+        """``stop()`` then ``start()`` on the same port with the same folder."""
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        """Stop the server and remove its folder (no-op for an external server)."""
+        if not self._managed:
+            return
+        self.stop()
+        if self._dir is not None:
+            _remove_dir(self._dir)
+            self._dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "external" if not self._managed else f"pid={self.pid}"
+        return f"<{type(self).__name__} {self._host}:{self._port} {state}>"
+
+
+@atexit.register
+def _kill_everything_at_exit() -> None:
+    # Last line of defence: a test run that crashed or forgot close() must not
+    # leave servers behind.
+    for server in list(_running):
+        with contextlib.suppress(Exception):
+            server.kill()
+    for path in list(_owned_dirs):
+        _remove_dir(path)
+
+
+def _split_hosts(hosts: str, scheme: str) -> list[tuple[str, int]]:
+    text = hosts.strip()
+    if "://" in text:
+        found_scheme, _, text = text.partition("://")
+        if found_scheme != scheme:
+            raise ValueError(f"expected a {scheme}:// address, got {hosts!r}")
+    text = text.split("/", 1)[0]
+    result: list[tuple[str, int]] = []
+    for item in text.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"expected host:port[,host:port...], got {hosts!r}")
+        result.append((host, int(port)))
+    return result
+
+
+def _join_hosts(addresses: Sequence[tuple[str, int]]) -> str:
+    return ",".join(f"{host}:{port}" for host, port in addresses)
+
+
+# --------------------------------------------------------------------------- ZooKeeper
+
+
+def _find_java() -> str:
+    override = os.environ.get("AIOLOCKS_JAVA")
+    if override:
+        return _find_binary("AIOLOCKS_JAVA", "java", "default-jre-headless")
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = os.path.join(java_home, "bin", "java")
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return _find_binary("AIOLOCKS_JAVA", "java", "default-jre-headless")
+
+
+def _zookeeper_classpath() -> list[str]:
+    override = os.environ.get("AIOLOCKS_ZK_CLASSPATH")
+    if override:
+        return [part for part in override.split(os.pathsep) if part]
+    home = os.environ.get("ZOOKEEPER_HOME")
+    homes = [Path(home)] if home else []
+    homes.append(Path("/usr/share/zookeeper"))
+    for folder in homes:
+        # Upstream tarball layout: lib/*.jar with logback; conf/ holds logback.xml.
+        jars = sorted(glob.glob(str(folder / "lib" / "*.jar")))
+        if any(Path(jar).name.startswith("zookeeper-") for jar in jars):
+            conf = folder / "conf"
+            return ([str(conf)] if conf.is_dir() else []) + jars
+    debian = Path("/usr/share/java/zookeeper.jar")
+    if debian.is_file():
+        # The Debian jar's manifest Class-Path lists its dependencies, but no
+        # slf4j binding: add slf4j-simple (from libslf4j-java) to get a log.
+        binding = Path("/usr/share/java/slf4j-simple.jar")
+        return [str(debian)] + ([str(binding)] if binding.is_file() else [])
+    raise ServerNotInstalledError(
+        "the ZooKeeper jars were not found (Debian package 'zookeeper', or set "
+        "ZOOKEEPER_HOME / AIOLOCKS_ZK_CLASSPATH); install the servers with "
+        "scripts/install-servers.sh"
+    )
+
+
+class _ZooKeeperProcess(_ServerProcess):
+    kind = "zookeeper"
+    _main_class: ClassVar[str] = "org.apache.zookeeper.server.ZooKeeperServerMain"
+
+    def __init__(
+        self,
+        *,
+        port: int | None,
+        base_dir: Path | None,
+        startup_timeout: float,
+        tick_time: int,
+        min_session_timeout: int,
+        max_session_timeout: int,
+        container_check_interval: int,
+        extra_config: dict[str, str] | None,
+        jvm_options: Sequence[str],
+        managed: bool = True,
+        host: str = LOCALHOST,
+    ) -> None:
+        super().__init__(
+            port=port,
+            base_dir=base_dir,
+            startup_timeout=startup_timeout,
+            managed=managed,
+            host=host,
+        )
+        self._tick_time = tick_time
+        self._min_session_timeout = min_session_timeout
+        self._max_session_timeout = max_session_timeout
+        self._container_check_interval = container_check_interval
+        self._extra_config = dict(extra_config or {})
+        self._jvm_options = list(jvm_options)
+
+    @property
+    def hosts(self) -> str:
+        """The connection string, ``"127.0.0.1:<port>"``."""
+        return f"{self._host}:{self._port}"
+
+    @property
+    def url(self) -> str:
+        """The aiolocks URL, ``"zk://127.0.0.1:<port>"``."""
+        return f"zk://{self.hosts}"
+
+    @property
+    def data_dir(self) -> Path | None:
+        """ZooKeeper's ``dataDir`` (kept across restarts), once started."""
+        return None if self._dir is None else self._dir / "data"
+
+    def four_letter(self, command: str, *, timeout: float = 5.0) -> str:
+        """Send a four-letter word (``srvr``, ``mntr``, ``wchs``, ``cons``...), return the answer.
+
+        >>> server.four_letter("srvr")  # doctest: +SKIP
+        'Zookeeper version: 3.8.0 ...\\nMode: standalone\\n...'
+        """
+        return _four_letter(self._host, self._port, command, timeout)
+
+    def mode(self) -> str | None:
+        """``"standalone"``, ``"leader"`` or ``"follower"``; ``None`` when not serving."""
+        try:
+            answer = self.four_letter("srvr", timeout=2.0)
+        except OSError:
+            return None
+        for line in answer.splitlines():
+            if line.startswith("Mode:"):
+                return line.partition(":")[2].strip()
+        return None
+
+    def _probe(self) -> bool:
+        return self.mode() is not None
+
+    def _config_lines(self, data_dir: Path) -> list[str]:
+        config = {
+            "tickTime": str(self._tick_time),
+            "initLimit": "20",
+            "syncLimit": "10",
+            "dataDir": str(data_dir),
+            "clientPort": str(self._port),
+            "clientPortAddress": self._host,
+            "minSessionTimeout": str(self._min_session_timeout),
+            "maxSessionTimeout": str(self._max_session_timeout),
+            "maxClientCnxns": "0",
+            "4lw.commands.whitelist": ZOOKEEPER_FOUR_LETTER_WORDS,
+            "admin.enableServer": "false",
+            # No fsync per transaction: much faster, and the data still
+            # reaches the page cache, which survives kill -9 of the server.
+            "forceSync": "no",
+            "autopurge.purgeInterval": "0",
+        }
+        config.update(self._extra_config)
+        return [f"{key}={value}" for key, value in config.items()]
+
+    def _prepare(self, directory: Path) -> None:
+        data_dir = directory / "data"
+        data_dir.mkdir(exist_ok=True)
+        lines = self._config_lines(data_dir)
+        (directory / "zoo.cfg").write_text("\n".join(lines) + "\n")
+
+    def _command(self) -> list[str]:
+        java = _find_java()
+        classpath = _zookeeper_classpath()
+        return [
+            java,
+            "-Xmx256m",
+            "-XX:+UseSerialGC",
+            "-XX:-UsePerfData",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.net.preferIPv4Stack=true",
+            # A JVM system property, not a zoo.cfg key: how often empty
+            # container nodes (lock parents) are reaped.
+            f"-Dznode.container.checkIntervalMs={self._container_check_interval}",
+            f"-Dzookeeper.4lw.commands.whitelist={ZOOKEEPER_FOUR_LETTER_WORDS}",
+            "-Dzookeeper.admin.enableServer=false",
+            "-Dzookeeper.jmx.log4j.disable=true",
+            "-Dorg.slf4j.simpleLogger.logFile=System.out",
+            "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS",
+            "-Dzookeeper.console.threshold=INFO",
+            *self._jvm_options,
+            "-cp",
+            os.pathsep.join(classpath),
+            self._main_class,
+            "zoo.cfg",
+        ]
+
+
+@final
+class ZooKeeperServer(_ZooKeeperProcess):
+    """A single (standalone) ZooKeeper server on a free port in a temporary folder.
+
+    ::
+
+        with ZooKeeperServer() as zk:
+            client = aiozk.ZKClient(zk.hosts)
+            ...
+            zk.stop()    # same port and data dir on the next start()
+            zk.start()
+
+    Settings: ``tickTime=200`` ms, sessions between ``min_session_timeout``
+    (400 ms) and ``max_session_timeout`` (60 s), empty container nodes reaped
+    every 500 ms, four-letter words :data:`ZOOKEEPER_FOUR_LETTER_WORDS`.
+    ``stop()`` then ``start()`` keeps port and data, so sessions survive a
+    restart that is shorter than their timeout.
+
+    :raises ServerNotInstalledError: from ``start()`` when Java or the ZooKeeper
+        jars are missing.
+    :raises ServerStartError: from ``start()`` when it does not get ready.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        tick_time: int = 200,
+        min_session_timeout: int = 400,
+        max_session_timeout: int = 60000,
+        container_check_interval: int = 500,
+        extra_config: dict[str, str] | None = None,
+        jvm_options: Sequence[str] = (),
+        base_dir: Path | None = None,
+        startup_timeout: float = 30.0,
+    ) -> None:
+        super().__init__(
+            port=port,
+            base_dir=base_dir,
+            startup_timeout=startup_timeout,
+            tick_time=tick_time,
+            min_session_timeout=min_session_timeout,
+            max_session_timeout=max_session_timeout,
+            container_check_interval=container_check_interval,
+            extra_config=extra_config,
+            jvm_options=jvm_options,
+        )
+
+    @classmethod
+    def external(cls, hosts: str) -> ZooKeeperServer:
+        """Describe a ZooKeeper that runs elsewhere (``"host:port"`` or ``"zk://host:port"``).
+
+        ``hosts`` and ``url`` cover every address given; ``host``/``port`` are
+        the first one. ``managed`` is ``False``; start/stop/kill raise
+        :class:`ServerNotManagedError`.
+        """
+        addresses = _split_hosts(hosts, "zk")
+        host, port = addresses[0]
+        server = cls.__new__(cls)
+        _ZooKeeperProcess.__init__(
+            server,
+            port=port,
+            base_dir=None,
+            startup_timeout=0.0,
+            tick_time=0,
+            min_session_timeout=0,
+            max_session_timeout=0,
+            container_check_interval=0,
+            extra_config=None,
+            jvm_options=(),
+            managed=False,
+            host=host,
+        )
+        server._external_hosts = _join_hosts(addresses)
+        return server
+
+    _external_hosts: str | None = None
+
+    @property
+    def hosts(self) -> str:
+        """The connection string, ``"127.0.0.1:<port>"`` (or the external list)."""
+        return self._external_hosts or f"{self._host}:{self._port}"
+
+
+# An ensemble of one runs in standalone mode (standaloneEnabled=true).
+_LEADING: Final = frozenset({"leader", "standalone"})
+
+
+@final
+class ZooKeeperEnsembleMember(_ZooKeeperProcess):
+    """One server of a :class:`ZooKeeperEnsemble` (``QuorumPeerMain``).
+
+    Stop, kill and start it individually to test leader loss and rejoining:
+    ``ensemble.leader().kill()``. ``start()`` of a single member waits until
+    it serves, which needs a quorum of running members.
+    """
+
+    _main_class = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+
+    def __init__(
+        self,
+        server_id: int,
+        *,
+        port: int,
+        quorum_port: int,
+        election_port: int,
+        ensemble: ZooKeeperEnsemble,
+        tick_time: int,
+        min_session_timeout: int,
+        max_session_timeout: int,
+        container_check_interval: int,
+        extra_config: dict[str, str] | None,
+        jvm_options: Sequence[str],
+        base_dir: Path,
+        startup_timeout: float,
+    ) -> None:
+        super().__init__(
+            port=port,
+            base_dir=base_dir,
+            startup_timeout=startup_timeout,
+            tick_time=tick_time,
+            min_session_timeout=min_session_timeout,
+            max_session_timeout=max_session_timeout,
+            container_check_interval=container_check_interval,
+            extra_config=extra_config,
+            jvm_options=jvm_options,
+        )
+        self.server_id: Final = server_id
+        """The ``myid`` of this member (1-based)."""
+        self.quorum_port: Final = quorum_port
+        """The port followers use to talk to the leader."""
+        self.election_port: Final = election_port
+        """The leader-election port."""
+        self._ensemble = ensemble
+
+    def _describe(self) -> str:
+        return f"zookeeper member {self.server_id} on {self._host}:{self._port}"
+
+    def _config_lines(self, data_dir: Path) -> list[str]:
+        lines = super()._config_lines(data_dir)
+        lines.extend(
+            f"server.{member.server_id}={LOCALHOST}:{member.quorum_port}:{member.election_port}"
+            for member in self._ensemble.members
+        )
+        return lines
+
+    def _prepare(self, directory: Path) -> None:
+        super()._prepare(directory)
+        (directory / "data" / "myid").write_text(f"{self.server_id}\n")
+
+    def is_leader(self) -> bool:
+        """Whether ``srvr`` says ``Mode: leader`` (or ``standalone`` in an ensemble of one)."""
+        return self.mode() in _LEADING
+
+
+@final
+class ZooKeeperEnsemble:
+    """A ZooKeeper ensemble of ``size`` servers on localhost (default 3).
+
+    ::
+
+        with ZooKeeperEnsemble() as ensemble:
+            client = aiozk.ZKClient(ensemble.hosts)
+            ...
+            ensemble.leader().kill()
+            ensemble.wait_for_leader()
+
+    ``start()`` returns once a quorum elected a leader and every member
+    serves. Members share the single-server settings (``tickTime=200``,
+    sessions 400 ms .. 60 s, ``initLimit=20``/``syncLimit=10`` ticks).
+    """
+
+    def __init__(
+        self,
+        size: int = 3,
+        *,
+        tick_time: int = 200,
+        min_session_timeout: int = 400,
+        max_session_timeout: int = 60000,
+        container_check_interval: int = 500,
+        extra_config: dict[str, str] | None = None,
+        jvm_options: Sequence[str] = (),
+        base_dir: Path | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"an ensemble needs at least one server, not {size}")
+        self._managed = True
+        self._external_hosts: str | None = None
+        self._startup_timeout = startup_timeout
+        self._base_dir = base_dir
+        self._dir: Path | None = None
+        self._members: list[ZooKeeperEnsembleMember] = []
+        self._settings = {
+            "tick_time": tick_time,
+            "min_session_timeout": min_session_timeout,
+            "max_session_timeout": max_session_timeout,
+            "container_check_interval": container_check_interval,
+        }
+        self._extra_config = extra_config
+        self._jvm_options = tuple(jvm_options)
+        self._size = size
+
+    @classmethod
+    def external(cls, hosts: str) -> ZooKeeperEnsemble:
+        """Describe an ensemble that runs elsewhere (``"h1:p1,h2:p2,h3:p3"`` or ``zk://...``).
+
+        It has no members to control; ``managed`` is ``False``.
+        """
+        ensemble = cls(size=1)
+        ensemble._managed = False
+        ensemble._external_hosts = _join_hosts(_split_hosts(hosts, "zk"))
+        return ensemble
+
+    @property
+    def managed(self) -> bool:
+        """``True`` when we run the members, ``False`` for an external ensemble."""
+        return self._managed
+
+    @property
+    def members(self) -> Sequence[ZooKeeperEnsembleMember]:
+        """The members, ordered by server id (empty for an external ensemble)."""
+        return tuple(self._members)
+
+    @property
+    def hosts(self) -> str:
+        """The connection string ``"127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"``."""
+        if self._external_hosts is not None:
+            return self._external_hosts
+        return _join_hosts([(member.host, member.port) for member in self._members])
+
+    @property
+    def url(self) -> str:
+        """The aiolocks URL, ``"zk://127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"``."""
+        return f"zk://{self.hosts}"
+
+    def _require_managed(self) -> None:
+        if not self._managed:
+            raise ServerNotManagedError(
+                f"the ZooKeeper ensemble {self.hosts} is external; its members cannot be controlled"
+            )
+
+    def start(self) -> Self:
+        """Start every member and wait until a leader is elected and all serve.
+
+        :raises ServerNotInstalledError: Java or the ZooKeeper jars are missing.
+        :raises ServerStartError: a member exited or the quorum did not form in time.
+        """
+        self._require_managed()
+        if not self._members:
+            self._dir = _make_dir("zk-ensemble", self._base_dir)
+            self._members = [
+                ZooKeeperEnsembleMember(
+                    server_id,
+                    port=free_port(),
+                    quorum_port=free_port(),
+                    election_port=free_port(),
+                    ensemble=self,
+                    extra_config=self._extra_config,
+                    jvm_options=self._jvm_options,
+                    base_dir=self._dir,
+                    startup_timeout=self._startup_timeout,
+                    **self._settings,
+                )
+                for server_id in range(1, self._size + 1)
+            ]
+        try:
+            # Spawn all first: no member can serve before a quorum runs.
+            for member in self._members:
+                member.start(wait=False)
+            for member in self._members:
+                member.wait_ready()
+            self.wait_for_leader(timeout=self._startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_for_leader(self, timeout: float = 30.0) -> ZooKeeperEnsembleMember:
+        """Wait until exactly one running member is leader and every running member serves.
+
+        :raises TimeoutError: no stable leader within ``timeout`` seconds.
+        """
+        self._require_managed()
+        found: list[ZooKeeperEnsembleMember] = []
+
+        def settled() -> bool:
+            running = [member for member in self._members if member.running]
+            modes = {member.server_id: member.mode() for member in running}
+            leaders = [member for member in running if modes[member.server_id] in _LEADING]
+            if len(leaders) == 1 and all(mode is not None for mode in modes.values()):
+                found[:] = leaders
+                return True
+            return False
+
+        _wait_until("the ZooKeeper ensemble has a leader", settled, timeout)
+        return found[0]
+
+    def leader(self) -> ZooKeeperEnsembleMember:
+        """The member whose ``srvr`` says ``Mode: leader``.
+
+        :raises ServerError: no running member is leader right now.
+        """
+        self._require_managed()
+        for member in self._members:
+            if member.running and member.is_leader():
+                return member
+        raise ServerError("no member of the ZooKeeper ensemble is leader right now")
+
+    def followers(self) -> list[ZooKeeperEnsembleMember]:
+        """The running members whose ``srvr`` says ``Mode: follower``."""
+        self._require_managed()
+        return [m for m in self._members if m.running and m.mode() == "follower"]
+
+    def stop(self) -> None:
+        """Stop every member (folders kept; ``start()`` brings the ensemble back)."""
+        for member in self._members:
+            member._terminate()
+        for member in self._members:
+            member.stop()
+
+    def close(self) -> None:
+        """Stop every member and remove the folders."""
+        if not self._managed:
+            return
+        self.stop()
+        for member in self._members:
+            member.close()
+        if self._dir is not None:
+            _remove_dir(self._dir)
+            self._dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ZooKeeperEnsemble {self.hosts}>"
+
+
+# --------------------------------------------------------------------------- Redis
+
+
+class _RedisProcess(_ServerProcess):
+    """Shared RESP helpers of Redis servers and sentinels."""
+
+    _password: str | None = None
+    _username: str | None = None
+    _tls = False
+
+    def command(self, *args: str | int | bytes, timeout: float = 5.0) -> RespValue:
+        """Run one command on this server over a fresh connection and return the decoded reply.
+
+        >>> server.command("CONFIG", "RESETSTAT")  # doctest: +SKIP
+        'OK'
+
+        :raises ServerCommandError: the server answered with an error.
+        """
+        if self._tls:
+            raise ServerError(f"command() does not speak TLS ({self._describe()}); use a client")
+        with _RespConnection(self._host, self._port, timeout) as conn:
+            if self._password is not None:
+                if self._username is not None:
+                    conn.call("AUTH", self._username, self._password)
+                else:
+                    conn.call("AUTH", self._password)
+            return conn.call(*args)
+
+    def info(self, section: str | None = None, *, timeout: float = 5.0) -> dict[str, str]:
+        """``INFO [section]`` parsed into ``{"field": "value"}`` (e.g. ``info("replication")``)."""
+        reply = self.command("INFO", section, timeout=timeout) if section else self.command("INFO")
+        return _parse_info(reply)
+
+    def ping(self, *, timeout: float = 2.0) -> bool:
+        """Whether the server answers ``PING`` with ``PONG`` right now."""
+        try:
+            return self.command("PING", timeout=timeout) == "PONG"
+        except (OSError, ServerError):
+            return False
+
+    def _probe(self) -> bool:
+        return self.command("PING", timeout=2.0) == "PONG"
+
+    def _output_path(self, directory: Path) -> Path:
+        return directory / f"{self.kind}.log"
+
+    def _log_files(self) -> list[Path]:
+        if self._dir is None:
+            return []
+        # stdout.log catches what the server prints before it opens its log.
+        return [self._dir / "stdout.log", self._output_path(self._dir)]
+
+    def _spawn(self, command: list[str]) -> None:
+        if self._dir is None:
+            self._dir = _make_dir(self.kind, self._base_dir)
+        self._prepare(self._dir)
+        with (self._dir / "stdout.log").open("ab") as log:
+            self._proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self._dir,
+                start_new_session=True,
+                preexec_fn=_die_with_parent_hook(),
+            )
+        _running.add(self)
+
+
+@final
+class RedisServer(_RedisProcess):
+    """A ``redis-server`` on a free port in a temporary folder, without persistence.
+
+    ::
+
+        with RedisServer() as redis_server:
+            client = redis.asyncio.Redis.from_url(redis_server.url)
+            ...
+            redis_server.kill()
+            redis_server.start()   # same port, empty data
+
+    Runs ``redis-server --port P --bind 127.0.0.1 --save "" --appendonly no
+    --dir <tmp> --logfile <tmp>/redis.log --daemonize no`` plus ``extra_args``
+    (e.g. ``("--replicaof", "127.0.0.1", "6379")``). A restart loses all data.
+
+    :raises ServerNotInstalledError: from ``start()`` when ``redis-server`` is missing.
+    :raises ServerStartError: from ``start()`` when it does not answer ``PING``.
+    """
+
+    kind = "redis"
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        base_dir: Path | None = None,
+        startup_timeout: float = 15.0,
+    ) -> None:
+        super().__init__(port=port, base_dir=base_dir, startup_timeout=startup_timeout)
+        self._extra_args = list(extra_args)
+        self._external_url: str | None = None
+
+    @classmethod
+    def external(cls, url: str) -> RedisServer:
+        """Describe a Redis that runs elsewhere (``"redis://[[user]:password@]host:port[/db]"``).
+
+        ``command()`` and ``info()`` work on it (with the URL's credentials; not over TLS);
+        ``managed`` is ``False`` and start/stop/kill raise
+        :class:`ServerNotManagedError`.
+        """
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+            raise ValueError(f"expected a redis://host:port URL, got {url!r}")
+        server = cls.__new__(cls)
+        _RedisProcess.__init__(
+            server,
+            port=parts.port or 6379,
+            base_dir=None,
+            startup_timeout=0.0,
+            managed=False,
+            host=parts.hostname,
+        )
+        server._extra_args = []
+        server._external_url = url
+        server._tls = parts.scheme == "rediss"
+        if parts.password is not None:
+            server._password = unquote(parts.password)
+            server._username = unquote(parts.username) if parts.username else None
+        return server
+
+    @property
+    def url(self) -> str:
+        """``"redis://127.0.0.1:<port>"`` (or the external URL as given)."""
+        return self._external_url or f"redis://{self._host}:{self._port}"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """``(host, port)``."""
+        return (self._host, self._port)
+
+    def _command(self) -> list[str]:
+        binary = _find_binary("AIOLOCKS_REDIS_SERVER", "redis-server", "redis-server")
+        return [binary, *self._base_args(), *self._extra_args]
+
+    def _base_args(self) -> list[str]:
+        return [
+            "--port",
+            str(self._port),
+            "--bind",
+            self._host,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            ".",  # the process runs in its folder (cwd)
+            "--logfile",
+            "redis.log",
+            "--daemonize",
+            "no",
+            # Replicas sync at once (the default waits 5 s for more replicas).
+            "--repl-diskless-sync-delay",
+            "0",
+            # Tests may use DEBUG SLEEP and friends (Redis 7 blocks DEBUG by default).
+            "--enable-debug-command",
+            "local",
+        ]
+
+
+@final
+class RedisSentinel(_RedisProcess):
+    """One ``redis-sentinel`` process of a :class:`RedisSentinelSet`.
+
+    ``command()`` talks to the sentinel (``SENTINEL ...`` commands).
+    """
+
+    kind = "sentinel"
+
+    def __init__(
+        self,
+        *,
+        service_name: str,
+        master: RedisServer,
+        quorum: int,
+        down_after_ms: int,
+        failover_timeout_ms: int,
+        base_dir: Path,
+        startup_timeout: float,
+    ) -> None:
+        super().__init__(port=None, base_dir=base_dir, startup_timeout=startup_timeout)
+        self._service_name = service_name
+        self._master = master
+        self._quorum = quorum
+        self._down_after_ms = down_after_ms
+        self._failover_timeout_ms = failover_timeout_ms
+        self.run_id: Final = secrets.token_hex(20)
+        """The sentinel's ``myid``, fixed up front so peers can be pre-announced."""
+        self._peers: list[RedisSentinel] = []
+        self._known_replicas: list[RedisServer] = []
+
+    def _prepare(self, directory: Path) -> None:
+        config = directory / "sentinel.conf"
+        if config.exists() and self._started_once:
+            return  # the sentinel rewrote it with what it learned; keep that on restart
+        name = self._service_name
+        lines = [
+            f"port {self._port}",
+            f"bind {self._host}",
+            "daemonize no",
+            f"dir {directory}",
+            "logfile sentinel.log",
+            f"sentinel myid {self.run_id}",
+            f"sentinel monitor {name} {self._master.host} {self._master.port} {self._quorum}",
+            f"sentinel down-after-milliseconds {name} {self._down_after_ms}",
+            f"sentinel failover-timeout {name} {self._failover_timeout_ms}",
+            f"sentinel parallel-syncs {name} 1",
+        ]
+        # Pre-announce the replica and the other sentinels (the lines a
+        # sentinel itself writes on CONFIG REWRITE): otherwise discovery
+        # waits for INFO and hello rounds, several seconds.
+        lines.extend(
+            f"sentinel known-replica {name} {replica.host} {replica.port}"
+            for replica in self._known_replicas
+        )
+        lines.extend(
+            f"sentinel known-sentinel {name} {peer.host} {peer.port} {peer.run_id}"
+            for peer in self._peers
+        )
+        config.write_text("\n".join(lines) + "\n")
+
+    def _command(self) -> list[str]:
+        binary = _find_binary("AIOLOCKS_REDIS_SENTINEL", "redis-sentinel", "redis-sentinel")
+        return [binary, "sentinel.conf"]
+
+    def master_address(self) -> tuple[str, int] | None:
+        """``SENTINEL GET-MASTER-ADDR-BY-NAME``: what this sentinel thinks the master is."""
+        reply = self.command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._service_name)
+        if isinstance(reply, list) and len(reply) == 2:
+            return (str(reply[0]), int(str(reply[1])))
+        return None
+
+    def master_state(self) -> dict[str, RespValue]:
+        """``SENTINEL MASTER <name>`` as a dict (``flags``, ``num-slaves``, ...)."""
+        return _pairs(self.command("SENTINEL", "MASTER", self._service_name))
+
+
+@final
+class RedisSentinelSet:
+    """A Redis master, one replica and three sentinels watching them.
+
+    ::
+
+        with RedisSentinelSet() as sentinel_set:
+            backend_url = sentinel_set.url   # redis+sentinel://127.0.0.1:s1,.../mymaster
+            ...
+            new_master = sentinel_set.kill_master()
+
+    Sentinels use quorum 2, ``down-after-milliseconds`` 1000 and
+    ``failover-timeout`` 3000. ``start()`` returns once the replica is in sync
+    and every sentinel knows the master, the replica and the other sentinels
+    (which failover needs).
+    """
+
+    def __init__(
+        self,
+        service_name: str = "mymaster",
+        *,
+        sentinels: int = 3,
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 3000,
+        base_dir: Path | None = None,
+        startup_timeout: float = 30.0,
+    ) -> None:
+        self.service_name: Final = service_name
+        """The monitored service name (``"mymaster"``)."""
+        self._count = sentinels
+        self._quorum = quorum
+        self._down_after_ms = down_after_ms
+        self._failover_timeout_ms = failover_timeout_ms
+        self._base_dir = base_dir
+        self._startup_timeout = startup_timeout
+        self._dir: Path | None = None
+        self._master: RedisServer | None = None
+        self._replica: RedisServer | None = None
+        self._sentinels: list[RedisSentinel] = []
+        self._external_url: str | None = None
+
+    @classmethod
+    def external(cls, url: str) -> RedisSentinelSet:
+        """Describe sentinels that run elsewhere (``"redis+sentinel://h:p,h:p/name"``).
+
+        Only ``url``, ``service_name`` and ``sentinel_addresses`` are meaningful.
+        """
+        rest = url.partition("://")[2]
+        name = rest.partition("/")[2] or "mymaster"
+        _split_hosts(url, "redis+sentinel")  # validates
+        sentinel_set = cls(name)
+        sentinel_set._external_url = url
+        return sentinel_set
+
+    @property
+    def managed(self) -> bool:
+        """``True`` when we run the processes, ``False`` for external sentinels."""
+        return self._external_url is None
+
+    def _require_managed(self) -> None:
+        if self._external_url is not None:
+            raise ServerNotManagedError(
+                f"the sentinels at {self._external_url} are external; they cannot be controlled"
+            )
+
+    def _require_started(self) -> tuple[RedisServer, RedisServer]:
+        self._require_managed()
+        if self._master is None or self._replica is None:
+            raise ServerError("the sentinel set was not started")
+        return self._master, self._replica
+
+    @property
+    def master(self) -> RedisServer:
+        """The current master (after :meth:`kill_master` it is the former replica)."""
+        return self._require_started()[0]
+
+    @property
+    def replica(self) -> RedisServer:
+        """The current replica (after :meth:`kill_master`, the dead former master)."""
+        return self._require_started()[1]
+
+    @property
+    def sentinels(self) -> Sequence[RedisSentinel]:
+        """The sentinel processes."""
+        return tuple(self._sentinels)
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """``[(host, port), ...]`` of the sentinels."""
+        if self._external_url is not None:
+            return _split_hosts(self._external_url, "redis+sentinel")
+        return [(sentinel.host, sentinel.port) for sentinel in self._sentinels]
+
+    @property
+    def url(self) -> str:
+        """``"redis+sentinel://127.0.0.1:s1,127.0.0.1:s2,127.0.0.1:s3/mymaster"``."""
+        if self._external_url is not None:
+            return self._external_url
+        return f"redis+sentinel://{_join_hosts(self.sentinel_addresses)}/{self.service_name}"
+
+    def start(self) -> Self:
+        """Start master, replica and sentinels; wait until the sentinels see everything.
+
+        :raises ServerNotInstalledError: ``redis-server`` or ``redis-sentinel`` is missing.
+        :raises ServerStartError: a process did not start.
+        :raises TimeoutError: the sentinels did not discover the set in time.
+        """
+        self._require_managed()
+        if self._master is not None:
+            # Restart after stop(): data servers first, then the sentinels,
+            # which kept what they learned in their rewritten configs.
+            for process in [self._master, self._replica, *self._sentinels]:
+                if process is not None:
+                    process.start()
+            _wait_until("the sentinels know the whole set", self._settled, self._startup_timeout)
+            return self
+        self._dir = _make_dir("sentinel-set", self._base_dir)
+        try:
+            master = RedisServer(base_dir=self._dir, startup_timeout=self._startup_timeout)
+            self._master = master
+            master.start()
+            replica = RedisServer(
+                extra_args=("--replicaof", master.host, str(master.port)),
+                base_dir=self._dir,
+                startup_timeout=self._startup_timeout,
+            )
+            self._replica = replica
+            replica.start()
+            _wait_until(
+                "the replica is in sync",
+                lambda: replica.info("replication").get("master_link_status") == "up",
+                self._startup_timeout,
+            )
+            self._sentinels = [
+                RedisSentinel(
+                    service_name=self.service_name,
+                    master=master,
+                    quorum=self._quorum,
+                    down_after_ms=self._down_after_ms,
+                    failover_timeout_ms=self._failover_timeout_ms,
+                    base_dir=self._dir,
+                    startup_timeout=self._startup_timeout,
+                )
+                for _ in range(self._count)
+            ]
+            for sentinel in self._sentinels:
+                sentinel._peers = [peer for peer in self._sentinels if peer is not sentinel]
+                sentinel._known_replicas = [replica]
+            for sentinel in self._sentinels:
+                sentinel.start(wait=False)
+            for sentinel in self._sentinels:
+                sentinel.wait_ready()
+            _wait_until("the sentinels know the whole set", self._settled, self._startup_timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _settled(self) -> bool:
+        master = self._master
+        assert master is not None
+        for sentinel in self._sentinels:
+            state = sentinel.master_state()
+            if state.get("port") != str(master.port) or state.get("flags") != "master":
+                return False
+            if int(str(state.get("num-slaves", 0))) < 1:
+                return False
+            if int(str(state.get("num-other-sentinels", 0))) < len(self._sentinels) - 1:
+                return False
+        return True
+
+    def kill_master(self, *, timeout: float = 30.0) -> RedisServer:
+        """SIGKILL the master and wait until every sentinel reports the replica as master.
+
+        Afterwards :attr:`master` is the promoted server and :attr:`replica` the
+        dead one (``replica.start()`` brings it back; the sentinels then turn
+        it into a replica of the new master).
+
+        :returns: the new master.
+        :raises TimeoutError: no failover within ``timeout`` seconds.
+        """
+        old_master, new_master = self._require_started()
+        old_master.kill()
+        expected = (new_master.host, new_master.port)
+
+        def failed_over() -> bool:
+            if any(s.master_address() != expected for s in self._sentinels if s.running):
+                return False
+            return new_master.info("replication").get("role") == "master"
+
+        _wait_until("the sentinels promoted the replica", failed_over, timeout, interval=0.1)
+        self._master, self._replica = new_master, old_master
+        return new_master
+
+    def stop(self) -> None:
+        """Stop every process (folders kept)."""
+        for process in [*self._sentinels, self._replica, self._master]:
+            if process is not None:
+                process.stop()
+
+    def close(self) -> None:
+        """Stop every process and remove the folders."""
+        if not self.managed:
+            return
+        for process in [*self._sentinels, self._replica, self._master]:
+            if process is not None:
+                process.close()
+        if self._dir is not None:
+            _remove_dir(self._dir)
+            self._dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<RedisSentinelSet {self.url}>"
+
+
+_CLUSTER_SLOTS: Final = 16384
+
+
+@final
+class RedisCluster:
+    """A Redis Cluster of ``masters`` nodes (default 3, no replicas) on localhost.
+
+    ::
+
+        with RedisCluster() as cluster:
+            backend_url = cluster.url   # redis+cluster://127.0.0.1:p1,...
+
+    Slots are split evenly; the nodes are introduced with ``CLUSTER MEET``
+    (no ``redis-cli`` needed). ``start()`` returns once every node reports
+    ``cluster_state:ok`` and knows every other node. Nodes use
+    ``cluster-node-timeout`` 2000 ms and an explicit ``--cluster-port``.
+    """
+
+    def __init__(
+        self,
+        masters: int = 3,
+        *,
+        node_timeout_ms: int = 2000,
+        base_dir: Path | None = None,
+        startup_timeout: float = 30.0,
+    ) -> None:
+        if masters < 1:
+            raise ValueError(f"a cluster needs at least one master, not {masters}")
+        self._count = masters
+        self._node_timeout_ms = node_timeout_ms
+        self._base_dir = base_dir
+        self._startup_timeout = startup_timeout
+        self._dir: Path | None = None
+        self._nodes: list[RedisServer] = []
+        self._external_url: str | None = None
+
+    @classmethod
+    def external(cls, url: str) -> RedisCluster:
+        """Describe a cluster that runs elsewhere (``"redis+cluster://h:p,h:p,h:p"``)."""
+        _split_hosts(url, "redis+cluster")  # validates
+        cluster = cls()
+        cluster._external_url = url
+        return cluster
+
+    @property
+    def managed(self) -> bool:
+        """``True`` when we run the nodes, ``False`` for an external cluster."""
+        return self._external_url is None
+
+    @property
+    def nodes(self) -> Sequence[RedisServer]:
+        """The node servers (empty for an external cluster)."""
+        return tuple(self._nodes)
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """``[(host, port), ...]`` of the nodes."""
+        if self._external_url is not None:
+            return _split_hosts(self._external_url, "redis+cluster")
+        return [node.address for node in self._nodes]
+
+    @property
+    def url(self) -> str:
+        """``"redis+cluster://127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"``."""
+        return self._external_url or f"redis+cluster://{_join_hosts(self.addresses)}"
+
+    def start(self) -> Self:
+        """Start the nodes, assign slots, join them and wait for ``cluster_state:ok``.
+
+        :raises ServerNotInstalledError: ``redis-server`` is missing.
+        :raises ServerStartError: a node did not start.
+        :raises TimeoutError: the cluster did not reach ``cluster_state:ok`` in time.
+        """
+        if self._external_url is not None:
+            raise ServerNotManagedError(f"the cluster at {self._external_url} is external")
+        if self._nodes:
+            for node in self._nodes:
+                node.start()
+            self._wait_ok()
+            return self
+        self._dir = _make_dir("cluster", self._base_dir)
+        # The cluster bus gets its own free port (not port + 10000, which
+        # might be taken or above 65535); MEET must then name it.
+        bus_ports = [free_port() for _ in range(self._count)]
+        try:
+            self._nodes = [
+                RedisServer(
+                    extra_args=(
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        str(self._node_timeout_ms),
+                        "--cluster-port",
+                        str(bus_port),
+                    ),
+                    base_dir=self._dir,
+                    startup_timeout=self._startup_timeout,
+                )
+                for bus_port in bus_ports
+            ]
+            for node in self._nodes:
+                node.start(wait=False)
+            for node in self._nodes:
+                node.wait_ready()
+            # What `redis-cli --cluster create` does: distinct config epochs
+            # (no epoch-collision round), slots in even ranges, then MEET.
+            bounds = [_CLUSTER_SLOTS * i // self._count for i in range(self._count + 1)]
+            for index, node in enumerate(self._nodes):
+                node.command("CLUSTER", "SET-CONFIG-EPOCH", index + 1)
+                node.command("CLUSTER", "ADDSLOTS", *range(bounds[index], bounds[index + 1]))
+            first = self._nodes[0]
+            for node, bus_port in zip(self._nodes[1:], bus_ports[1:], strict=True):
+                first.command("CLUSTER", "MEET", node.host, node.port, bus_port)
+            self._wait_ok()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _wait_ok(self) -> None:
+        def healthy() -> bool:
+            for node in self._nodes:
+                info = _parse_info(node.command("CLUSTER", "INFO"))
+                if info.get("cluster_state") != "ok":
+                    return False
+                if int(info.get("cluster_known_nodes", "0")) != len(self._nodes):
+                    return False
+                if int(info.get("cluster_slots_ok", "0")) != _CLUSTER_SLOTS:
+                    return False
+            return True
+
+        _wait_until("every cluster node says cluster_state:ok", healthy, self._startup_timeout)
+
+    def stop(self) -> None:
+        """Stop every node (folders and ``nodes.conf`` kept: ``start()`` restores the cluster)."""
+        for node in self._nodes:
+            node._terminate()
+        for node in self._nodes:
+            node.stop()
+
+    def close(self) -> None:
+        """Stop every node and remove the folders."""
+        if not self.managed:
+            return
+        self.stop()
+        for node in self._nodes:
+            node.close()
+        if self._dir is not None:
+            _remove_dir(self._dir)
+            self._dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<RedisCluster {self.url}>"
+
+
+@final
+class RedisServerGroup:
+    """``count`` independent Redis servers (default 5), e.g. the masters of Redlock.
+
+    ::
+
+        with RedisServerGroup(5) as group:
+            backend_urls = group.urls
+    """
+
+    def __init__(
+        self,
+        count: int = 5,
+        *,
+        base_dir: Path | None = None,
+        startup_timeout: float = 15.0,
+    ) -> None:
+        self._count = count
+        self._base_dir = base_dir
+        self._startup_timeout = startup_timeout
+        self._dir: Path | None = None
+        self._servers: list[RedisServer] = []
+        self._external = False
+
+    @classmethod
+    def external(cls, urls: Sequence[str]) -> RedisServerGroup:
+        """Describe independent servers that run elsewhere (``redis://`` URLs)."""
+        group = cls(len(urls))
+        group._servers = [RedisServer.external(url) for url in urls]
+        group._external = True
+        return group
+
+    @property
+    def managed(self) -> bool:
+        """``True`` when we run the servers, ``False`` for external ones."""
+        return not self._external
+
+    @property
+    def servers(self) -> Sequence[RedisServer]:
+        """The servers."""
+        return tuple(self._servers)
+
+    @property
+    def urls(self) -> list[str]:
+        """``["redis://127.0.0.1:p1", ...]``."""
+        return [server.url for server in self._servers]
+
+    def __iter__(self) -> Iterator[RedisServer]:
+        return iter(self._servers)
+
+    def __len__(self) -> int:
+        return len(self._servers)
+
+    def __getitem__(self, index: int) -> RedisServer:
+        return self._servers[index]
+
+    def start(self) -> Self:
+        """Start every server (in parallel) and wait until each answers ``PING``."""
+        if self._external:
+            raise ServerNotManagedError("these Redis servers are external")
+        if not self._servers:
+            self._dir = _make_dir("redis-group", self._base_dir)
+            self._servers = [
+                RedisServer(base_dir=self._dir, startup_timeout=self._startup_timeout)
+                for _ in range(self._count)
+            ]
+        try:
+            for server in self._servers:
+                server.start(wait=False)
+            for server in self._servers:
+                server.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop every server (folders kept)."""
+        if self._external:
+            return
+        for server in self._servers:
+            server._terminate()
+        for server in self._servers:
+            server.stop()
+
+    def close(self) -> None:
+        """Stop every server and remove the folders."""
+        if self._external:
+            return
+        self.stop()
+        for server in self._servers:
+            server.close()
+        if self._dir is not None:
+            _remove_dir(self._dir)
+            self._dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<RedisServerGroup {self.urls}>"

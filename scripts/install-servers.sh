@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Install the servers the aiolocks test suite starts: ZooKeeper (Java),
+# Redis, Redis Sentinel. Debian 12 (bookworm) packages; run as root.
+#
+# Idempotent: installs only what is missing, runs `apt-get update` at most
+# once. The Debian-managed services are NOT started (a policy-rc.d denies
+# service starts while apt runs): aiolocks.testing starts its own instances
+# on free ports in temporary folders, and never uses the system services.
+#
+# Usage: scripts/install-servers.sh        (as root, e.g. in CI or a container)
+set -euo pipefail
+
+PACKAGES=(zookeeper redis-server redis-sentinel default-jre-headless)
+
+log() { printf 'install-servers: %s\n' "$*"; }
+
+installed() {
+    [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
+}
+
+missing=()
+installed zookeeper && [[ -f /usr/share/java/zookeeper.jar ]] || missing+=(zookeeper)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
+command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+    log "nothing to do: zookeeper, redis-server, redis-sentinel and java are installed"
+else
+    log "missing: ${missing[*]}"
+    if [[ ${EUID} -ne 0 ]]; then
+        log "must run as root to apt-get install them; try: sudo $0" >&2
+        exit 1
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        log "apt-get not found: install ZooKeeper 3.5+, Redis 7 (with redis-sentinel) and a Java 11+ runtime by hand" >&2
+        exit 1
+    fi
+    # Keep apt from starting the packaged services (exit code 101 = "action
+    # forbidden" for invoke-rc.d). Only ours is removed afterwards.
+    policy=/usr/sbin/policy-rc.d
+    created_policy=0
+    if [[ ! -e ${policy} ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"${policy}"
+        chmod 0755 "${policy}"
+        created_policy=1
+        trap '[[ ${created_policy} -eq 1 ]] && rm -f "${policy}"' EXIT
+        log "wrote ${policy} so that apt does not start the system services"
+    else
+        log "${policy} exists already; leaving it as it is"
+    fi
+    log "apt-get update"
+    apt-get update -q
+    log "apt-get install ${PACKAGES[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}"
+fi
+
+# What the launchers will use.
+for tool in java redis-server redis-sentinel; do
+    if ! command -v "${tool}" >/dev/null 2>&1; then
+        log "${tool} is still missing after the install" >&2
+        exit 1
+    fi
+done
+log "java:           $(command -v java) ($(java -version 2>&1 | head -n 1))"
+log "redis-server:   $(command -v redis-server) ($(redis-server --version | awk '{print $3}'))"
+log "redis-sentinel: $(command -v redis-sentinel)"
+if [[ -f /usr/share/java/zookeeper.jar ]]; then
+    log "zookeeper:      /usr/share/java/zookeeper.jar ($(dpkg-query -W -f='${Version}' zookeeper 2>/dev/null || echo unknown))"
+else
+    log "zookeeper:      jar not found at /usr/share/java/zookeeper.jar" >&2
+    exit 1
+fi
+log "done (system services, if any are running, are not used by the tests)"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing (Python packages; ZooKeeper,
+# Redis and Java from Debian packages), then runs ruff, mypy --strict and
+# pytest. The tests start their own ZooKeeper and Redis servers on free ports.
+# Usage: ./scripts/test.sh [pytest args...]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
+cd "$ROOT"
+if [ -z "${AIOLOCKS_ZK_HOSTS:-}${AIOLOCKS_REDIS_URL:-}" ]; then
+    bash "$ROOT/scripts/install-servers.sh"
+fi
+ensure_venv "[dev]"
+echo "== ruff check"
+"$VENV/bin/python" -m ruff check .
+echo "== mypy --strict aiolocks tests"
+"$VENV/bin/python" -m mypy --strict aiolocks tests
+echo "== pytest"
+"$VENV/bin/python" -m pytest "$@"

@@ -1,0 +1,79 @@
+"""Fixtures of the Redis backend tests: real servers, a unique key prefix per test.
+
+Every test gets its own ``key_prefix`` and, at the end, asserts that no key
+with it is left on the server (after the short time a crashed holder's lease
+needs to lapse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import pytest_asyncio
+import redis.asyncio
+
+from aiolocks.testing.servers import RedisServer
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix of this test only."""
+    return f"aiolocks-test-{uuid.uuid4().hex[:10]}:"
+
+
+@pytest_asyncio.fixture
+async def raw(redis_server: RedisServer, prefix: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """A plain client on the shared server; checks at teardown that no key of ours is left."""
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        yield client
+        await assert_no_keys(client, prefix)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def url(redis_server: RedisServer, prefix: str) -> str:
+    """The backend URL of the shared server with this test's prefix."""
+    return f"{redis_server.url}?key_prefix={prefix}"
+
+
+async def assert_no_keys(client: redis.asyncio.Redis, prefix: str, within: float = 5.0) -> None:
+    """No key with ``prefix`` (leases of killed holders may need ``within`` s to lapse)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = await client.keys(f"{prefix}*")
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"library keys left behind: {left}")
+        await asyncio.sleep(0.05)
+
+
+async def command_calls(client: redis.asyncio.Redis) -> dict[str, int]:
+    """``INFO commandstats`` as {command: calls}, without INFO/CONFIG themselves."""
+    info = await client.info("commandstats")
+    calls = {}
+    for key, value in info.items():
+        name = key.removeprefix("cmdstat_")
+        if name in ("info", "config|resetstat", "config"):
+            continue
+        calls[name] = int(value["calls"])
+    return calls
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition"
+) -> None:
+    """Poll a test-side predicate (the library itself never polls)."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)

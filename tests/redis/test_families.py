@@ -1,0 +1,128 @@
+"""Semaphore leases, read/write lock, leader latch, per-lock leases, participants."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio
+
+import aiolocks
+from aiolocks.testing.servers import RedisSentinelSet
+
+pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
+
+
+async def test_semaphore_leases_have_ids_expiries_and_distinct_tokens(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with aiolocks.connect(url, lease_time=1) as backend, aiolocks.connect(url) as other:
+        sem = backend.semaphore("sem/x", 3)
+        leases = await sem.acquire_many(3, timeout=1)
+        assert leases is not None
+        tokens = [lease.fencing_token for lease in leases]
+        assert len(set(tokens)) == 3
+        parts = await sem.participants()
+        assert len(parts) == 3 and all(p.is_holder and p.ttl for p in parts)
+        assert await other.semaphore("sem/x", 3).acquire(timeout=0) is None
+        await asyncio.sleep(1.5)  # the watchdog renews each lease past its 1 s
+        assert not any(lease.is_lost for lease in leases)
+        assert len(await raw.hkeys(f"{prefix}{{semaphore:sem/x}}")) == 3
+        await leases[0].release()
+        got = await other.semaphore("sem/x", 3).acquire(timeout=1)
+        assert got is not None
+        await got.release()
+        for lease in leases[1:]:
+            await lease.release()
+
+
+async def test_acquire_many_is_all_or_nothing(url: str, raw: redis.asyncio.Redis) -> None:
+    async with aiolocks.connect(url) as backend:
+        sem = backend.semaphore("sem/many", 3)
+        one = await sem.acquire()
+        assert one is not None
+        assert await sem.acquire_many(3, timeout=0.2) is None  # never partial
+        assert len(await sem.participants()) == 1
+        await one.release()
+        three = await sem.acquire_many(3, timeout=1)
+        assert three is not None and len(three) == 3
+        for lease in three:
+            await lease.release()
+
+
+async def test_semaphore_waiter_is_woken_by_a_release(url: str) -> None:
+    async with aiolocks.connect(url) as backend, aiolocks.connect(url) as other:
+        sem = backend.semaphore("sem/wake", 1)
+        lease = await sem.acquire()
+        assert lease is not None
+        waiter = asyncio.create_task(other.semaphore("sem/wake", 1).acquire(timeout=20))
+        await asyncio.sleep(0.1)
+        assert not waiter.done()
+        await lease.release()
+        async with asyncio.timeout(5):  # well within the 30 s lease: woken, not timed out
+            got = await waiter
+        assert got is not None
+        await got.release()
+
+
+async def test_rwlock_readers_share_writers_exclude_and_downgrade(url: str) -> None:
+    async with aiolocks.connect(url) as backend, aiolocks.connect(url) as other:
+        rw, rw2 = backend.read_write_lock("rw/x"), other.read_write_lock("rw/x")
+        async with rw.read:
+            assert await rw2.read.acquire(timeout=0)
+            await rw2.read.release()
+            assert not await rw2.write.acquire(timeout=0)
+        async with rw.write:
+            assert not await rw2.read.acquire(timeout=0)
+            async with rw.read:  # downgrade: the writer may read
+                parts = await rw.read.participants()
+                assert sorted(p.mode for p in parts) == ["read", "write"]
+            assert not await rw2.write.acquire(timeout=0)
+        with pytest.raises(aiolocks.DeadlockError):
+            async with rw.read:
+                await rw.write.acquire()
+
+
+async def test_leader_latch_hands_over_when_the_leader_closes(url: str) -> None:
+    async with aiolocks.connect(url, lease_time=1) as one, aiolocks.connect(url) as two:
+        a = one.leader_latch("lead/x", participant_id="a")
+        b = two.leader_latch("lead/x", participant_id="b")
+        await a.start()
+        assert await a.wait_for_leadership(timeout=5)
+        await b.start()
+        await asyncio.sleep(1.5)  # a's lease is renewed; b never pre-empts
+        assert a.has_leadership and not b.has_leadership
+        leader = await b.leader()
+        assert leader is not None and leader.id == "a"
+        await a.close()
+        assert await b.wait_for_leadership(timeout=5)
+        await b.close()
+
+
+async def test_per_lock_lease_time_is_used(url: str, raw: redis.asyncio.Redis, prefix: str) -> None:
+    async with aiolocks.connect(url) as backend:
+        async with backend.mutex("lease/per-lock", lease_time=2.5):
+            ttl = await raw.pttl(f"{prefix}{{mutex:lease/per-lock}}")
+            assert 1500 < ttl <= 2500
+        async with backend.mutex("lease/default"):
+            ttl = await raw.pttl(f"{prefix}{{mutex:lease/default}}")
+            assert 25_000 < ttl <= 30_000
+
+
+async def test_min_replicas_waits_for_replicas_and_fails_clearly(
+    redis_sentinel: RedisSentinelSet,
+) -> None:
+    url = redis_sentinel.master.url
+    async with (
+        aiolocks.connect(url, min_replicas=1) as backend,
+        backend.mutex("wait/one") as lock,
+    ):
+        assert lock.fencing_token is not None
+    async with aiolocks.connect(url, min_replicas=5) as backend:
+        with pytest.raises(aiolocks.BackendUnavailableError, match="replicas"):
+            await backend.mutex("wait/five").acquire(timeout=0)
+    raw = redis.asyncio.Redis.from_url(url)
+    try:
+        assert await raw.keys("aiolocks:{mutex:wait/*") == []  # the failed write was undone
+    finally:
+        await raw.aclose()

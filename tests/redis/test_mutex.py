@@ -1,0 +1,401 @@
+"""The Redis mutex path end to end: cost, waiting, watchdog, loss, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import pytest
+import redis.asyncio
+
+import aiolocks
+from aiolocks.redis import RedisBackend
+from aiolocks.testing.servers import RedisServer
+
+from .conftest import command_calls, eventually
+
+pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
+
+
+# commands only a client (never our scripts) would send
+CLIENT_SIDE = {"eval", "script|load", "subscribe", "unsubscribe", "ping", "hello", "wait"}
+
+
+def holders_key(prefix: str, name: str, family: str = "mutex") -> str:
+    return f"{prefix}{{{family}:{name}}}"
+
+
+async def test_uncontended_acquire_release_costs_two_commands(
+    redis_restartable: RedisServer,
+) -> None:
+    raw = redis.asyncio.Redis.from_url(redis_restartable.url)
+    try:
+        async with aiolocks.connect(redis_restartable.url) as backend:
+            lock = backend.mutex("cost/one")
+            async with lock:  # warm-up: connections made, scripts loaded at open()
+                pass
+            await raw.config_resetstat()
+            for _ in range(5):
+                async with lock, lock:  # re-entry touches no network
+                    pass
+            calls = await command_calls(raw)
+        # commandstats also counts the commands the scripts run inside; the
+        # client sent exactly one EVALSHA per acquire and per release.
+        assert calls["evalsha"] == 10, calls
+        assert not CLIENT_SIDE & calls.keys(), calls
+        assert await raw.keys("*") == []
+    finally:
+        await raw.aclose()
+
+
+async def test_handoff_wakes_waiter_by_pubsub_without_polling(
+    redis_restartable: RedisServer,
+) -> None:
+    raw = redis.asyncio.Redis.from_url(redis_restartable.url)
+    try:
+        async with (
+            aiolocks.connect(redis_restartable.url) as one,
+            aiolocks.connect(redis_restartable.url) as two,
+        ):
+            lock_a, lock_b = one.mutex("handoff/x"), two.mutex("handoff/x")
+            await lock_a.acquire()
+            got = asyncio.Event()
+            acquired_at = 0.0
+
+            async def waiter() -> None:
+                nonlocal acquired_at
+                async with lock_b:
+                    acquired_at = time.monotonic()
+                    got.set()
+
+            task = asyncio.create_task(waiter())
+
+            async def subscribed() -> bool:
+                numsub = await raw.pubsub_numsub("aiolocks:{mutex:handoff/x}")
+                return bool(numsub and numsub[0][1] == 1)
+
+            await eventually(subscribed, what="the waiter to subscribe")
+            await asyncio.sleep(0.2)  # its second try, right after subscribing
+            await raw.config_resetstat()
+            await asyncio.sleep(1.0)  # a polling waiter would show up in the stats now
+            assert not got.is_set()
+            assert "evalsha" not in await command_calls(raw)
+            await raw.config_resetstat()
+            released_at = time.monotonic()
+            await lock_a.release()
+            await got.wait()
+            await task
+            calls = await command_calls(raw)
+        # one EVALSHA to release (it publishes), one for the waiter's try,
+        # one for the waiter's own release; UNSUBSCRIBE when it stops waiting.
+        assert calls.get("evalsha") == 3, calls
+        assert calls.get("unsubscribe") == 1, calls
+        assert not {"subscribe", "eval", "ping"} & calls.keys(), calls
+        assert acquired_at - released_at < 0.5  # woken by the message, not by a timer
+        logging.getLogger(__name__).info("handoff took %.2f ms", (acquired_at - released_at) * 1e3)
+    finally:
+        await raw.aclose()
+
+
+async def test_watchdog_keeps_a_short_lease_held(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with aiolocks.connect(url, lease_time=1) as backend, aiolocks.connect(url) as other:
+        lock = backend.mutex("wd/keep")
+        async with lock:
+            for _ in range(5):
+                await asyncio.sleep(1.0)
+                assert await other.mutex("wd/keep").acquire(timeout=0) is False
+                ttl = await raw.pttl(holders_key(prefix, "wd/keep"))
+                assert 0 < ttl <= 1000
+            assert not lock.is_lost
+
+
+async def test_lease_lapses_when_watchdog_disabled_and_hold_is_lost(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with aiolocks.connect(url) as backend, aiolocks.connect(url) as other:
+        lock = backend.mutex("wd/off", lease_time=0.3, watchdog=False)
+        with pytest.raises(aiolocks.LockLostError):
+            async with lock:
+                await asyncio.sleep(5)
+        # the lapsed lease is free again for anybody
+        assert await other.mutex("wd/off").acquire(timeout=0)
+        await other.mutex("wd/off").release()
+
+
+@pytest.mark.parametrize("tamper", ["delete", "overwrite", "steal"])
+async def test_key_tampered_behind_our_back_loses_the_hold(
+    url: str, raw: redis.asyncio.Redis, prefix: str, tamper: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = holders_key(prefix, "tamper/x")
+    async with aiolocks.connect(url, lease_time=0.6) as backend:
+        lock = backend.mutex("tamper/x")
+        body_cancelled = False
+        with pytest.raises(aiolocks.LockLostError):
+            async with lock:
+                assert await raw.exists(key) == 1
+                if tamper == "delete":
+                    await raw.delete(key)
+                elif tamper == "overwrite":
+                    await raw.set(key, "somebody else", px=2000)
+                else:
+                    field = next(iter(await raw.hkeys(key)))
+                    await raw.hdel(key, field)
+                    await raw.hset(key, "intruder:1", "9999999999999|1|x|intruder")
+                try:
+                    await asyncio.sleep(5)  # one renewal is 0.2 s away
+                except asyncio.CancelledError:
+                    body_cancelled = True
+                    raise
+        assert body_cancelled
+        assert any(
+            r.levelno >= logging.WARNING and "lost its hold" in r.getMessage()
+            for r in caplog.records
+        )
+        await raw.delete(key)
+
+
+async def test_backend_on_existing_client_does_not_close_it(
+    redis_server: RedisServer, prefix: str, raw: redis.asyncio.Redis
+) -> None:
+    # decode_responses=True: the driver copes with str replies as well as bytes
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        backend = RedisBackend(client, key_prefix=prefix, lease_time=5)
+        async with backend, backend.mutex("client/x") as lock:
+            assert lock.fencing_token is not None
+            assert await raw.exists(holders_key(prefix, "client/x")) == 1
+            parts = await lock.participants()
+            assert [p.fencing_token for p in parts] == [lock.fencing_token]
+        assert await client.ping() is True  # still usable
+    finally:
+        await client.aclose()
+
+
+async def test_fencing_tokens_increase_and_no_fence_key_outlives_the_lock(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with aiolocks.connect(url) as backend:
+        rw = backend.read_write_lock("fence/rw")
+        tokens: list[int] = []
+        for _ in range(20):
+            async with backend.mutex("fence/m") as m:
+                assert m.fencing_token is not None
+                tokens.append(m.fencing_token)
+        async with rw.write:
+            tokens_rw = [rw.write.fencing_token]
+        async with rw.read:
+            tokens_rw.append(rw.read.fencing_token)
+        assert tokens == sorted(set(tokens))
+        assert tokens_rw[0] is not None and tokens_rw[1] is not None
+        assert tokens_rw[0] < tokens_rw[1]
+    # raw fixture asserts no key (fence counters included) is left
+
+
+async def test_cancellation_at_every_point_leaves_nothing(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    key = holders_key(prefix, "cancel/x")
+    async with aiolocks.connect(url) as backend, aiolocks.connect(url) as other:
+        holder = other.mutex("cancel/x")
+        lock = backend.mutex("cancel/x")
+        for contended in (False, True):
+            if contended:
+                await holder.acquire()
+            for steps in range(0, 40):
+
+                async def attempt() -> None:
+                    if await lock.acquire():
+                        await lock.release()  # won before the cancel landed
+
+                task = asyncio.create_task(attempt())
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                fields = await raw.hkeys(key)
+                if contended:
+                    assert len(fields) == 1, fields  # only the holder's field
+                else:
+                    assert fields == [], (steps, fields)
+                assert not lock.is_owned_by_current_task()
+            if contended:
+                await holder.release()
+        # cancel while waiting on pub/sub, with a real wait in between
+        await holder.acquire()
+        waiting = asyncio.create_task(lock.acquire())
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await holder.release()
+        assert await raw.exists(key) == 0
+
+
+async def test_cancelled_fair_waiter_leaves_the_queue_and_fifo_order_holds(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with aiolocks.connect(url) as backend:
+        holder = backend.mutex("fair/q", fair=True)
+        await holder.acquire()
+        order: list[int] = []
+
+        async def waiter(i: int) -> None:
+            async with backend.mutex("fair/q", fair=True):
+                order.append(i)
+
+        tasks = []
+        for i in range(4):
+            tasks.append(asyncio.create_task(waiter(i)))
+
+            async def queued(n: int = i + 2) -> bool:
+                return len(await holder.participants()) >= n
+
+            await eventually(queued, what=f"waiter {i} to queue")
+        parts = await holder.participants()
+        assert [p.is_holder for p in parts] == [True, False, False, False, False]
+        tasks[1].cancel()  # leaves the queue
+        with pytest.raises(asyncio.CancelledError):
+            await tasks[1]
+        assert len(await holder.participants()) == 4
+        await holder.release()
+        await asyncio.gather(tasks[0], tasks[2], tasks[3])
+        assert order == [0, 2, 3]
+        assert await raw.exists(holders_key(prefix, "fair/q") + ":queue") == 0
+
+
+async def test_dead_fair_waiter_does_not_block_the_queue(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    key = holders_key(prefix, "fair/dead")
+    async with aiolocks.connect(url, lease_time=0.6) as backend:
+        # A waiter that crashed: its queue entry is there but nobody refreshes it.
+        now_ms = int((await raw.time())[0]) * 1000
+        await raw.rpush(f"{key}:queue", "dead:1|ghost")
+        await raw.zadd(f"{key}:queue-timeouts", {"dead:1|ghost": now_ms + 500})
+        lock = backend.mutex("fair/dead", fair=True)
+        assert await lock.acquire(timeout=5)
+        await lock.release()
+
+
+async def test_many_tasks_race_mutual_exclusion(url: str) -> None:
+    async with aiolocks.connect(url) as one, aiolocks.connect(url) as two:
+        inside = 0
+        peak = 0
+        done = 0
+
+        async def worker(backend: aiolocks.Backend, i: int) -> None:
+            nonlocal inside, peak, done
+            lock = backend.mutex("race/x", fair=i % 2 == 0)
+            for _ in range(5):
+                async with lock:
+                    inside += 1
+                    peak = max(peak, inside)
+                    await asyncio.sleep(0)
+                    inside -= 1
+                    done += 1
+
+        await asyncio.gather(*(worker(one if i % 2 else two, i) for i in range(10)))
+        assert peak == 1
+        assert done == 50
+
+
+async def test_owner_task_ending_while_holding_frees_the_lock(
+    url: str, raw: redis.asyncio.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = holders_key(prefix, "orphan/x")
+    async with aiolocks.connect(url, lease_time=1) as backend:
+        lock = backend.mutex("orphan/x")
+
+        async def forgetful() -> None:
+            await lock.acquire()  # and never released
+
+        await asyncio.create_task(forgetful())
+
+        async def gone() -> bool:
+            return await raw.exists(key) == 0
+
+        await eventually(gone, timeout=3, what="the orphaned hold to end")  # <= one lease
+        assert any("ended while holding" in r.getMessage() for r in caplog.records)
+        assert await lock.acquire(timeout=0)
+        await lock.release()
+
+
+async def test_acquire_script_resent_returns_the_same_grant(
+    raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """A resend after a lost reply must not take a second hold (R3)."""
+    from aiolocks.redis._scripts import source
+
+    key = holders_key(prefix, "resend/x")
+    keys = [key, f"{key}:fence", f"{key}:queue", f"{key}:queue-timeouts"]
+    args: list[str | int] = ["l", 2, 1000, "me", "0", 1000, "", "", "c:1", "c:2"]
+    script = raw.register_script(source("acquire"))
+    first = await script(keys=keys, args=args)
+    again = await script(keys=keys, args=args)
+    assert first == again and first[0] == 1 and len(first) == 3
+    assert sorted(await raw.hkeys(key)) == ["c:1", "c:2"]
+    # the semaphore of 2 is full: a third lease is refused with a wait bound
+    other = await script(keys=keys, args=["l", 2, 1000, "you", "0", 1000, "", "", "d:1"])
+    assert other[0] == 0 and 0 < other[1] <= 1000
+    release = raw.register_script(source("release"))
+    assert await release(keys=keys, args=[key, "", "c:1", "c:2"]) == 2
+    assert await release(keys=keys, args=[key, "", "c:1", "c:2"]) == 0  # idempotent
+
+
+async def test_renewal_after_unlock_cannot_resurrect_the_lease(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """Redisson #7272: a renewal that reaches Redis after the unlock is a no-op."""
+    from aiolocks.redis._scripts import source
+
+    key = holders_key(prefix, "resurrect/x")
+    renew = raw.register_script(source("renew"))
+    async with aiolocks.connect(url, lease_time=0.06) as backend:
+        lock = backend.mutex("resurrect/x")
+        for _ in range(30):  # renewals every 20 ms race the releases
+            async with lock:
+                field = next(iter(await raw.hkeys(key)))
+                await asyncio.sleep(0.025)
+            assert await renew(keys=[key], args=[60, field]) == 0
+            assert await raw.exists(key) == 0
+
+
+async def test_unlock_wakes_one_local_waiter_not_the_herd(
+    redis_restartable: RedisServer,
+) -> None:
+    url = redis_restartable.url
+    raw = redis.asyncio.Redis.from_url(url)
+    try:
+        async with aiolocks.connect(url) as one, aiolocks.connect(url) as many:
+            holder = one.mutex("herd/x")
+            await holder.acquire()
+            order: list[int] = []
+
+            async def waiter(i: int) -> None:
+                async with many.mutex("herd/x"):
+                    order.append(i)
+
+            tasks = [asyncio.create_task(waiter(i)) for i in range(10)]
+
+            async def all_waiting() -> bool:
+                # the holder's acquire, then two tries per waiter (before and
+                # after subscribing)
+                return (await command_calls(raw)).get("evalsha", 0) >= 1 + 2 * 10
+
+            await eventually(all_waiting, what="every waiter to wait")
+            await asyncio.sleep(0.1)
+            await raw.config_resetstat()
+            await holder.release()
+            await asyncio.gather(*tasks)
+            calls = await command_calls(raw)
+        assert sorted(order) == list(range(10))
+        # 1 release + per handoff: one winning try and one release. Waking
+        # every local waiter on every unlock would cost ~55 tries more.
+        assert calls["evalsha"] <= 1 + 2 * 10 + 5, calls
+    finally:
+        await raw.aclose()
