@@ -25,6 +25,8 @@ from ._core.errors import LockError as LockError
 from ._core.errors import LockLostError as LockLostError
 from ._core.errors import LockNotOwnedError as LockNotOwnedError
 from ._core.errors import LockTimeoutError as LockTimeoutError
+from ._core.events import EventHook as EventHook
+from ._core.events import LockEvent as LockEvent
 from ._core.leader import LeaderLatch as LeaderLatch
 from ._core.locks import HoldContext as HoldContext
 from ._core.locks import Lock as Lock
@@ -47,6 +49,7 @@ __all__ = [
     "BackendUnavailableError",
     "Capabilities",
     "DeadlockError",
+    "EventHook",
     "HoldContext",
     "InvalidLockNameError",
     "LeaderLatch",
@@ -54,6 +57,7 @@ __all__ = [
     "LeaseContext",
     "Lock",
     "LockError",
+    "LockEvent",
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",

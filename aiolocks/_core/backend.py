@@ -10,9 +10,11 @@ task ends while holding, and ``close()``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 import weakref
 from collections.abc import Mapping
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .driver import Capabilities, Driver, Family, Grant, Request
 from .errors import BackendUnavailableError
+from .events import EventHook, EventKind, LockEvent, lock_kind
 from .names import validate_name
 from .participants import Participant
 from .tasks import TaskSet, wait_finished
@@ -59,6 +62,7 @@ class Backend:
         # (family, name, mode) -> {task: hold}: the per-task reentrancy ledgers
         self._ledgers: dict[tuple[Family, str, str], dict[asyncio.Task[object], Hold]] = {}
         self._latches: weakref.WeakSet[LeaderLatch] = weakref.WeakSet()
+        self._hooks: list[EventHook] = []
         self._open_lock: asyncio.Lock | None = None
         self._opened = False
         self._closed = False
@@ -117,6 +121,67 @@ class Backend:
         from .leader import LeaderLatch
 
         return LeaderLatch(self, name, participant_id, options)
+
+    # -- event hooks ------------------------------------------------------
+
+    def add_event_hook(self, hook: EventHook) -> None:
+        """Call ``hook(event)`` for every :class:`LockEvent` of this backend.
+
+        >>> backend.add_event_hook(lambda event: print(event.kind, event.name))  # doctest: +SKIP
+
+        Hooks run in the event loop and must be quick; an exception in a hook
+        is logged and ignored. With no hook registered no event is built.
+        See ``aiolocks.prometheus.PrometheusHook`` for a ready-made one.
+        """
+        if not callable(hook):
+            raise TypeError(f"event hook must be callable, got {type(hook).__name__}")
+        self._hooks.append(hook)
+
+    def remove_event_hook(self, hook: EventHook) -> None:
+        """Stop calling ``hook``; a hook that is not registered is ignored."""
+        with contextlib.suppress(ValueError):
+            self._hooks.remove(hook)
+
+    def _emit(
+        self,
+        kind: EventKind,
+        request: Request,
+        *,
+        token: int | None = None,
+        wait_time: float | None = None,
+        hold_time: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        event = LockEvent(
+            kind=kind,
+            lock_kind=lock_kind(request.family.value, request.mode.value),
+            name=request.name,
+            backend=self.url,
+            fencing_token=token,
+            wait_time=wait_time,
+            hold_time=hold_time,
+            reason=reason,
+        )
+        for hook in list(self._hooks):
+            try:
+                hook(event)
+            except Exception:
+                logger.exception("aiolocks event hook %r failed", hook)
+
+    def _emit_hold(self, kind: EventKind, hold: Hold) -> None:
+        if self._hooks:
+            self._emit(
+                kind,
+                hold.grant.request,
+                token=hold.token,
+                hold_time=time.monotonic() - hold.acquired_at,
+                reason=hold.grant.lost_reason if kind == "lost" else None,
+            )
+
+    def _grant_event(self, kind: str, grant: Grant) -> None:
+        """Driver-side events (renewals) of a grant held through a Hold."""
+        if self._hooks and kind == "renewed":
+            self._emit("renewed", grant.request, token=grant.token)
 
     # -- lifecycle --------------------------------------------------------
 
@@ -209,12 +274,14 @@ class Backend:
         self._holds.add(hold)
 
     def _notify_lost(self, hold: Hold) -> None:
-        """Hook for a lost hold (the hold already logged it)."""
+        """A hold was lost (the hold already logged it)."""
+        self._emit_hold("lost", hold)
 
     async def _acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
         """Run ``driver.acquire`` in its own task; give back grants won after a cancel."""
         await self.open()
         self._check_open()
+        started = time.monotonic()
         attempt = self._tasks.spawn(
             self._driver.acquire(request, deadline),
             name=f"aiolocks-acquire:{request.family.value}:{request.name}",
@@ -222,7 +289,17 @@ class Backend:
         )
         cancelled = await wait_finished(attempt, cancel_inner=True)
         if cancelled is None:
-            return attempt.result()
+            grants = attempt.result()
+            if self._hooks:
+                waited = time.monotonic() - started
+                if grants:
+                    for grant in grants:
+                        self._emit("acquired", request, token=grant.token, wait_time=waited)
+                else:
+                    self._emit("timeout", request, wait_time=waited)
+            return grants
+        if self._hooks:
+            self._emit("cancelled", request, wait_time=time.monotonic() - started)
         # The caller was cancelled. The attempt was cancelled too and cleaned
         # up after itself, unless it had already won: then give it back here,
         # so that nothing stays held by a caller that is gone.
@@ -250,6 +327,7 @@ class Backend:
         hold.released = True
         self._holds.discard(hold)
         await self._driver.release(hold.grant)
+        self._emit_hold("released", hold)
 
     async def _release(self, hold: Hold) -> None:
         """Release ``hold`` on the server in an owned task; completes even if cancelled."""
@@ -278,7 +356,14 @@ class Backend:
             hold.kind,
             hold.name,
             hold.token,
+            extra={
+                "aiolocks_event": "orphaned",
+                "aiolocks_lock": hold.name,
+                "aiolocks_kind": hold.kind,
+                "aiolocks_token": hold.token,
+            },
         )
+        self._emit_hold("orphaned", hold)
         self._tasks.spawn(self._driver_release(hold), name=f"aiolocks-orphan:{hold.name}")
 
     async def _participants(self, family: Family, name: str) -> list[Participant]:

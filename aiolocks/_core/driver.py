@@ -124,7 +124,7 @@ class Grant:
     The driver creates it; the core listens for loss.
     """
 
-    __slots__ = ("_listeners", "handle", "lost", "lost_reason", "request", "token")
+    __slots__ = ("_listeners", "event_sink", "handle", "lost", "lost_reason", "request", "token")
 
     def __init__(self, request: Request, token: int, handle: object = None) -> None:
         self.request = request
@@ -133,6 +133,14 @@ class Grant:
         self.lost = False
         self.lost_reason: str | None = None
         self._listeners: list[Callable[[Grant], None]] = []
+        #: set by the core; drivers call :meth:`note_renewed` instead
+        self.event_sink: Callable[[str, Grant], None] | None = None
+
+    def note_renewed(self) -> None:
+        """Tell the core a lease renewal succeeded (for event hooks; cheap when unused)."""
+        sink = self.event_sink
+        if sink is not None:
+            sink("renewed", self)
 
     def mark_lost(self, reason: str) -> None:
         """Record that the server no longer backs this hold; tell the core once."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ class Hold:
     __slots__ = (
         "_bodies",
         "_loss_cancelled",
+        "acquired_at",
         "backend",
         "count",
         "grant",
@@ -60,6 +62,7 @@ class Hold:
         self.name = grant.request.name
         self.owner = owner
         self.count = 1
+        self.acquired_at = time.monotonic()
         self.released = False
         self.on_owner_done: Callable[[asyncio.Task[object]], object] | None = None
         # task -> stack of task.cancelling() values at each body entry
@@ -68,6 +71,7 @@ class Hold:
         self._loss_cancelled: dict[asyncio.Task[object], int] = {}
         backend._register_hold(self)
         grant.add_loss_listener(self._on_grant_lost)
+        grant.event_sink = backend._grant_event
 
     @property
     def token(self) -> int:
@@ -88,6 +92,13 @@ class Hold:
             self.name,
             grant.token,
             grant.lost_reason,
+            extra={
+                "aiolocks_event": "lost",
+                "aiolocks_lock": self.name,
+                "aiolocks_kind": self.kind,
+                "aiolocks_token": grant.token,
+                "aiolocks_reason": grant.lost_reason,
+            },
         )
         self.backend._notify_lost(self)
         for task, stack in self._bodies.items():

@@ -103,5 +103,6 @@ async def run_watchdog(
         if reason is not None:
             grant.mark_lost(reason)
             return
+        grant.note_renewed()
         valid_until = sent + lease - drift
         next_at = sent + interval
