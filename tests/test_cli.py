@@ -83,3 +83,50 @@ def test_run_commands_never_overlap_and_timeout_exits_75(
     assert len(events) == 6
     kinds = [kind for kind, _ in events]
     assert kinds == ["start", "end"] * 3, f"critical sections overlapped: {events}"
+
+
+@pytest.mark.redis
+def test_run_lost_lock_terminates_command_and_exits_76(redis_server: object) -> None:
+    base: str = redis_server.url  # type: ignore[attr-defined]
+    url = base + "?lease_time=0.6&key_prefix=cli-lost:"
+    proc = subprocess.Popen(
+        [*CLI, "run", url, "cli/lost", "--", sys.executable, "-c", "import time; time.sleep(60)"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 20
+    deleted = 0
+    while time.monotonic() < deadline and not deleted:
+        keys = redis_server.command("KEYS", "cli-lost:*")  # type: ignore[attr-defined]
+        lock_keys = [k for k in keys if "fence" not in k]
+        for key in lock_keys:
+            deleted += redis_server.command("DEL", key)  # type: ignore[attr-defined]
+        time.sleep(0.05)
+    assert deleted, "the lock key never appeared"
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 76, err
+    assert "lost" in err
+
+
+@pytest.mark.redis
+def test_status_shows_holder(redis_server: object) -> None:
+    url: str = redis_server.url  # type: ignore[attr-defined]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(5)"]
+    holder = subprocess.Popen([*CLI, "run", url, "cli/status-held", "--", *sleeper])
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            result = run("status", url, "cli/status-held", "--json")
+            assert result.returncode == 0, result.stderr
+            rows = json.loads(result.stdout)["locks"]["mutex"]
+            if rows or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert len(rows) == 1
+        assert rows[0]["is_holder"] is True
+        assert isinstance(rows[0]["fencing_token"], int)
+        table = run("status", url, "cli/status-held")
+        assert "holder" in table.stdout
+    finally:
+        holder.terminate()
+        holder.wait(30)
