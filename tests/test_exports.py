@@ -11,7 +11,7 @@ import aiolocks
 def test_all_is_sorted_and_complete() -> None:
     assert aiolocks.__all__ == sorted(aiolocks.__all__)
     public = {name for name in dir(aiolocks) if not name.startswith(("_", "@"))}
-    modules = {"cli", "memory", "redis", "zookeeper", "testing"}
+    modules = {"cli", "memory", "prometheus", "redis", "zookeeper", "testing"}
     assert public - modules - {"annotations"} <= set(aiolocks.__all__) | {"__version__"}
     for name in aiolocks.__all__:
         assert getattr(aiolocks, name).__doc__, f"aiolocks.{name} has no docstring"
