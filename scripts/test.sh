@@ -12,7 +12,7 @@ fi
 ensure_venv "[dev]"
 echo "== ruff check"
 "$VENV/bin/python" -m ruff check .
-echo "== mypy --strict aiolocks tests"
-"$VENV/bin/python" -m mypy --strict aiolocks tests
+echo "== mypy --strict aiolocks tests examples"
+"$VENV/bin/python" -m mypy --strict aiolocks tests examples
 echo "== pytest"
 "$VENV/bin/python" -m pytest "$@"
