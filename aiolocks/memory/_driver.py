@@ -11,7 +11,6 @@ nothing polls.
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import time
 import weakref
@@ -20,6 +19,7 @@ from typing import final
 
 from .._core.backend import Backend
 from .._core.driver import Capabilities, Family, Grant, Mode, Request
+from .._core.options import check_portable_options
 from .._core.participants import Participant
 
 __all__ = ["MemoryBackend", "MemoryDriver", "from_url"]
@@ -129,30 +129,6 @@ def _store(name: str) -> _Store:
     return store
 
 
-def _check_lock_option(family: Family, key: str, value: object) -> object:
-    if key == "fair":
-        if not isinstance(value, bool):
-            raise ValueError(f"option fair={value!r} must be True or False")
-        return value
-    if key == "lease_time":
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value <= 0
-        ):
-            raise ValueError(f"option lease_time={value!r} must be a number of seconds > 0")
-        return float(value)
-    if key == "watchdog":
-        if not isinstance(value, bool):
-            raise ValueError(f"option watchdog={value!r} must be True or False")
-        return value
-    raise ValueError(
-        f"unknown option {key!r} for a {family.value} on memory:// "
-        "(accepted: fair, lease_time, watchdog)"
-    )
-
-
 @final
 class MemoryDriver:
     """In-process driver: FIFO queues and futures. See the module docstring."""
@@ -173,7 +149,7 @@ class MemoryDriver:
         They are accepted so that code written for a server backend runs
         unchanged on ``memory://``; memory holds never lapse.
         """
-        return {key: _check_lock_option(family, key, value) for key, value in options.items()}
+        return check_portable_options(family, options, "memory://")
 
     async def open(self) -> None:
         """Bind to this event loop's store."""

@@ -22,6 +22,7 @@ import aiolocks
 BACKENDS: dict[str, str | None] = {
     "memory": None,
     "redis": "redis_server",
+    "zookeeper": "zookeeper_server",
 }
 
 #: query options appended to each backend's URL for the suite

@@ -1,0 +1,213 @@
+"""The ZooKeeper backend (``zk://``): Apache Curator's lock recipes on asyncio, over aiozk.
+
+>>> url = "zk://127.0.0.1:2181/myapp?session_timeout=10"
+>>> async with aiolocks.connect(url) as backend:  # doctest: +SKIP
+...     async with backend.mutex("orders/42") as lock:
+...         print(lock.fencing_token)      # czxid of our lock node
+
+Or on a client the application already has (closing the backend then leaves
+the client open)::
+
+    client = aiozk.ZKClient("zk1:2181,zk2:2181")
+    await client.start()
+    backend = ZooKeeperBackend(client)
+
+One ZooKeeper session per backend, shared by every lock and task. Holds live
+as long as the session: when it expires (or when we have been disconnected for
+a whole session timeout), every hold is lost (``LockLostError`` in its
+``async with`` body) while tasks still waiting keep waiting and queue again in
+the new session. See ``docs/zookeeper.md`` for the recipe, the node layout
+and the connection-state policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final, final
+
+from .._core.backend import Backend
+from .._core.urls import parse_bool, parse_positive_float, parse_url
+from ._driver import ZooKeeperDriver, lock_path
+from ._session import ConnectionState
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_SESSION_TIMEOUT",
+    "ConnectionState",
+    "ZooKeeperBackend",
+    "from_url",
+    "lock_path",
+]
+
+DEFAULT_SESSION_TIMEOUT: Final = 10.0
+DEFAULT_CONNECT_TIMEOUT: Final = 10.0
+
+_URL_OPTIONS: Final = {
+    "session_timeout": parse_positive_float,
+    "connect_timeout": parse_positive_float,
+    "suspended_is_lost": parse_bool,
+}
+
+
+@final
+class ZooKeeperBackend(Backend):
+    """A ZooKeeper lock backend on an ``aiozk.ZKClient`` you already have.
+
+    >>> backend = ZooKeeperBackend(client)  # doctest: +SKIP
+    >>> async with backend:                 # opens; close() leaves `client` open
+    ...     async with backend.mutex("orders/42"):
+    ...         ...
+
+    :param client: an ``aiozk.ZKClient``; started by ``open()`` if it is not
+        yet. The backend never closes it.
+    :param connect_timeout: seconds a request may wait for a connection
+        before :class:`aiolocks.BackendUnavailableError` (default 10)
+    :param suspended_is_lost: treat a suspended connection as the loss of
+        every hold (Curator's ``StandardConnectionStateErrorPolicy``). Default
+        ``False``: holds are lost when the session expires, or after a whole
+        session timeout without contact (client-side expiry).
+
+    Build one from a URL with :func:`aiolocks.connect` (``zk://...``).
+    """
+
+    _zk: ZooKeeperDriver
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        suspended_is_lost: bool = False,
+    ) -> None:
+        connect_timeout = _check_seconds("connect_timeout", connect_timeout)
+        hosts = ",".join(
+            f"[{h}]:{p}" if ":" in str(h) else f"{h}:{p}" for h, p in client.session.hosts
+        )
+        chroot = client.chroot or ""
+        driver = ZooKeeperDriver(
+            client=client,
+            servers=hosts,
+            chroot=client.chroot,
+            session_timeout=float(client.session.timeout or DEFAULT_SESSION_TIMEOUT),
+            connect_timeout=connect_timeout,
+            suspended_is_lost=bool(suspended_is_lost),
+            description=f"zk://{hosts}{chroot}",
+        )
+        self._init_driver(driver)
+
+    def _init_driver(self, driver: ZooKeeperDriver) -> None:
+        self._zk = driver
+        super().__init__(driver)
+
+    @classmethod
+    def _from_driver(cls, driver: ZooKeeperDriver) -> ZooKeeperBackend:
+        backend = cls.__new__(cls)
+        backend._init_driver(driver)
+        return backend
+
+    @property
+    def client(self) -> Any:
+        """The ``aiozk.ZKClient`` in use (``None`` before ``open()`` for a URL-built backend)."""
+        return self._zk.client
+
+    @property
+    def session_id(self) -> int | None:
+        """The current ZooKeeper session id (``None`` before ``open()``)."""
+        client = self._zk.client
+        return None if client is None else client.session.session_id
+
+    @property
+    def connection_state(self) -> ConnectionState | None:
+        """The last connection state reported (``None`` before ``open()``)."""
+        monitor = self._zk._monitor
+        return None if monitor is None else monitor.state
+
+    def add_connection_listener(
+        self, listener: Callable[[ConnectionState], object]
+    ) -> Callable[[], None]:
+        """Call ``listener(state)`` on every connection-state change; returns a remover.
+
+        The listener runs in the event loop and must not block. It may be
+        added before ``open()``, and then also sees the first ``CONNECTED``.
+        """
+        return self._zk.add_listener(listener)
+
+    def connection_states(self) -> AsyncIterator[ConnectionState]:
+        """Iterate over connection-state changes from now on, until the backend closes.
+
+        >>> async for state in backend.connection_states():  # doctest: +SKIP
+        ...     if state is ConnectionState.LOST: ...
+        """
+        return self._zk.states()
+
+
+def _check_seconds(name: str, value: object) -> float:
+    if isinstance(value, str):
+        return parse_positive_float(name, value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"option {name}={value!r} must be a number of seconds")
+    return parse_positive_float(name, repr(float(value)))
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if isinstance(value, str):
+        return parse_bool(name, value)
+    if not isinstance(value, bool):
+        raise ValueError(f"option {name}={value!r} must be true or false")
+    return value
+
+
+def from_url(url: str, **options: object) -> ZooKeeperBackend:
+    """Build (without I/O) a backend for ``zk://host:port[,host:port...][/chroot][?options]``.
+
+    Options (in the query or as keywords; keywords win): ``session_timeout``
+    (seconds, default 10; the server clamps it to its min/max),
+    ``connect_timeout`` (seconds, default 10), ``suspended_is_lost`` (bool,
+    default false).
+
+    :raises ValueError: naming the bad part (scheme, host, port, chroot,
+        credentials, unknown option or bad value).
+    """
+    parsed = parse_url(url, schemes=("zk",), default_port=2181, options=_URL_OPTIONS)
+    if parsed.username is not None or parsed.password is not None:
+        raise ValueError(
+            "credentials in a zk:// URL are not supported (ZooKeeper auth is per client: "
+            "build ZooKeeperBackend(client) on an authenticated aiozk client)"
+        )
+    chroot = parsed.path
+    if chroot in ("", "/"):
+        chroot = ""
+    else:
+        body = chroot[1:]
+        if body.endswith("/"):
+            raise ValueError(f"chroot {chroot!r} in {url!r} must not end with '/'")
+        for segment in body.split("/"):
+            if segment in ("", ".", ".."):
+                raise ValueError(f"chroot {chroot!r} in {url!r} has an invalid segment {segment!r}")
+            if any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in segment):
+                raise ValueError(f"chroot {chroot!r} in {url!r} contains a control character")
+    values: dict[str, object] = dict(parsed.options)
+    for key, value in options.items():
+        if key not in _URL_OPTIONS:
+            raise ValueError(
+                f"unknown option {key!r} for zk:// (allowed: {', '.join(sorted(_URL_OPTIONS))})"
+            )
+        values[key] = value
+    session_timeout = _check_seconds(
+        "session_timeout", values.get("session_timeout", DEFAULT_SESSION_TIMEOUT)
+    )
+    connect_timeout = _check_seconds(
+        "connect_timeout", values.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
+    )
+    suspended_is_lost = _check_bool("suspended_is_lost", values.get("suspended_is_lost", False))
+    servers = ",".join(str(h) for h in parsed.hosts)
+    driver = ZooKeeperDriver(
+        client=None,
+        servers=servers,
+        chroot=chroot or None,
+        session_timeout=session_timeout,
+        connect_timeout=connect_timeout,
+        suspended_is_lost=suspended_is_lost,
+        description=f"zk://{servers}{chroot}",
+    )
+    return ZooKeeperBackend._from_driver(driver)

@@ -1,0 +1,492 @@
+"""Lock internals: Curator's ``LockInternals`` on asyncio, written once for every primitive.
+
+The recipe (ZooKeeper's "Locks" recipe, as Apache Curator implements it in
+``LockInternals`` + ``StandardLockInternalsDriver``)::
+
+    /aiolocks/mutex/orders/42                   container parent (reaped when empty)
+        _c_<uuid-A>-lock-0000000007   <- holder (lowest sequence)
+        _c_<uuid-B>-lock-0000000008   -- watches ...07 (get_data + watch)
+        _c_<uuid-C>-lock-0000000009   -- watches ...08
+
+1. Create an ephemeral-sequential node whose name carries a fresh per-attempt
+   uuid ("protected" mode): if the reply to the create is lost, list the
+   parent and adopt the node with our uuid instead of creating a second one,
+   but only if its ``ephemeralOwner`` is our current session.
+2. List the children, sort by sequence. If the driver's predicate says we
+   hold, done: the fencing token is our node's ``czxid`` (from ``create2``).
+3. Otherwise watch only the node the predicate names (no herd): register the
+   wake-up future for DELETED *and* DATA_CHANGED first, then ``get_data`` with
+   a watch (not ``exists``: an ``exists`` watch on a vanished node stays
+   registered on the server; DATA_CHANGED makes aiozk re-arm the watch after
+   a reconnect). ``NoNode`` means it is already gone: re-list at once. Every
+   wake-up, including a (re)connection, is only a hint to re-list.
+4. Our own node missing from the listing means the session was lost: create
+   a new node (a waiter keeps waiting across sessions, as in Curator).
+5. One deadline bounds every request (CURATOR-559). On timeout, cancellation
+   or error our node is deleted in a tracked task that runs to completion
+   (``NoNode`` and "session gone" count as done).
+
+Known gaps: a node deleted behind our back while held is noticed only at
+session loss or release (watching our own node would cost a round trip per
+acquire); foreign children of a lock parent are ignored, so a lock name whose
+last segment looks exactly like one of our node names confuses its parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiozk import exc as zk_exc
+from aiozk import protocol
+
+from .._core.errors import BackendUnavailableError
+from .._core.tasks import TaskSet, wait_finished
+from ._protocol import CreateContainerRequest
+from ._session import AmbiguousResult, SessionChanged, SessionMonitor, wait_future
+
+__all__ = ["LockInternals", "Node", "exclusive_predicate", "read_predicate", "sort_nodes"]
+
+logger = logging.getLogger("aiolocks.zookeeper")
+
+_EPHEMERAL_SEQUENTIAL: Final = 1 | 2
+
+#: ``_c_<uuid>-<kind>[@<anchor>]-<sequence>``: Curator's protected prefix
+#: ``_c_<uuid>-`` and a 10-digit server sequence.
+_NODE_RE: Final = re.compile(
+    r"^_c_(?P<uid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+    r"-(?P<kind>lock|read|write|lease|latch)(?:@(?P<anchor>\d{10}))?-(?P<seq>\d{10})$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One of our lock nodes (or one listed from a parent)."""
+
+    parent: str
+    name: str
+    kind: str
+    uid: str
+    seq: int
+    anchor: int | None = None
+    czxid: int | None = None
+    session_id: int | None = None
+
+    @property
+    def path(self) -> str:
+        """Path below the client's chroot."""
+        return f"{self.parent}/{self.name}"
+
+    @property
+    def sort_key(self) -> tuple[int, int, int]:
+        """Queue order: by sequence; a downgrade read sits right after its write node."""
+        if self.anchor is not None:
+            return (self.anchor, 1, self.seq)
+        return (self.seq, 0, 0)
+
+
+def parse_node(parent: str, name: str) -> Node | None:
+    """Parse a child name; ``None`` for a foreign child (ignored, Curator does too)."""
+    m = _NODE_RE.match(name)
+    if m is None:
+        return None
+    anchor = m.group("anchor")
+    return Node(
+        parent=parent,
+        name=name,
+        kind=m.group("kind"),
+        uid=m.group("uid"),
+        seq=int(m.group("seq")),
+        anchor=int(anchor) if anchor is not None else None,
+    )
+
+
+def sort_nodes(parent: str, children: Sequence[str]) -> list[Node]:
+    """Our nodes among ``children``, in queue order."""
+    nodes = [n for n in (parse_node(parent, c) for c in children) if n is not None]
+    nodes.sort(key=lambda n: n.sort_key)
+    return nodes
+
+
+#: A predicate gets the sorted queue and our index, and returns
+#: ``(holds, node_to_watch)`` (Curator's ``getsTheLock`` / ``PredicateResults``).
+Predicate = Callable[[list[Node], int], tuple[bool, Node | None]]
+
+
+def exclusive_predicate(nodes: list[Node], index: int) -> tuple[bool, Node | None]:
+    """Mutex and write lock: hold when first; else watch the immediate predecessor."""
+    if index == 0:
+        return True, None
+    return False, nodes[index - 1]
+
+
+def read_predicate(nodes: list[Node], index: int) -> tuple[bool, Node | None]:
+    """Read lock: hold when no writer is ahead; else watch the *last* writer ahead.
+
+    A downgrade read (``anchor`` set) does not wait for the write node it was
+    taken under: it sorts right after that node, so a writer queued behind
+    the write node stays behind the read node too (CURATOR-621).
+    """
+    me = nodes[index]
+    blocker: Node | None = None
+    for node in nodes[:index]:
+        if node.kind == "write" and node.seq != me.anchor:
+            blocker = node
+    return blocker is None, blocker
+
+
+class _Vanished(Exception):
+    """Our node is not in the listing: the session that held it is gone."""
+
+
+class LockInternals:
+    """The acquire/wait/delete algorithm over one :class:`SessionMonitor`."""
+
+    def __init__(self, monitor: SessionMonitor, tasks: TaskSet) -> None:
+        self.monitor = monitor
+        self.client = monitor.client
+        self.tasks = tasks
+
+    # -- small request helpers -------------------------------------------------
+
+    def _abs(self, path: str) -> str:
+        return str(self.client.normalize_path(path))
+
+    async def list_children(
+        self, parent: str, deadline: float | None, *, watch: bool = False
+    ) -> list[str]:
+        """Children of ``parent``; ``[]`` when it does not exist."""
+        try:
+            response = await self.monitor.call(
+                protocol.GetChildrenRequest(path=self._abs(parent), watch=watch),
+                deadline,
+                retry=True,
+            )
+        except zk_exc.NoNode:
+            return []
+        return list(response.children)
+
+    async def get_data(self, path: str, deadline: float | None) -> tuple[bytes, Any] | None:
+        """``(data, stat)`` of ``path``, or ``None`` if it does not exist."""
+        try:
+            response = await self.monitor.call(
+                protocol.GetDataRequest(path=self._abs(path), watch=False), deadline, retry=True
+            )
+        except zk_exc.NoNode:
+            return None
+        return bytes(response.data or b""), response.stat
+
+    async def ensure_parents(self, path: str, deadline: float | None) -> None:
+        """Create ``path`` and its missing ancestors as container nodes (top-down on NoNode).
+
+        If even the chroot is missing (deleted behind our back), it is created
+        again as plain persistent nodes, as ``ZKClient.start()`` does.
+        """
+        missing = [path]
+        while missing:
+            target = missing[-1]
+            if not target:
+                await self._ensure_chroot(deadline)
+                missing.pop()
+                continue
+            try:
+                # NodeExists on a re-send is success, so retrying is safe.
+                await self.monitor.call(
+                    CreateContainerRequest(
+                        path=self._abs(target), data=b"", acl=self.client.default_acl
+                    ),
+                    deadline,
+                    retry=True,
+                )
+            except zk_exc.NodeExists:
+                pass
+            except zk_exc.NoNode:
+                parent = target.rsplit("/", 1)[0]
+                if not parent and not self.client.chroot:
+                    raise
+                missing.append(parent)
+                continue
+            missing.pop()
+
+    async def _ensure_chroot(self, deadline: float | None) -> None:
+        chroot = self.client.chroot or ""
+        prefix = ""
+        for segment in [s for s in chroot.split("/") if s]:
+            prefix = f"{prefix}/{segment}"
+            try:
+                await self.monitor.call(
+                    protocol.CreateRequest(
+                        path=prefix, data=b"", acl=self.client.default_acl, flags=0
+                    ),
+                    deadline,
+                    retry=True,
+                )
+            except zk_exc.NodeExists:
+                pass
+
+    # -- protected create ------------------------------------------------------
+
+    async def create(
+        self,
+        parent: str,
+        kind: str,
+        data: bytes,
+        deadline: float | None,
+        *,
+        anchor: int | None = None,
+        session_id: int | None = None,
+    ) -> Node:
+        """Create our ephemeral-sequential node, at most once (Curator's protected mode).
+
+        :param session_id: create only in this session (semaphore leases
+            under a turnstile), else :class:`SessionChanged`
+        :raises TimeoutError: the deadline passed; nothing of ours is left
+            behind (a background sweep deletes a node whose create reply was lost)
+        """
+        uid = str(uuid.uuid4())  # minted before any I/O: a lost reply can be found again
+        prefix = f"_c_{uid}-{kind}" + (f"@{anchor:010d}" if anchor is not None else "") + "-"
+        maybe_created = False
+        try:
+            while True:
+                request = protocol.Create2Request(
+                    path=self._abs(f"{parent}/{prefix}"),
+                    data=data,
+                    acl=self.client.default_acl,
+                    flags=_EPHEMERAL_SEQUENTIAL,
+                )
+                sid = self.monitor.client.session.session_id
+                # From here on the server may apply the create even if we
+                # never see the reply (cancelled, deadline, broken connection).
+                maybe_created = True
+                try:
+                    response = await self.monitor.call(
+                        request, deadline, retry=False, session_id=session_id
+                    )
+                except zk_exc.NoNode:
+                    # Parent missing (first use, or the container was reaped
+                    # between our create and its recreation): make it, retry.
+                    await self.ensure_parents(parent, deadline)
+                    continue
+                except AmbiguousResult:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise TimeoutError("deadline passed during create") from None
+                    found = await self._find_protected(parent, uid, deadline)
+                    if found is not None:
+                        return found
+                    continue
+                except SessionChanged:
+                    if session_id is not None:
+                        raise
+                    # The server said SESSION_EXPIRED; wait for aiozk to move
+                    # on to a new session rather than spin.
+                    await self._wait_state_change(sid, deadline)
+                    continue
+                stat = response.stat
+                node = parse_node(
+                    parent, str(self.client.denormalize_path(response.path)).rsplit("/", 1)[1]
+                )
+                assert node is not None, response.path
+                return _with_stat(node, stat)
+        except BaseException:
+            if maybe_created:
+                # The create may have reached the server: sweep by uuid, in
+                # the background, until done or the session is gone.
+                self._spawn_sweep(parent, uid, self.monitor.client.session.session_id)
+            raise
+
+    async def _wait_state_change(self, sid: int | None, deadline: float | None) -> None:
+        if self.monitor.client.session.session_id != sid:
+            return
+        waker = self.monitor.new_waker()
+        try:
+            if not await wait_future(waker, deadline):
+                raise TimeoutError("deadline passed waiting for a new session")
+        finally:
+            waker.cancel()
+
+    async def _find_protected(self, parent: str, uid: str, deadline: float | None) -> Node | None:
+        """After a lost create reply: adopt our node if it exists in the current session."""
+        for name in await self.list_children(parent, deadline):
+            node = parse_node(parent, name)
+            if node is None or node.uid != uid:
+                continue
+            found = await self.get_data(node.path, deadline)
+            if found is None:
+                return None
+            stat = found[1]
+            if stat.ephemeral_owner == self.client.session.session_id:
+                return _with_stat(node, stat)
+            # Created by an earlier connection's session that is still alive
+            # (or being expired): not ours to use. Delete it and create anew.
+            # (session_id=None: delete it whichever session we are in by then)
+            self.spawn_delete(node)
+            return None
+        return None
+
+    # -- the wait loop ---------------------------------------------------------
+
+    async def acquire(
+        self,
+        parent: str,
+        kind: str,
+        data: bytes,
+        deadline: float | None,
+        predicate: Predicate,
+        *,
+        anchor: int | None = None,
+    ) -> Node | None:
+        """Create a node and wait until ``predicate`` says it holds; ``None`` on timeout.
+
+        Whatever way this exits without returning the node (timeout, error,
+        cancellation), the node is deleted.
+        """
+        while True:
+            try:
+                node = await self.create(parent, kind, data, deadline, anchor=anchor)
+            except TimeoutError:
+                return None
+            try:
+                held = await self._wait_turn(node, deadline, predicate)
+            except _Vanished:
+                # The session that held our node is gone (or someone deleted
+                # it): queue again with a new node in the current session,
+                # unless our time is up (the vanished node needs no delete).
+                logger.info("lock node %s vanished; queueing again", node.path)
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            except BaseException:
+                # Cancellation, errors: our node must not stay in the queue.
+                self.spawn_delete(node)
+                raise
+            if held:
+                return node
+            await self.delete(node)
+            return None
+
+    async def _wait_turn(self, node: Node, deadline: float | None, predicate: Predicate) -> bool:
+        monitor = self.monitor
+        while True:
+            try:
+                children = await self.list_children(node.parent, deadline)
+            except TimeoutError:
+                return False
+            nodes = sort_nodes(node.parent, children)
+            index = next((i for i, n in enumerate(nodes) if n.name == node.name), -1)
+            if index < 0:
+                raise _Vanished
+            holds, watch = predicate(nodes, index)
+            if holds:
+                # CURATOR-696: hold only with a node of the current session.
+                if node.session_id != self.client.session.session_id:
+                    raise _Vanished
+                return True
+            assert watch is not None
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            # The wake-up future exists before the watched read is sent, so an
+            # event that arrives with or right after the reply is not missed.
+            waker = monitor.new_waker()
+            target = self._abs(watch.path)
+
+            def wake(_path: object, waker: asyncio.Future[None] = waker) -> None:
+                if not waker.done():
+                    waker.set_result(None)
+
+            session = self.client.session
+            # DATA_CHANGED as well as DELETED: aiozk re-arms only data watches
+            # after a reconnect (SetWatches), so the watch survives a blip.
+            session.add_watch_callback(protocol.WatchEvent.DELETED, target, wake)
+            session.add_watch_callback(protocol.WatchEvent.DATA_CHANGED, target, wake)
+            try:
+                try:
+                    await monitor.call(
+                        protocol.GetDataRequest(path=target, watch=True), deadline, retry=True
+                    )
+                except zk_exc.NoNode:
+                    continue  # predecessor already gone: re-list at once
+                except TimeoutError:
+                    return False
+                if not await wait_future(waker, deadline):
+                    return False
+            finally:
+                session.remove_watch_callback(protocol.WatchEvent.DELETED, target, wake)
+                session.remove_watch_callback(protocol.WatchEvent.DATA_CHANGED, target, wake)
+                waker.cancel()
+
+    # -- deletes -----------------------------------------------------------------
+
+    async def _delete_now(self, node: Node) -> None:
+        """Delete ``node`` until done: NoNode, or its session is gone, count as done."""
+        try:
+            await self.monitor.call(
+                protocol.DeleteRequest(path=self._abs(node.path), version=-1),
+                None,
+                retry=True,
+                session_id=node.session_id,
+                wait_for_connection=False,
+            )
+        except (zk_exc.NoNode, SessionChanged):
+            pass  # already gone, or gone with its session
+        except BackendUnavailableError:
+            # The backend closed first: an owned session's close removes the
+            # node with every other ephemeral; on a user's client it stays
+            # until that session ends (logged, nothing else can be done).
+            logger.warning("lock node %s not deleted: the backend closed first", node.path)
+
+    def spawn_delete(self, node: Node) -> asyncio.Task[None]:
+        """Guaranteed delete in a task owned by the driver (runs even if the caller is gone)."""
+        return self.tasks.spawn(self._delete_now(node), name=f"aiolocks-zk-delete:{node.path}")
+
+    async def delete(self, node: Node) -> None:
+        """Delete ``node``; wait for the server up to ``connect_timeout``, then let it finish
+        in the background. A cancelled caller still gets the delete (it runs in its own task)."""
+        task = self.spawn_delete(node)
+        waiter = asyncio.ensure_future(asyncio.wait((task,), timeout=self.monitor.connect_timeout))
+        cancelled = await wait_finished(waiter)
+        if task.done() and not task.cancelled():
+            exc = task.exception()
+            if exc is not None and cancelled is None:
+                raise exc
+        if cancelled is not None:
+            raise cancelled
+
+    def _spawn_sweep(self, parent: str, uid: str, session_id: int | None) -> None:
+        async def sweep() -> None:
+            while True:
+                if self.client.session.session_id != session_id:
+                    return  # that session is gone, and its ephemerals with it
+                try:
+                    children = await self.monitor.call(
+                        protocol.GetChildrenRequest(path=self._abs(parent), watch=False),
+                        None,
+                        retry=True,
+                        session_id=session_id,
+                        wait_for_connection=False,
+                    )
+                except (zk_exc.NoNode, SessionChanged, BackendUnavailableError):
+                    return
+                for name in children.children:
+                    node = parse_node(parent, name)
+                    if node is not None and node.uid == uid:
+                        await self._delete_now(Node(**{**_fields(node), "session_id": session_id}))
+                return
+
+        self.tasks.spawn(sweep(), name=f"aiolocks-zk-sweep:{parent}")
+
+
+def _fields(node: Node) -> dict[str, Any]:
+    return {name: getattr(node, name) for name in Node.__slots__}
+
+
+def _with_stat(node: Node, stat: Any) -> Node:
+    fields = _fields(node)
+    fields["czxid"] = int(stat.created_zxid)
+    fields["session_id"] = int(stat.ephemeral_owner)
+    return Node(**fields)

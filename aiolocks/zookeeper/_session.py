@@ -1,0 +1,481 @@
+"""One ZooKeeper session as aiolocks sees it: connection states and bounded requests.
+
+Why this layer exists (measured against aiozk 0.32 on ZooKeeper 3.8):
+
+* aiozk has no listener API and its ``lost`` state means both "never
+  connected" and "expired"; Curator's states (CONNECTED, SUSPENDED,
+  RECONNECTED, LOST) are what lock users reason with. :class:`SessionMonitor`
+  derives them from aiozk's state machine *and* the session id, so an expiry
+  that aiozk only notices at reconnect time, or a SUSPENDED -> CONNECTED blip
+  that happened between two observations, is still reported.
+* aiozk learns that a session expired only after it reconnects. While the
+  network is partitioned another client may already hold our lock. Like the
+  Java client since ZOOKEEPER-4508 and Curator's "simulated expiry", we
+  declare LOST locally once we have been disconnected for a whole negotiated
+  session timeout.
+* ``aiozk.Session.send`` waits for a connection without a deadline and retries
+  every request forever, so a sequential ``create`` can run twice and
+  ``acquire(timeout=2)`` can take ten seconds. :meth:`SessionMonitor.call`
+  sends each request itself: one deadline bounds the wait for a connection and
+  the reply, and a write whose reply is lost is reported as ambiguous
+  (:class:`AmbiguousResult`) instead of being re-sent; the caller reconciles
+  (protected nodes, Curator's trick).
+* After a reconnect aiozk re-arms only some watches (DELETED-only watches are
+  dropped). Every waiter registers a wake-up future here, and every
+  (re)connection resolves all of them: a wake-up is a hint to re-list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+from aiozk import exc as zk_exc
+from aiozk.states import States
+
+from .._core.errors import BackendUnavailableError
+
+__all__ = [
+    "AmbiguousResult",
+    "ConnectionState",
+    "SessionChanged",
+    "SessionMonitor",
+]
+
+logger = logging.getLogger("aiolocks.zookeeper")
+
+_ALL_STATES: Final = (States.CONNECTED, States.SUSPENDED, States.READ_ONLY, States.LOST)
+
+#: errors that mean "the connection broke while the request was in flight":
+#: the server may or may not have applied it.
+_CONNECTION_ERRORS: Final = (
+    zk_exc.ConnectError,
+    zk_exc.TimeoutError,
+    zk_exc.SessionLost,
+    zk_exc.ConnectionLoss,
+    zk_exc.UnfinishedRead,
+    ConnectionError,
+    OSError,
+)
+
+
+class ConnectionState(enum.Enum):
+    """Connection states of a ZooKeeper backend (Curator's ``ConnectionState``).
+
+    * ``CONNECTED``: the first connection of the backend is up.
+    * ``SUSPENDED``: the connection is down; the session may still be alive
+      on the server, so holds are uncertain (lost only with
+      ``suspended_is_lost=True``).
+    * ``RECONNECTED``: connected again, in the same session (holds kept) or
+      in a new one (then ``LOST`` came first).
+    * ``LOST``: the session expired, or we were disconnected for a whole
+      session timeout; every hold of the backend is lost.
+    """
+
+    CONNECTED = "connected"
+    SUSPENDED = "suspended"
+    RECONNECTED = "reconnected"
+    LOST = "lost"
+
+
+class AmbiguousResult(Exception):
+    """The connection broke (or the deadline passed) after a write was sent.
+
+    The server may or may not have applied it; the caller must find out.
+    """
+
+
+class SessionChanged(Exception):
+    """The request was meant for a session that is no longer the current one."""
+
+
+class _DeadlinePassed(Exception):
+    """Internal: the caller's deadline passed before a reply arrived."""
+
+
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (``None`` = unbounded), never negative."""
+    if deadline is None:
+        return None
+    return max(0.0, deadline - time.monotonic())
+
+
+async def wait_future(fut: asyncio.Future[Any], deadline: float | None) -> bool:
+    """Wait for ``fut`` until ``deadline``; ``True`` if it is done. Never cancels ``fut``."""
+    if fut.done():
+        return True
+    timeout = remaining(deadline)
+    if timeout is not None and timeout <= 0:
+        return False
+    await asyncio.wait((fut,), timeout=timeout)
+    return fut.done()
+
+
+class SessionMonitor:
+    """Watches one aiozk client's session; sends requests with deadlines.
+
+    :param client: the ``aiozk.ZKClient``
+    :param connect_timeout: how long a request may wait for a connection
+        before :class:`BackendUnavailableError`
+    :param suspended_is_lost: treat SUSPENDED as loss of every hold
+        (Curator's ``StandardConnectionStateErrorPolicy``); default off
+    :param on_lost: called with ``(session_id, reason)`` when holds of that
+        session must be considered lost
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        connect_timeout: float,
+        suspended_is_lost: bool,
+        on_lost: Callable[[int | None, str], None],
+    ) -> None:
+        self.client = client
+        self.connect_timeout = connect_timeout
+        #: how long a sent request may wait for its reply past the deadline
+        self.reply_grace = min(2.0, connect_timeout)
+        self.suspended_is_lost = suspended_is_lost
+        self._on_lost = on_lost
+        self._task: asyncio.Task[None] | None = None
+        self._wakers: set[asyncio.Future[None]] = set()
+        self._waker_count = 0
+        self._queues: set[asyncio.Queue[ConnectionState | None]] = set()
+        self._listeners: list[Callable[[ConnectionState], object]] = []
+        #: session id we consider current (None before the first connection)
+        self.session_id: int | None = None
+        self._suspended = False
+        self._lost_locally = False
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self.state: ConnectionState | None = None
+        self._closed = False
+        self._closed_fut: asyncio.Future[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Begin watching; the client must be connected."""
+        session = self.client.session
+        self.session_id = session.session_id
+        self._closed_fut = asyncio.get_running_loop().create_future()
+        self._emit(ConnectionState.CONNECTED)
+        self._watch_connection()
+        self._task = asyncio.get_running_loop().create_task(
+            self._monitor(), name="aiolocks-zk-session-monitor"
+        )
+
+    async def stop(self) -> None:
+        """Stop watching (awaited by ``close()``); ends every state iterator."""
+        self._closed = True
+        if self._closed_fut is not None and not self._closed_fut.done():
+            self._closed_fut.set_result(None)
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.wake_all()
+        for queue in list(self._queues):
+            queue.put_nowait(None)
+
+    # -- state observation ---------------------------------------------------
+
+    async def _monitor(self) -> None:
+        machine = self.client.session.state
+        last = machine.current_state
+        while True:
+            fut = machine.wait_for(*(s for s in _ALL_STATES if s != last))
+            try:
+                await fut
+            finally:
+                _discard_state_future(machine, fut)
+            now = machine.current_state
+            sid = self.client.session.session_id
+            # A future fired, so at least one transition happened since `last`,
+            # even if we now see the same state again (a SUSPENDED blip).
+            self._observe(last, now, sid)
+            last = now
+
+    def _watch_connection(self) -> None:
+        """Notice at once when the server closes our socket.
+
+        aiozk's reader returns silently when the socket closes (a killed
+        server, a follower dropping clients during leader election) and only
+        the next missed heartbeat, up to 2/3 of a session timeout later,
+        suspends the session; requests sent meanwhile hang. We suspend it
+        ourselves when the reader of the current connection ends, so aiozk's
+        repair loop reconnects right away and in-flight requests fail fast.
+        """
+        session = self.client.session
+        conn = session.conn
+        task = getattr(conn, "read_loop_task", None)
+        if task is None:
+            return
+
+        def on_reader_done(_task: object) -> None:
+            if self._closed or session.closing or session.conn is not conn:
+                return
+            if session.state == States.CONNECTED:
+                with contextlib.suppress(zk_exc.InvalidStateTransition):
+                    session.state.transition_to(States.SUSPENDED)
+            conn.abort(zk_exc.ConnectError)
+
+        task.add_done_callback(on_reader_done)
+
+    def _observe(self, last: str, now: str, sid: int | None) -> None:
+        if now in (States.CONNECTED, States.READ_ONLY):
+            self._watch_connection()
+            if sid != self.session_id:
+                # A new session: whatever the old one held is gone on the server.
+                if not self._lost_locally:
+                    self._declare_lost("the ZooKeeper session expired")
+                self.session_id = sid
+            elif not self._suspended and last == now:
+                # A whole SUSPENDED -> CONNECTED cycle happened between two looks.
+                self._emit(ConnectionState.SUSPENDED)
+            self._cancel_timer()
+            self._suspended = False
+            self._lost_locally = False
+            self._emit(ConnectionState.RECONNECTED)
+            # Watches may have been dropped while disconnected (aiozk re-arms
+            # only some of them): every waiter re-lists.
+            self.wake_all()
+        elif now == States.SUSPENDED:
+            self._enter_suspended()
+        elif now == States.LOST:
+            self._enter_suspended()
+            if not self._lost_locally and not self._closed:
+                self._declare_lost("the ZooKeeper session expired")
+
+    def purge_watch_keys(self) -> None:
+        """Drop aiozk's empty watch-callback sets.
+
+        aiozk's ``event_dispatch`` indexes its defaultdict for every event, so
+        an event for a path nobody listens to any more leaves an empty set
+        behind; those keys grow without bound and are all re-sent in
+        SetWatches after a reconnect. We purge them while suspended (before
+        aiozk re-registers) and now and then while waiting.
+        """
+        callbacks = self.client.session.watch_callbacks
+        for key in [k for k, v in callbacks.items() if not v]:
+            callbacks.pop(key, None)
+
+    def _enter_suspended(self) -> None:
+        if self._suspended:
+            return
+        self.purge_watch_keys()
+        self._suspended = True
+        self._emit(ConnectionState.SUSPENDED)
+        if self.suspended_is_lost:
+            self._on_lost(self.session_id, "the ZooKeeper connection was suspended")
+        timeout = float(self.client.session.timeout or 10.0)
+        # Curator's simulated expiry: the server expires the session
+        # `timeout` after it last heard from us, which is earlier than now;
+        # once that long has passed without contact, assume it did.
+        self._expiry_timer = asyncio.get_running_loop().call_later(timeout, self._expire_locally)
+
+    def _expire_locally(self) -> None:
+        self._expiry_timer = None
+        if self._suspended and not self._lost_locally and not self._closed:
+            self._declare_lost(
+                "no contact with ZooKeeper for a whole session timeout; "
+                "the session must be considered expired"
+            )
+
+    def _declare_lost(self, reason: str) -> None:
+        self._lost_locally = True
+        logger.warning("ZooKeeper session 0x%x lost: %s", self.session_id or 0, reason)
+        self._emit(ConnectionState.LOST)
+        self._on_lost(self.session_id, reason)
+
+    def _cancel_timer(self) -> None:
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+
+    def _emit(self, state: ConnectionState) -> None:
+        self.state = state
+        for queue in list(self._queues):
+            queue.put_nowait(state)
+        for listener in list(self._listeners):
+            try:
+                listener(state)
+            except Exception:
+                logger.exception("connection state listener %r failed", listener)
+
+    # -- user API ------------------------------------------------------------
+
+    def add_listener(self, listener: Callable[[ConnectionState], object]) -> Callable[[], None]:
+        """Call ``listener(state)`` on every state change; returns a remover."""
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return remove
+
+    async def states(self) -> AsyncIterator[ConnectionState]:
+        """Yield every state change from now on, until the backend closes."""
+        queue: asyncio.Queue[ConnectionState | None] = asyncio.Queue()
+        self._queues.add(queue)
+        try:
+            while True:
+                state = await queue.get()
+                if state is None:
+                    return
+                yield state
+        finally:
+            self._queues.discard(queue)
+
+    # -- waiters -------------------------------------------------------------
+
+    def new_waker(self) -> asyncio.Future[None]:
+        """A future resolved by the next (re)connection or by :meth:`wake_all`."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waker_count += 1
+        if self._waker_count % 1024 == 0:
+            self.purge_watch_keys()
+        self._wakers.add(fut)
+        fut.add_done_callback(self._wakers.discard)
+        return fut
+
+    def wake_all(self) -> None:
+        """Resolve every waiter's wake-up future (they re-list and re-decide)."""
+        for fut in list(self._wakers):
+            if not fut.done():
+                fut.set_result(None)
+
+    # -- requests --------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """The aiozk session is in a state where requests can be sent."""
+        return bool(self.client.session.state == States.CONNECTED)
+
+    async def _wait_connected(
+        self, deadline: float | None, unavailable_after: float | None
+    ) -> None:
+        machine = self.client.session.state
+        while machine.current_state != States.CONNECTED:
+            if self._closed:
+                raise BackendUnavailableError("the ZooKeeper backend is closed")
+            limit = deadline
+            if unavailable_after is not None and (limit is None or unavailable_after < limit):
+                limit = unavailable_after
+            fut = machine.wait_for(States.CONNECTED)
+            try:
+                # close() must also end this wait (background deletes wait
+                # here without a time limit).
+                waits: list[asyncio.Future[Any]] = [fut]
+                if self._closed_fut is not None:
+                    waits.append(self._closed_fut)
+                timeout = remaining(limit)
+                if timeout is None or timeout > 0:
+                    await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                done = fut.done() or self._closed
+            finally:
+                _discard_state_future(machine, fut)
+            if self._closed:
+                raise BackendUnavailableError("the ZooKeeper backend is closed")
+            if not done:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise _DeadlinePassed
+                raise BackendUnavailableError(
+                    f"ZooKeeper {self.client.session.hosts} unreachable for "
+                    f"{self.connect_timeout:g} s (connect_timeout)"
+                )
+
+    async def call(
+        self,
+        request: Any,
+        deadline: float | None,
+        *,
+        retry: bool,
+        session_id: int | None = None,
+        wait_for_connection: bool = True,
+    ) -> Any:
+        """Send ``request`` and return its response, bounded by ``deadline``.
+
+        :param retry: the request is idempotent (reads, deletes): on a broken
+            connection send it again; otherwise raise :class:`AmbiguousResult`
+        :param session_id: only send in this session, else
+            :class:`SessionChanged` (a lease created under a turnstile must not
+            land in a later session)
+        :param wait_for_connection: wait for a connection up to
+            ``connect_timeout`` (``False``: forever, for background cleanup)
+        :raises TimeoutError: the deadline passed (for a write, the outcome
+            may be ambiguous: the caller reconciles)
+        :raises BackendUnavailableError: no connection within ``connect_timeout``
+        :raises aiozk.exc.ResponseError: the server's answer (``NoNode``...)
+        """
+        session = self.client.session
+        while True:
+            unavailable_after = (
+                time.monotonic() + self.connect_timeout if wait_for_connection else None
+            )
+            try:
+                await self._wait_connected(deadline, unavailable_after)
+            except _DeadlinePassed:
+                raise TimeoutError("deadline passed while waiting for a connection") from None
+            if session_id is not None and session.session_id != session_id:
+                raise SessionChanged
+            conn = session.conn
+            # The same xid bookkeeping as aiozk's Session.send (xid is a
+            # positive signed 32-bit int).
+            session.xid = session.xid + 1 if session.xid < 0x7FFFFFFF else 1
+            fut = conn.send(request, xid=session.xid)
+            # Once sent, the reply gets at least `reply_grace` seconds even if
+            # the lock deadline has passed: a deadline in the past means "try
+            # exactly once", and a try needs its answers. Waiting for a
+            # connection, on the other hand, stops at the deadline.
+            reply_deadline = deadline
+            if deadline is not None:
+                reply_deadline = max(deadline, time.monotonic() + self.reply_grace)
+            try:
+                done = await wait_future(fut, reply_deadline)
+            except BaseException:
+                # Cancelled while in flight: the reply (if any) is dropped by
+                # aiozk's reader because the future is done.
+                fut.cancel()
+                raise
+            if not done:
+                fut.cancel()
+                if request.writes_data:
+                    raise AmbiguousResult("deadline passed before the reply")
+                raise TimeoutError("deadline passed before the reply")
+            try:
+                zxid, response = fut.result()
+            except zk_exc.SessionExpired:
+                raise SessionChanged from None
+            except _CONNECTION_ERRORS as exc:
+                # Same as aiozk: a connection error suspends the session and
+                # its repair loop reconnects.
+                if session.state == States.CONNECTED and session.conn is conn:
+                    with contextlib.suppress(zk_exc.InvalidStateTransition):
+                        session.state.transition_to(States.SUSPENDED)
+                if not retry:
+                    raise AmbiguousResult(
+                        f"connection lost during {type(request).__name__}"
+                    ) from exc
+                continue
+            if zxid:
+                session.last_zxid = zxid
+            session.set_heartbeat()
+            return response
+
+
+def _discard_state_future(machine: Any, fut: asyncio.Future[None]) -> None:
+    """Forget a state future we stop waiting for (aiozk's remove_waiting raises if drained)."""
+    if not fut.done():
+        fut.cancel()
+    for state in _ALL_STATES:
+        machine.futures[state].discard(fut)

@@ -1,0 +1,1 @@
+"""Tests of the ZooKeeper backend against real servers."""

@@ -1,0 +1,273 @@
+"""Sessions: forced expiry, server restarts, partitions, ensemble failover."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+import aiolocks
+from aiolocks.testing.proxy import TcpProxy
+from aiolocks.testing.servers import ZooKeeperEnsemble, ZooKeeperServer
+from aiolocks.zookeeper import ConnectionState, ZooKeeperBackend
+
+from .conftest import SESSION_TIMEOUT, Held, expire_session, lock_nodes, until
+
+pytestmark = pytest.mark.zookeeper
+
+
+async def _connect(url: str) -> ZooKeeperBackend:
+    backend = await aiolocks.connect(url)
+    assert isinstance(backend, ZooKeeperBackend)
+    return backend
+
+
+def _session(backend: ZooKeeperBackend) -> tuple[int, bytes]:
+    session = backend.client.session
+    return session.session_id, session.password
+
+
+@pytest.mark.asyncio
+async def test_forced_expiry_cancels_body_and_hands_over(
+    zookeeper_server: ZooKeeperServer, zk_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = f"expire/{uuid.uuid4().hex}"
+    a = await _connect(zk_url)
+    b = await _connect(zk_url)
+    states: list[ConnectionState] = []
+    a.add_connection_listener(states.append)
+    entered = asyncio.Event()
+    body_cancelled = False
+    lost_in_body = False
+    old_token = 0
+    lock = a.mutex(name)
+
+    async def holder() -> None:
+        nonlocal body_cancelled, lost_in_body, old_token
+        async with lock:
+            old_token = lock.fencing_token or 0
+            entered.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                body_cancelled = True
+                lost_in_body = lock.is_lost
+                raise
+
+    try:
+        task = asyncio.create_task(holder())
+        await entered.wait()
+        assert old_token > 0
+        waiter = Held(b.mutex(name))
+        await until(lambda: _count(b, name, 2), what="waiter queued")
+        with caplog.at_level(logging.WARNING, logger="aiolocks"):
+            await expire_session(zookeeper_server.hosts, a)
+            with pytest.raises(aiolocks.LockLostError):
+                await task
+        assert body_cancelled and lost_in_body
+        assert any(r.levelno >= logging.WARNING for r in caplog.records)
+        assert await waiter.wait()  # the next waiter got it
+        await waiter.release()
+        assert ConnectionState.LOST in states
+        await until(lambda: states[-1] is ConnectionState.RECONNECTED, what="new session")
+        # the backend works in its new session; tokens keep increasing
+        async with a.mutex(name) as again:
+            assert again.fencing_token is not None and again.fencing_token > old_token
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def _count(backend: aiolocks.Backend, name: str, n: int) -> bool:
+    return len(await backend.mutex(name).participants()) >= n
+
+
+@pytest.mark.asyncio
+async def test_waiter_survives_expiry_and_acquires_in_new_session(
+    zookeeper_server: ZooKeeperServer, zk_url: str, observer: Any
+) -> None:
+    name = f"expire-wait/{uuid.uuid4().hex}"
+    a = await _connect(zk_url)
+    b = await _connect(zk_url)
+    try:
+        holder = Held(b.mutex(name))
+        assert await holder.wait()
+        lock = a.mutex(name)
+        waiting = Held(lock)
+        await until(lambda: _count(b, name, 2), what="waiter queued")
+        old_sid = a.session_id
+        await expire_session(zookeeper_server.hosts, a)
+        await until(lambda: a.session_id not in (None, old_sid), what="new session")
+        # the waiter queued again in the new session: one node, not two
+        await until(lambda: _count(b, name, 2), what="waiter re-queued")
+        assert len(await b.mutex(name).participants()) == 2
+        assert not waiting.acquired.is_set()
+        await holder.release()
+        assert await waiting.wait()
+        await waiting.release()
+        assert waiting.was_lost is False
+        assert await lock_nodes(observer) == []
+    finally:
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.asyncio
+async def test_server_restart_mid_hold_and_mid_wait(
+    zookeeper_restartable: ZooKeeperServer,
+) -> None:
+    url = f"{zookeeper_restartable.url}?session_timeout=15"
+    name = f"restart/{uuid.uuid4().hex}"
+    a = await _connect(url)
+    b = await _connect(url)
+    states: list[ConnectionState] = []
+    b.add_connection_listener(states.append)
+    try:
+        lock = a.mutex(name)
+        holder = Held(lock)
+        assert await holder.wait()
+        waiting_lock = b.mutex(name)
+        waiting = Held(waiting_lock)
+        await until(lambda: _count(b, name, 2), what="waiter queued")
+        await asyncio.to_thread(zookeeper_restartable.stop)
+        await asyncio.to_thread(zookeeper_restartable.start)
+        # both sessions survive the restart: the hold is kept...
+        await until(lambda: states[-1:] == [ConnectionState.RECONNECTED], what="b reconnected")
+        await until(lambda: a.connection_state is ConnectionState.RECONNECTED, what="a back")
+        parts = await b.mutex(name).participants()
+        assert [(p.is_holder, p.fencing_token) for p in parts] == [
+            (True, holder.token),
+            (False, None),
+        ]
+        assert not waiting.acquired.is_set()
+        # ... and the waiter, whose watch aiozk would not re-arm, still wakes up
+        await holder.release()
+        assert holder.was_lost is False
+        assert await waiting.wait()
+        assert ConnectionState.LOST not in states
+        await waiting.release()
+    finally:
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.asyncio
+async def test_partition_declares_loss_client_side(
+    zookeeper_server: ZooKeeperServer, chroot: str, zk_url: str
+) -> None:
+    """While partitioned, the hold is declared lost after a session timeout, before
+    aiozk could learn of the expiry (Curator's simulated expiry)."""
+    name = f"partition/{uuid.uuid4().hex}"
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout={SESSION_TIMEOUT}")
+        other = await _connect(zk_url)
+        states: list[ConnectionState] = []
+        a.add_connection_listener(states.append)
+        try:
+            lock = a.mutex(name)
+            entered = asyncio.Event()
+
+            async def body() -> None:
+                async with lock:
+                    entered.set()
+                    await asyncio.Event().wait()
+
+            task = asyncio.create_task(body())
+            await entered.wait()
+            proxy.stall()
+            with pytest.raises(aiolocks.LockLostError):
+                await task
+            # still partitioned: we learnt it from our own timer
+            assert states[-2:] == [ConnectionState.SUSPENDED, ConnectionState.LOST]
+            # the server expired the session too: someone else gets the lock
+            theirs = other.mutex(name)
+            assert await theirs.acquire(timeout=3 * SESSION_TIMEOUT)
+            await theirs.release()
+            # a timed acquire during the outage returns in time
+            started = time.monotonic()
+            assert await a.mutex(f"{name}-2").acquire(timeout=0.5) is False
+            assert time.monotonic() - started < 4  # deadline + reply grace, not "until healed"
+            proxy.heal()
+            await until(lambda: states[-1] is ConnectionState.RECONNECTED, what="reconnected")
+            async with a.mutex(name):
+                pass
+        finally:
+            proxy.heal()
+            await a.close()
+            await other.close()
+
+
+@pytest.mark.asyncio
+async def test_suspended_is_lost_policy(zookeeper_server: ZooKeeperServer, chroot: str) -> None:
+    name = f"suspend/{uuid.uuid4().hex}"
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout=10&suspended_is_lost=1")
+        try:
+            lock = a.mutex(name)
+            await lock.acquire()
+            proxy.cut()  # connection drops, session survives
+            await until(lambda: lock.is_lost, what="hold lost on SUSPENDED")
+            await lock.release()  # no error after loss
+            await until(lambda: a.connection_state is ConnectionState.RECONNECTED, what="back")
+            assert await a.mutex(name).acquire(timeout=10)
+            await a.mutex(name).release()
+        finally:
+            await a.close()
+
+
+@pytest.mark.asyncio
+async def test_connection_blip_keeps_hold_by_default(
+    zookeeper_server: ZooKeeperServer, chroot: str
+) -> None:
+    name = f"blip/{uuid.uuid4().hex}"
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout=10")
+        states: list[ConnectionState] = []
+        a.add_connection_listener(states.append)
+        try:
+            lock = a.mutex(name)
+            await lock.acquire()
+            proxy.cut()
+            await until(lambda: states[-1:] == [ConnectionState.RECONNECTED], what="reconnected")
+            assert ConnectionState.SUSPENDED in states and ConnectionState.LOST not in states
+            assert not lock.is_lost
+            parts = await lock.participants()
+            assert len(parts) == 1 and parts[0].fencing_token == lock.fencing_token
+            await lock.release()
+        finally:
+            await a.close()
+
+
+@pytest.mark.asyncio
+async def test_ensemble_leader_kill_keeps_holds(zookeeper_ensemble: ZooKeeperEnsemble) -> None:
+    url = f"zk://{zookeeper_ensemble.hosts}?session_timeout=20"
+    name = f"ensemble/{uuid.uuid4().hex}"
+    a = await _connect(url)
+    b = await _connect(url)
+    leader = zookeeper_ensemble.leader()
+    try:
+        lock = a.mutex(name)
+        await lock.acquire()
+        token = lock.fencing_token
+        waiting_lock = b.mutex(name)
+        waiting = Held(waiting_lock)
+        await until(lambda: _count(b, name, 2), what="waiter queued")
+        await asyncio.to_thread(leader.kill)
+        await asyncio.to_thread(zookeeper_ensemble.wait_for_leader)
+        # the session survives the failover: the hold is intact and exclusive
+        parts = await a.mutex(name).participants()
+        assert [p.is_holder for p in parts] == [True, False]
+        assert parts[0].fencing_token == token
+        assert not lock.is_lost and not waiting.acquired.is_set()
+        await lock.release()
+        assert await waiting.wait()
+        await waiting.release()
+    finally:
+        await a.close()
+        await b.close()
+        await asyncio.to_thread(leader.start)
+        await asyncio.to_thread(zookeeper_ensemble.wait_for_leader)
