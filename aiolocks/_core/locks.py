@@ -23,6 +23,7 @@ cancelled; the cancellation is re-raised afterwards.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, final
@@ -100,8 +101,18 @@ class Lock:
     def _reenter(self, task: asyncio.Task[object]) -> bool:
         raise NotImplementedError
 
+    #: holds belong to the acquiring task (released when it ends) or to the lock object
+    _task_bound: bool = True
+
     def _request(self, task: asyncio.Task[object]) -> Request:
-        raise NotImplementedError
+        return Request(
+            name=self._key,
+            family=self._family,
+            mode=self._mode,
+            participant=self._backend._participant_id(task),
+            owner=task if self._task_bound else None,
+            options=self._options,
+        )
 
     def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
         raise NotImplementedError
@@ -288,16 +299,6 @@ class _TaskOwnedLock(Lock):
         hold.count += 1
         return True
 
-    def _request(self, task: asyncio.Task[object]) -> Request:
-        return Request(
-            name=self._key,
-            family=self._family,
-            mode=self._mode,
-            participant=self._backend._participant_id(task),
-            owner=task,
-            options=self._options,
-        )
-
     def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
         self._ledger()[task] = hold
         backend = self._backend
@@ -380,6 +381,7 @@ class SemaphoreMutex(Lock):
     _family = Family.SEMAPHORE_MUTEX
     _mode = Mode.EXCLUSIVE
     _kind = "semaphore mutex"
+    _task_bound = False
 
     def __init__(self, backend: Backend, name: str, options: Mapping[str, object]) -> None:
         super().__init__(backend, name, options)
@@ -397,16 +399,6 @@ class SemaphoreMutex(Lock):
                 "not reentrant; use backend.mutex() for a reentrant lock"
             )
         return False
-
-    def _request(self, task: asyncio.Task[object]) -> Request:
-        return Request(
-            name=self._key,
-            family=self._family,
-            mode=self._mode,
-            participant=self._backend._participant_id(task),
-            owner=None,
-            options=self._options,
-        )
 
     def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
         self._hold = hold
@@ -455,15 +447,7 @@ class ReadLock(_TaskOwnedLock):
         write = self._backend._ledger(self._family, self._key, Mode.WRITE.value).get(task)
         if write is None or write.lost:
             return request
-        return Request(
-            name=request.name,
-            family=request.family,
-            mode=request.mode,
-            participant=request.participant,
-            owner=task,
-            options=request.options,
-            downgrade_of=write.grant,
-        )
+        return dataclasses.replace(request, downgrade_of=write.grant)
 
 
 @final
