@@ -12,7 +12,7 @@ fi
 ensure_venv "[dev]"
 echo "== ruff check"
 "$VENV/bin/python" -m ruff check .
-echo "== mypy --strict aiolocks tests examples"
-"$VENV/bin/python" -m mypy --strict aiolocks tests examples
+echo "== mypy --strict aiolocks tests examples benchmarks"
+"$VENV/bin/python" -m mypy --strict aiolocks tests examples benchmarks
 echo "== pytest"
 "$VENV/bin/python" -m pytest "$@"

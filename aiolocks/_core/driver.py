@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, final
@@ -124,7 +125,16 @@ class Grant:
     The driver creates it; the core listens for loss.
     """
 
-    __slots__ = ("_listeners", "event_sink", "handle", "lost", "lost_reason", "request", "token")
+    __slots__ = (
+        "_listeners",
+        "event_sink",
+        "handle",
+        "lost",
+        "lost_reason",
+        "request",
+        "token",
+        "valid_until",
+    )
 
     def __init__(self, request: Request, token: int, handle: object = None) -> None:
         self.request = request
@@ -135,6 +145,31 @@ class Grant:
         self._listeners: list[Callable[[Grant], None]] = []
         #: set by the core; drivers call :meth:`note_renewed` instead
         self.event_sink: Callable[[str, Grant], None] | None = None
+        #: ``time.monotonic()`` after which the server may have let the hold go
+        #: (lease end, session timeout) unless the driver moved it on; the
+        #: driver keeps it current. ``None``: no such bound.
+        self.valid_until: float | None = None
+
+    def verify(self) -> bool:
+        """True while the hold may still be trusted; marks it lost once ``valid_until`` passed.
+
+        The watchdog or session monitor runs in the event loop: if the loop
+        was blocked past the lease or session timeout, it had no chance to
+        notice. The core calls this where it matters (when an ``async with``
+        body ends, ``is_lost``), so such a hold is reported lost instead of
+        passing silently.
+        """
+        if self.lost:
+            return False
+        until = self.valid_until
+        if until is not None and time.monotonic() > until:
+            late = time.monotonic() - until
+            self.mark_lost(
+                f"its lease/session ran out {late:.3f} s ago without being renewed "
+                "(was the event loop blocked?)"
+            )
+            return False
+        return True
 
     def note_renewed(self) -> None:
         """Tell the core a lease renewal succeeded (for event hooks; cheap when unused)."""

@@ -84,8 +84,8 @@ class Hold:
         return self.grant.lost
 
     def _on_grant_lost(self, grant: Grant) -> None:
-        if self.released:
-            return
+        # Also when found at release time (the server had no hold left to
+        # release): logged and reported, though no body is left to cancel.
         logger.warning(
             "%s %r lost its hold (fencing token %d): %s",
             self.kind,
@@ -124,6 +124,10 @@ class Hold:
             stack.pop()
             if not stack:
                 del self._bodies[task]
+        # The loss may have happened while the event loop was blocked, with
+        # no chance for the driver to notice: check the hold's deadline now
+        # (after this body left the list, so only other bodies are cancelled).
+        self.grant.verify()
         baseline = self._loss_cancelled.pop(task, None)
         if baseline is None:
             return "lost" if self.lost else "held"

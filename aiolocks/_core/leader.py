@@ -58,10 +58,15 @@ class LeaderLatch:
     ) -> None:
         if participant_id is None:
             participant_id = uuid.uuid4().hex
-        elif not isinstance(participant_id, str) or not participant_id:
+        elif (
+            not isinstance(participant_id, str)
+            or not participant_id
+            or len(participant_id.encode("utf-8", "surrogatepass")) > 1024
+            or any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in participant_id)
+        ):
             raise ValueError(
-                f"leader latch {name!r}: participant_id must be a non-empty str, "
-                f"got {participant_id!r}"
+                f"leader latch {name!r}: participant_id must be a non-empty str of at most "
+                f"1024 bytes without control characters, got {participant_id!r}"
             )
         self._name = name
         self._key = backend._validate_name(name)
@@ -87,7 +92,7 @@ class LeaderLatch:
     def has_leadership(self) -> bool:
         """This latch leads now."""
         grant = self._grant
-        return grant is not None and not grant.lost
+        return grant is not None and grant.verify()
 
     @property
     def fencing_token(self) -> int | None:

@@ -197,7 +197,7 @@ class Lock:
     def is_lost(self) -> bool:
         """The current hold was lost (session expired, lease not renewed, key taken)."""
         hold = self._current_hold()
-        return hold is not None and hold.lost
+        return hold is not None and not hold.grant.verify()
 
     def is_owned_by_current_task(self) -> bool:
         """The current asyncio task holds this lock (Curator's isOwnedByCurrentThread)."""
@@ -260,6 +260,11 @@ async def exit_hold_body(
     finally:
         # Release even if settling the loss raised: the hold must not outlive the block.
         await release()
+    if outcome == "held" and hold is not None and hold.lost:
+        # The server had nothing left to release: the hold was lost while the
+        # block ran (a failover, a key deleted behind our back) and nobody
+        # could tell us sooner.
+        outcome = "lost"
     if outcome == "cancelled":
         if isinstance(exc, asyncio.CancelledError):
             return

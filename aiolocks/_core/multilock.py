@@ -145,18 +145,19 @@ class MultiLockHoldContext:
 
         task = current_task("async with")
         outcomes: list[str] = []
-        lost_names: list[str] = []
+        holds = [(lock, lock._current_hold()) for lock in self._multi._locks]
         try:
-            for lock in self._multi._locks:
-                hold = lock._current_hold()
-                if hold is None:
-                    continue
-                outcome = await hold.exit_body(task, exc)
-                outcomes.append(outcome)
-                if outcome != "held":
-                    lost_names.append(f"{lock.name!r} ({hold.grant.lost_reason})")
+            for _, hold in holds:
+                if hold is not None:
+                    outcomes.append(await hold.exit_body(task, exc))
         finally:
             await self._multi.release()
+        # Lost while the block ran, including holds found gone at release.
+        lost_names = [
+            f"{lock.name!r} ({hold.grant.lost_reason})"
+            for lock, hold in holds
+            if hold is not None and hold.lost
+        ]
         if "cancelled" in outcomes:
             if isinstance(exc, asyncio.CancelledError):
                 return

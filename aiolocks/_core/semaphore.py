@@ -58,7 +58,7 @@ class Lease:
     @property
     def is_lost(self) -> bool:
         """The server no longer backs this lease."""
-        return self._hold.lost
+        return not self._hold.grant.verify()
 
     @property
     def is_released(self) -> bool:

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import final
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote
 
 __all__ = [
     "HostPort",
@@ -50,10 +50,14 @@ class ParsedURL:
 
 
 def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` with its password replaced by ``***`` (never raises: it builds error messages)."""
+    scheme, sep, rest = url.partition("://")
+    netloc = rest.split("/", 1)[0].split("?", 1)[0]
+    userinfo, at, _ = netloc.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
         return url
-    return url.replace(f":{parts.password}@", ":***@", 1)
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{rest[len(userinfo) + 1 :]}"
 
 
 def _parse_port(text: str, url: str) -> int:

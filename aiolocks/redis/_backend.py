@@ -105,6 +105,30 @@ def _client_kwargs(url: ParsedURL, connect_timeout: float, retries: int) -> dict
     }
 
 
+#: connections per Redis client built from a URL; more commands wait for one
+POOL_SIZE = 100
+
+
+def _pooled(client: Any, connect_timeout: float) -> Any:
+    """``client`` rebuilt on a ``BlockingConnectionPool`` of :data:`POOL_SIZE` connections.
+
+    redis-py's default asyncio pool *raises* ``MaxConnectionsError`` past its
+    limit instead of waiting: a burst of watchdog renewals (thousands of
+    holds) would then fail and their holds be lost. A blocking pool makes
+    the burst queue for a connection, bounded by ``connect_timeout``.
+    """
+    import redis.asyncio
+
+    pool = client.connection_pool
+    blocking = redis.asyncio.BlockingConnectionPool(
+        connection_class=pool.connection_class,
+        max_connections=POOL_SIZE,
+        timeout=connect_timeout,
+        **pool.connection_kwargs,
+    )
+    return redis.asyncio.Redis.from_pool(blocking)
+
+
 def _db(url: ParsedURL, text: str) -> int:
     if text == "":
         return 0
@@ -236,8 +260,11 @@ def from_url(url: str, **options: object) -> Backend:
         def make_plain() -> Any:
             import redis.asyncio
 
-            return redis.asyncio.Redis(
-                host=host.host, port=host.port, db=db, ssl=scheme == "rediss", **kwargs
+            return _pooled(
+                redis.asyncio.Redis(
+                    host=host.host, port=host.port, db=db, ssl=scheme == "rediss", **kwargs
+                ),
+                connect_timeout,
             )
 
         node = RedisNode(
@@ -273,8 +300,14 @@ def from_url(url: str, **options: object) -> Backend:
                 **{k: v for k, v in kwargs.items() if k not in ("username", "password")},
             )
             closers.extend(sentinel.sentinels)
+            # The sentinel pool cannot block; lift redis-py's default cap of
+            # 100 connections so a burst of renewals does not fail.
             return sentinel.master_for(
-                service, db=db, username=parsed.username, password=parsed.password
+                service,
+                db=db,
+                username=parsed.username,
+                password=parsed.password,
+                max_connections=10 * POOL_SIZE,
             )
 
         async def close_sentinels() -> None:
@@ -340,7 +373,10 @@ def from_url(url: str, **options: object) -> Backend:
         def make_node(host: HostPort = host) -> Any:
             import redis.asyncio
 
-            return redis.asyncio.Redis(host=host.host, port=host.port, db=db, **node_kwargs)
+            return _pooled(
+                redis.asyncio.Redis(host=host.host, port=host.port, db=db, **node_kwargs),
+                connect_timeout,
+            )
 
         nodes.append(
             RedisNode(

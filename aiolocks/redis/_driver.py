@@ -596,6 +596,7 @@ class RedisDriver:
         for field, token in zip(attempt.fields, tokens, strict=True):
             hold = RedisHold(attempt.keys, field, lease)
             grant = Grant(request, token, hold)
+            grant.valid_until = sent + lease  # moved on by each successful renewal
             hold.watchdog = self.node.spawn(
                 run_watchdog(
                     grant,
@@ -632,11 +633,21 @@ class RedisDriver:
         self._holds.discard(hold)
         give_up = time.monotonic() + min(hold.lease, self.node.connect_timeout)
         delay = 0.05
+        resent = False
         while True:
             try:
-                await self.node.shielded(self.node.release(hold.keys, "", [hold.field]))
+                removed = await self.node.shielded(
+                    self.node.release(hold.keys, "", [hold.field])
+                )
+                if not removed and not resent:
+                    # A first, unambiguous answer "nothing to delete": the hold
+                    # was gone before we released it (a failover to a replica
+                    # that never saw it, a key deleted behind our back, a lease
+                    # that lapsed). The core reports that as a loss.
+                    grant.mark_lost("its Redis field was already gone when it was released")
                 return
             except TRANSIENT as exc:
+                resent = True
                 if grant.lost:
                     return  # the lease lapses; nothing to report on a lost hold
                 if time.monotonic() + delay > give_up:

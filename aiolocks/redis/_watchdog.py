@@ -103,6 +103,7 @@ async def run_watchdog(
         if reason is not None:
             grant.mark_lost(reason)
             return
-        grant.note_renewed()
         valid_until = sent + lease - drift
+        grant.valid_until = valid_until
+        grant.note_renewed()
         next_at = sent + interval

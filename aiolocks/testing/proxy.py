@@ -238,6 +238,10 @@ class TcpProxy:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._direction(link, client_reader, upstream_writer))
                 group.create_task(self._direction(link, upstream_reader, client_writer))
+        except asyncio.CancelledError:
+            # stop() cancels the handlers; on Python 3.11 a CancelledError
+            # escaping a stream handler is logged by asyncio as an error.
+            return
         finally:
             # Cleanup path (also on cancellation from stop()): no socket may
             # outlive its handler, or the event loop warns about it.

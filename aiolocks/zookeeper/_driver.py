@@ -27,6 +27,7 @@ failure the partial leases are deleted (all or nothing).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -49,6 +50,11 @@ from ._session import ConnectionState, SessionChanged, SessionMonitor, wait_futu
 __all__ = ["ZooKeeperDriver", "lock_path"]
 
 logger = logging.getLogger("aiolocks.zookeeper")
+
+#: Part of the session timeout the event loop may be blocked before a hold is
+#: reported lost when its body ends: pings stop with the loop, and the server
+#: expires a session that was silent for the whole timeout.
+STALL_FRACTION: Final = 0.8
 
 ROOT: Final = "/aiolocks"
 
@@ -123,6 +129,7 @@ class ZooKeeperDriver:
         self._description = description
         self._tasks = TaskSet()
         self._grants: dict[Grant, None] = {}
+        self._ticker: asyncio.Task[None] | None = None
         self._monitor: SessionMonitor | None = None
         self._internals: LockInternals | None = None
         self._listeners: list[Callable[[ConnectionState], object]] = []
@@ -197,9 +204,40 @@ class ZooKeeperDriver:
         self._monitor = monitor
         self._internals = LockInternals(monitor, self._tasks)
         monitor.start()
+        self._ticker = asyncio.get_running_loop().create_task(
+            self._keep_grants_valid(), name="aiolocks-zk-validity"
+        )
+
+    def _horizon(self) -> float:
+        """How long from now our holds are vouched for while the loop keeps running."""
+        client = self._client
+        timeout = float(getattr(client.session, "timeout", 0) or 0) if client else 0.0
+        return time.monotonic() + STALL_FRACTION * (timeout or self._session_timeout)
+
+    async def _keep_grants_valid(self) -> None:
+        """Move every grant's ``valid_until`` on while the event loop runs.
+
+        Heartbeats run in this loop too: if it is blocked for most of the
+        session timeout, the server may expire the session before we could
+        hear about it. This ticker stops with the loop, so when a body ends
+        after such a stall the core finds ``valid_until`` passed and reports
+        the hold lost instead of letting it pass silently.
+        """
+        while True:
+            horizon = self._horizon()
+            for grant in self._grants:
+                grant.valid_until = horizon
+            client = self._client
+            timeout = float(getattr(client.session, "timeout", 0) or 0) if client else 0.0
+            await asyncio.sleep((timeout or self._session_timeout) / 8)
 
     async def close(self) -> None:
         """Stop background work; close the client only if we made it."""
+        ticker, self._ticker = self._ticker, None
+        if ticker is not None:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
         monitor, self._monitor = self._monitor, None
         # Deletes still pending (server unreachable) get a bounded chance;
         # an owned session's close removes every ephemeral node anyway.
@@ -235,6 +273,7 @@ class ZooKeeperDriver:
     def _grant(self, request: Request, node: Node) -> Grant:
         assert node.czxid is not None
         grant = Grant(request, node.czxid, node)
+        grant.valid_until = self._horizon()
         self._grants[grant] = None
         return grant
 
@@ -375,7 +414,10 @@ class ZooKeeperDriver:
             # making the caller wait for a reconnection.
             internals.spawn_delete(node)
             return
-        await internals.delete(node)
+        if not await internals.delete(node):
+            # Our node was gone before we deleted it (deleted behind our back,
+            # or with an expired session): the hold had been lost.
+            grant.mark_lost("its lock node was already gone when it was released")
 
     # -- inspection -----------------------------------------------------------------------
 

@@ -422,8 +422,12 @@ class LockInternals:
 
     # -- deletes -----------------------------------------------------------------
 
-    async def _delete_now(self, node: Node) -> None:
-        """Delete ``node`` until done: NoNode, or its session is gone, count as done."""
+    async def _delete_now(self, node: Node) -> bool:
+        """Delete ``node`` until done: NoNode, or its session is gone, count as done.
+
+        Returns False when the node was already gone (deleted behind our back,
+        or with its session): the hold it stood for had been lost.
+        """
         try:
             await self.monitor.call(
                 protocol.DeleteRequest(path=self._abs(node.path), version=-1),
@@ -433,29 +437,36 @@ class LockInternals:
                 wait_for_connection=False,
             )
         except (zk_exc.NoNode, SessionChanged):
-            pass  # already gone, or gone with its session
+            return False  # already gone, or gone with its session
         except BackendUnavailableError:
             # The backend closed first: an owned session's close removes the
             # node with every other ephemeral; on a user's client it stays
             # until that session ends (logged, nothing else can be done).
             logger.warning("lock node %s not deleted: the backend closed first", node.path)
+        return True
 
-    def spawn_delete(self, node: Node) -> asyncio.Task[None]:
+    def spawn_delete(self, node: Node) -> asyncio.Task[bool]:
         """Guaranteed delete in a task owned by the driver (runs even if the caller is gone)."""
         return self.tasks.spawn(self._delete_now(node), name=f"aiolocks-zk-delete:{node.path}")
 
-    async def delete(self, node: Node) -> None:
+    async def delete(self, node: Node) -> bool:
         """Delete ``node``; wait for the server up to ``connect_timeout``, then let it finish
-        in the background. A cancelled caller still gets the delete (it runs in its own task)."""
+        in the background. A cancelled caller still gets the delete (it runs in its own task).
+
+        Returns False only when the server said the node was already gone.
+        """
         task = self.spawn_delete(node)
         waiter = asyncio.ensure_future(asyncio.wait((task,), timeout=self.monitor.connect_timeout))
         cancelled = await wait_finished(waiter)
+        found = True
         if task.done() and not task.cancelled():
             exc = task.exception()
             if exc is not None and cancelled is None:
                 raise exc
+            found = exc is not None or task.result()
         if cancelled is not None:
             raise cancelled
+        return found
 
     def _spawn_sweep(self, parent: str, uid: str, session_id: int | None) -> None:
         async def sweep() -> None:

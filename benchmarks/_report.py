@@ -1,0 +1,419 @@
+"""Turn a results document into a table, JSON, a PNG chart and docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["chart", "markdown", "table", "write_json"]
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN: map it to null, recursively."""
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json(doc: dict[str, Any], path: Path) -> None:
+    """Write the results document (NaN as null)."""
+    path.write_text(json.dumps(_clean(doc), indent=2) + "\n")
+
+
+def _f(value: Any, digits: int = 3, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, int):
+        return f"{value}{unit}"
+    return f"{float(value):.{digits}g}{unit}"
+
+
+def _label(doc: dict[str, Any], key: str) -> str:
+    return str(doc["contenders"].get(key, {}).get("label", key))
+
+
+def _server_cost(row: dict[str, Any]) -> str:
+    if row.get("server_cpu_us_per_hold") is not None:
+        return (
+            f"{_f(row['server_cpu_us_per_hold'])} µs CPU, "
+            f"{_f(row.get('server_commands_per_hold'))} cmds"
+        )
+    if row.get("server_requests_per_hold") is not None:
+        return f"{_f(row['server_requests_per_hold'])} requests"
+    return "-"
+
+
+def _contended_rows(doc: dict[str, Any], section: str) -> list[list[str]]:
+    rows = [
+        [
+            "service",
+            "library",
+            "holds/s",
+            "handoff p50 ms",
+            "p99 ms",
+            "aiolocks x (p50)",
+            "wait p50 ms",
+            "wait p99 ms",
+            "Jain",
+            "min/max per worker",
+            "server per hold",
+            "overlaps",
+        ]
+    ]
+    for key, row in doc[section].items():
+        adv = row.get("aiolocks_advantage") or {}
+        rows.append(
+            [
+                row["service"],
+                _label(doc, key),
+                _f(row.get("holds_per_s"), 4),
+                _f(row.get("handoff_p50_ms")),
+                _f(row.get("handoff_p99_ms")),
+                _f(adv.get("handoff_p50")),
+                _f(row.get("wait_p50_ms")),
+                _f(row.get("wait_p99_ms")),
+                _f(row.get("jain")),
+                _f(row.get("min_holds_per_worker"), 4)
+                + "/"
+                + _f(row.get("max_holds_per_worker"), 4),
+                _server_cost(row),
+                f"{row.get('overlaps', '-')} (+{row.get('lost_updates', 0)} lost)",
+            ]
+        )
+    return rows
+
+
+def _rows(doc: dict[str, Any]) -> dict[str, list[list[str]]]:
+    """Rows of every table, shared by the terminal table and the markdown."""
+    tables: dict[str, list[list[str]]] = {}
+    rows = [["service", "library", "cycle ms", "aiolocks x", "requests", "in scripts"]]
+    for key, row in doc["uncontended"].items():
+        rows.append(
+            [
+                row["service"],
+                _label(doc, key),
+                _f(row.get("cycle_ms")),
+                _f(row.get("aiolocks_advantage")),
+                _f(row.get("requests_per_cycle")),
+                _f(row.get("script_commands_per_cycle")),
+            ]
+        )
+    tables["uncontended"] = rows
+    for section in ("contended", "handoff"):
+        tables[section] = _contended_rows(doc, section)
+    rows = [["library", "waiters", "drain ms", "aiolocks x", "watches", "requests/waiter"]]
+    for key, row in doc["many_waiters"].items():
+        rows.append(
+            [
+                _label(doc, key),
+                _f(row.get("waiters")),
+                _f(row.get("drain_ms"), 4),
+                _f(row.get("aiolocks_advantage")),
+                _f(row.get("watches"), 4),
+                _f(row.get("requests_per_waiter")),
+            ]
+        )
+    tables["many_waiters"] = rows
+    rows = [
+        [
+            "client",
+            "locks",
+            "lease s",
+            "renewals/s",
+            "expected/s",
+            "min key TTL s",
+            "CPU (1 core)",
+            "loop lag p99 ms",
+            "lost",
+        ]
+    ]
+    clients = {
+        "aiolocks-redis": "aiolocks.connect(url)",
+        "aiolocks-redis-blocking-pool": "RedisBackend(client with BlockingConnectionPool)",
+    }
+    for key, client in clients.items():
+        many = doc["many_locks"].get(key)
+        if isinstance(many, dict) and "renewals_per_s" in many:
+            rows.append(
+                [
+                    client,
+                    str(many["locks"]),
+                    _f(many["lease_s"]),
+                    _f(many["renewals_per_s"], 4),
+                    _f(many["expected_renewals_per_s"], 4),
+                    _f(many["min_key_ttl_ms"] / 1000),
+                    f"{100 * many['cpu_share']:.0f}%",
+                    _f(many.get("loop_lag_p99_ms")),
+                    f"{many['lost']} of {many['locks']}",
+                ]
+            )
+        elif isinstance(many, dict) and "error" in many:
+            rows.append([client, *["-"] * 7, many["error"][:80]])
+    tables["many_locks"] = rows
+    rows = [["target", "measured", "met"]]
+    for target in doc.get("targets", []):
+        met = {True: "yes", False: "NO", None: "not evaluated"}[target["met"]]
+        rows.append([target["goal"], target["measured"], met])
+    tables["targets"] = rows
+    return tables
+
+
+def _render(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+TITLES = {
+    "uncontended": "Uncontended acquire+release (median per cycle; requests counted on the server)",
+    "contended": "Contended, closed loop: processes x tasks on one lock, think time between holds",
+    "handoff": "Handoff: every release goes to a queued waiter "
+    "(a releaser asks again only after the next entry)",
+    "many_waiters": "Many waiters on one ZooKeeper lock",
+    "many_locks": "Many held Redis locks kept alive by the aiolocks watchdog",
+    "targets": "Targets (issue 6)",
+}
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The results as plain-text tables."""
+    parts = []
+    for name, rows in _rows(doc).items():
+        if len(rows) > 1:
+            parts.append(f"\n{TITLES[name]}\n{_render(rows)}")
+    missing = [
+        f"  {key}: {c['reason']}" for key, c in doc["contenders"].items() if not c["available"]
+    ]
+    if missing:
+        parts.append("\nNot run:\n" + "\n".join(missing))
+    return "\n".join(parts)
+
+
+def _md(rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    out += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in rows[1:]]
+    return "\n".join(out)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """docs/benchmarks.md: the figures, the method, and how to rerun."""
+    meta = doc["meta"]
+    plan = meta["plan"]
+    tables = _rows(doc)
+    versions = ", ".join(
+        f"{c['label'].split(' ')[0]} {c['version']}"
+        for key, c in doc["contenders"].items()
+        if c.get("version") and key not in ("redis-py-tuned", "aiolocks-zk")
+    )
+    lines = [
+        "# Benchmarks",
+        "",
+        "aiolocks side by side with the locks users would otherwise pick, in one run on",
+        "the same servers, rounds interleaved (A B C … C B A …) so machine drift lands on",
+        "everyone alike; every figure is a median over rounds. Rerun with",
+        "`python -m benchmarks` (about 5 minutes; `--quick` for about 2); it starts its own",
+        "`redis-server` and ZooKeeper and writes `benchmarks/results/latest.json` and",
+        "`latest.png`.",
+        "",
+        "![benchmarks](benchmarks.png)",
+        "",
+        f"Measured {meta['started']} on {meta['platform']}, {meta['cpus']} CPUs, Python "
+        f"{meta['python']}, Redis {meta.get('redis_server', '-')}, ZooKeeper "
+        f"{meta.get('zookeeper_server', '-')}; {versions}. The machine was shared with other "
+        "jobs: absolute times move between runs, ratios much less.",
+        "",
+        "## Targets",
+        "",
+        _md(tables["targets"]),
+        "",
+        "## Uncontended acquire + release",
+        "",
+        f"One task, one lock, {plan['cycles']} cycles per round after {plan['warmup']} "
+        f"warm-up cycles, {plan['uncontended_rounds']} rounds. *requests*: client requests "
+        "per cycle seen by Redis `MONITOR` or ZooKeeper `mntr` (`zk_packets_received`);",
+        "*in scripts*: commands run inside Lua scripts. *aiolocks x*: the library's time",
+        "divided by aiolocks's (above 1: aiolocks is faster).",
+        "",
+        _md(tables["uncontended"]),
+        "",
+        "## Contended",
+        "",
+        f"{plan['processes']} processes x {plan['tasks']} tasks (threads for kazoo and "
+        f"python-redis-lock) on one lock for {plan['duration_s']:g} s, "
+        f"{plan['contended_rounds']} rounds. A critical section reads a counter in a file "
+        f"shared by the processes, sleeps {1000 * plan['hold_s']:g} ms and writes it back "
+        f"+ 1; then the worker thinks {1000 * plan['think_s']:g} ms (±50 %) before asking "
+        "again. *handoff*: from a holder's exit to the entry of a *different* worker that "
+        "was already waiting (lock idle while somebody queued); *wait*: request to grant. "
+        "*Jain*: Jain's fairness index of holds per worker (1 = even). *overlaps*: critical "
+        "sections that began before the previous one ended (timestamps on the shared "
+        "`CLOCK_MONOTONIC`), plus counter updates lost to a race: both must be 0. "
+        "*server per hold*: what the server did per hold over the whole run: Redis CPU time "
+        "(`INFO cpu`) and commands (`total_commands_processed`, commands inside scripts "
+        "included), or ZooKeeper requests (`zk_packets_received`). Polling shows up here.",
+        "",
+        _md(tables["contended"]),
+        "",
+        "In this closed loop a polling lock (redis-py, pottery, aioredlock) is mostly",
+        "re-taken by the worker that just released it, once its think time is over, while",
+        "the sleeping waiters miss their turn: few handoffs happen, and those that do are",
+        "capped by the think time. Their cost shows in *wait p99* and *Jain* instead.",
+        "The handoff scenario below removes that effect.",
+        "",
+        "## Handoff",
+        "",
+        f"{plan['handoff_processes']} processes x {plan['handoff_tasks']} task on one lock "
+        f"for {plan['handoff_duration_s']:g} s, {plan['contended_rounds']} rounds, the same "
+        "critical section, no think time, but a worker that let go asks again only once "
+        "another worker has entered (a second slot in the shared file counts entries). So "
+        "every release goes to a worker that is already queued, and a releaser never races "
+        "its own waiters: *handoff* is the pure release-to-next-holder latency. For a lock "
+        "that polls every *s* seconds with *n* waiters it is about *s*/(*n*+1) on average "
+        "(redis-py's default *s* = 0.1 s).",
+        "",
+        _md(tables["handoff"]),
+        "",
+    ]
+    if len(tables["many_waiters"]) > 1:
+        lines += [
+            "## Many waiters (ZooKeeper)",
+            "",
+            f"One holder and {plan['waiters']} waiting tasks (threads for kazoo) on one "
+            "lock in one session; the holder lets go and every waiter takes and releases "
+            "the lock in turn. *watches*: total from `wchs` with the queue complete (one per "
+            "waiter means no herd); *requests/waiter*: `zk_packets_received` during the "
+            "drain.",
+            "",
+            _md(tables["many_waiters"]),
+            "",
+        ]
+    if len(tables["many_locks"]) > 1:
+        lines += [
+            "## Many held locks (Redis watchdog)",
+            "",
+            "One process holds the locks (one task each); the watchdog renews every "
+            "`lease_time / 3`. Kept up = no hold lost, every key keeps at least a third of its "
+            "lease as TTL, and at least 90 % of the expected renewals reached Redis. "
+            "*renewals/s* counted on Redis (`EVALSHA` in `INFO commandstats`) over the window; "
+            "*CPU*: process CPU time / wall time over the window; *loop lag*: how late a "
+            "10 ms `asyncio.sleep` wakes up.",
+            "",
+            _md(tables["many_locks"]),
+            "",
+            "The peers are not in this table: redis-py, pottery and aioredlock do not renew",
+            "leases, and python-redis-lock's `auto_renewal` starts one thread per lock.",
+            "The second row gives aiolocks a client whose pool waits for a free connection",
+            "(`redis.asyncio.BlockingConnectionPool`, 100 connections) instead of redis-py's",
+            "default pool, which raises `MaxConnectionsError` past 100 commands in flight.",
+            "",
+        ]
+    missing = [
+        f"- {c['label']}: {c['reason']}" for c in doc["contenders"].values() if not c["available"]
+    ]
+    if missing:
+        lines += ["## Not run", "", *missing, ""]
+    lines += [
+        "## Notes on the peers",
+        "",
+        *[f"- **{c['label']}**: {c['note']}" for c in doc["contenders"].values()],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def chart(doc: dict[str, Any], path: Path) -> None:
+    """A 2x2 PNG: uncontended cycle, contended handoff, contended throughput, many waiters."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    colors = {"redis": "#c0392b", "zookeeper": "#2471a3"}
+
+    def bars(
+        ax: Any, items: list[tuple[str, str, float]], title: str, xlabel: str, log: bool = False
+    ) -> None:
+        if not items:
+            ax.set_visible(False)
+            return
+        short = {"redis": "Redis", "zookeeper": "ZK"}
+        labels = [f"{label} ({short.get(svc, svc)})" for label, svc, _ in items]
+        values = [v for _, _, v in items]
+        bar_colors = [
+            colors[svc] if not label.startswith("aiolocks") else "#1e8449"
+            for label, svc, _ in items
+        ]
+        ypos = range(len(items))
+        ax.barh(list(ypos), values, color=bar_colors)
+        ax.set_yticks(list(ypos), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=10)
+        if log:
+            ax.set_xscale("log")
+            ax.set_xlim(min(values) / 1.5, max(values) * 3)
+        else:
+            ax.set_xlim(0, max(values) * 1.15)
+        ax.set_xlabel(xlabel, fontsize=9)
+        for y, v in zip(ypos, values, strict=True):
+            ax.text(v, y, f" {v:.3g}", va="center", fontsize=7)
+
+    def collect(section: str, key: str) -> list[tuple[str, str, float]]:
+        out = []
+        for name, row in doc[section].items():
+            value = row.get(key) if isinstance(row, dict) else None
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                continue
+            service = row.get("service", "zookeeper")
+            out.append((_label(doc, name), service, float(value)))
+        return out
+
+    bars(
+        axes[0][0],
+        collect("uncontended", "cycle_ms"),
+        "Uncontended acquire+release",
+        "ms per cycle (lower is better)",
+    )
+    handoff = collect("handoff", "handoff_p50_ms")
+    bars(
+        axes[0][1],
+        handoff,
+        f"Handoff p50 to a queued waiter ({doc['meta']['plan']['handoff_processes']} processes)",
+        "ms, log scale (lower is better)",
+        log=True,
+    )
+    bars(
+        axes[1][0],
+        collect("contended", "holds_per_s"),
+        "Contended throughput (closed loop, think time)",
+        "holds per second (higher is better)",
+    )
+    bars(
+        axes[1][1],
+        collect("many_waiters", "drain_ms"),
+        "Many waiters on one ZooKeeper lock: drain",
+        "ms to serve every waiter (lower is better)",
+    )
+    many = doc["many_locks"].get("aiolocks-redis")
+    subtitle = ""
+    if isinstance(many, dict) and "renewals_per_s" in many:
+        subtitle = (
+            f"\n{many['locks']} held Redis locks, lease {many['lease_s']:g} s: "
+            f"{many['renewals_per_s']:.0f} renewals/s of {many['expected_renewals_per_s']:.0f} "
+            f"expected, {100 * many['cpu_share']:.0f}% of one core, {many['lost']} lost"
+        )
+    fig.suptitle(
+        f"aiolocks vs peers ({doc['meta'].get('mode', '')} run, {doc['meta']['cpus']} CPUs, "
+        f"medians of interleaved rounds){subtitle}",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

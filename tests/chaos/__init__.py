@@ -1,0 +1,1 @@
+"""Fault-injection suite: a Jepsen-style checker, cancellation fuzzing, bad input."""

@@ -1,0 +1,199 @@
+"""One worker process of the chaos checker (``python -m tests.chaos._worker CONFIG_JSON``).
+
+Connects to ``config["url"]`` with :func:`aiolocks.connect` (any backend, by
+URL), then runs ``config["tasks"]`` tasks that loop over critical sections
+under ``backend.mutex(config["name"])`` for ``config["duration"]`` seconds,
+writing their fencing token to the checker's register (``begin`` and
+``commit``) and reporting every critical section (see
+:mod:`tests.chaos.checker`).
+
+Signals block the event loop with ``time.sleep`` for ``config["block"]``
+seconds (longer than the lease or session timeout, so the watchdog and the
+heartbeats starve): ``SIGUSR1`` inside the next critical section, between
+its ``begin`` and ``commit`` writes (a holder that stalls); ``SIGUSR2`` at
+once, wherever the tasks are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import sys
+import time
+from typing import Any
+
+import aiolocks
+
+
+class RegisterClient:
+    """One connection to the checker's register (one per task: replies stay in order)."""
+
+    def __init__(self, address: str) -> None:
+        self._address = address
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def call(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self._writer is None:
+            host, _, port = self._address.rpartition(":")
+            self._reader, self._writer = await asyncio.open_connection(host, int(port))
+        assert self._reader is not None
+        self._writer.write(json.dumps(message).encode() + b"\n")
+        await self._writer.drain()
+        line = await self._reader.readline()
+        if not line:
+            raise ConnectionError("the register closed the connection")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            try:
+                await self._writer.wait_closed()
+            except ConnectionError:
+                pass
+
+
+def session_of(backend: aiolocks.Backend) -> list[object] | None:
+    """``[session id, password hex]`` of a ZooKeeper backend; ``None`` for other backends."""
+    client = getattr(backend, "client", None)
+    session = getattr(client, "session", None)
+    session_id = getattr(session, "session_id", None)
+    password = getattr(session, "password", None)
+    if not session_id or not isinstance(password, bytes):
+        return None
+    return [int(session_id), password.hex()]
+
+
+async def connect(url: str, deadline: float) -> aiolocks.Backend:
+    """Connect, retrying while the server is (briefly) unreachable."""
+    while True:
+        try:
+            return await aiolocks.connect(url)
+        except aiolocks.BackendUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+async def run(config: dict[str, Any]) -> None:
+    worker = int(config["worker"])
+    rng = random.Random(int(config["seed"]) * 1000 + worker)
+    control = RegisterClient(config["register"])
+    await control.call({"op": "hello", "worker": worker, "pid": os.getpid()})
+    backend = await connect(config["url"], time.monotonic() + 60)
+    lock = backend.mutex(config["name"])
+    stop_at = time.monotonic() + float(config["duration"])
+    loop = asyncio.get_running_loop()
+
+    def block(seconds: float) -> None:
+        # Runs as a loop callback: the whole event loop (watchdog, heartbeats,
+        # every task of this process) stands still, as under a long GC pause
+        # or a blocking call in a coroutine.
+        time.sleep(seconds)
+
+    block_seconds = float(config["block"])
+    block_in_cs = asyncio.Event()
+    loop.add_signal_handler(signal.SIGUSR1, block_in_cs.set)
+    loop.add_signal_handler(signal.SIGUSR2, block, block_seconds)
+    stopping = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)
+
+    work = float(config["work"])
+    grace = float(config["grace"])
+    acquire_timeout = float(config["acquire_timeout"])
+
+    async def task_loop(index: int) -> None:
+        register = RegisterClient(config["register"])
+        serial = 0
+        try:
+            while time.monotonic() < stop_at and not stopping.is_set():
+                serial += 1
+                cs = f"w{worker}t{index}n{serial}"
+                record: dict[str, Any] = {
+                    "op": "record",
+                    "cs": cs,
+                    "worker": worker,
+                    "token": None,
+                    "start": None,
+                    "end": None,
+                    "rejected": False,
+                }
+                try:
+                    async with lock.hold(timeout=acquire_timeout):
+                        record["start"] = time.monotonic_ns()
+                        token = lock.fencing_token
+                        record["token"] = token
+                        write = {"op": "write", "cs": cs, "token": token, "worker": worker}
+                        begin = await register.call(
+                            dict(write, phase="begin", session=session_of(backend))
+                        )
+                        if block_in_cs.is_set():
+                            block_in_cs.clear()
+                            block(block_seconds)
+                        else:
+                            await asyncio.sleep(rng.uniform(0, work))
+                        commit = await register.call(dict(write, phase="commit"))
+                        if not (begin["ok"] and commit["ok"]):
+                            # A newer holder wrote: our hold is gone. The library
+                            # must notice and cancel this body (LockLostError).
+                            record["rejected"] = True
+                            await asyncio.sleep(grace)
+                        record["end"] = time.monotonic_ns()
+                    record["outcome"] = "ok"
+                except aiolocks.LockLostError as exc:
+                    record["outcome"] = "lost"
+                    record["detail"] = str(exc)[:200]
+                except aiolocks.LockTimeoutError:
+                    record["outcome"] = "timeout"
+                except aiolocks.BackendUnavailableError as exc:
+                    record["outcome"] = "unavailable"
+                    record["detail"] = str(exc)[:200]
+                except asyncio.CancelledError:
+                    # Nobody cancels these tasks: a CancelledError escaping the
+                    # `async with` is a library bug. Record it and go on.
+                    record["outcome"] = "error:CancelledError"
+                    record["detail"] = "CancelledError escaped although nobody cancelled the task"
+                    current = asyncio.current_task()
+                    if current is not None:
+                        while current.cancelling():
+                            current.uncancel()
+                except Exception as exc:
+                    record["outcome"] = f"error:{type(exc).__name__}"
+                    record["detail"] = str(exc)[:200]
+                if record["start"] is not None and record["end"] is None:
+                    record["end"] = time.monotonic_ns()
+                await register.call(record)
+                if record["outcome"] not in ("ok", "lost"):
+                    await asyncio.sleep(0.2)
+        finally:
+            await register.close()
+
+    await control.call({"op": "ready", "worker": worker})
+    await asyncio.gather(*(task_loop(i) for i in range(int(config["tasks"]))))
+    # Every task has left its `async with`: nothing may still be held.
+    for _ in range(3):
+        await asyncio.sleep(0)
+    holds_left = len(backend._holds)
+    close_error = None
+    try:
+        await backend.close()
+    except BaseException as exc:  # reported to the checker, which fails the run
+        close_error = repr(exc)
+    await control.call(
+        {"op": "done", "worker": worker, "holds_left": holds_left, "close_error": close_error}
+    )
+    await control.close()
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    asyncio.run(run(config))
+
+
+if __name__ == "__main__":
+    main()
