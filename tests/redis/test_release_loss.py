@@ -23,6 +23,7 @@ async def test_key_deleted_before_the_first_renewal_raises_at_exit(
                 keys = redis_server.command("KEYS", prefix + "*")
                 assert isinstance(keys, list) and keys
                 for key in keys:
+                    assert isinstance(key, str)
                     redis_server.command("DEL", key)
         # and the next hold works normally
         async with lock.hold(timeout=5):
