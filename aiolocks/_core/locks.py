@@ -232,9 +232,7 @@ class HoldContext:
             raise LockTimeoutError(
                 f"{lock._kind} {lock.name!r} was not acquired within {self._timeout} s"
             )
-        hold = lock._current_hold()
-        if hold is not None:
-            hold.enter_body(current_task("async with"))
+        await enter_hold_body(lock._current_hold(), lock.release)
         return lock
 
     async def __aexit__(
@@ -244,6 +242,24 @@ class HoldContext:
         tb: TracebackType | None,
     ) -> None:
         await exit_hold_body(self._lock._current_hold(), exc, self._lock.release)
+
+
+async def enter_hold_body(hold: Hold | None, release: Callable[[], Awaitable[None]]) -> None:
+    """Register an ``async with`` body, unless its hold is already lost.
+
+    A grant can expire between the server's answer and the body's start
+    (the event loop was blocked past the lease or session timeout): then
+    give it back and raise, rather than run the body unprotected.
+    """
+    if hold is None:
+        return
+    if not hold.grant.verify():
+        await release()
+        raise LockLostError(
+            f"{hold.kind} {hold.name!r} was lost before the block could start "
+            f"({hold.grant.lost_reason})"
+        )
+    hold.enter_body(current_task("async with"))
 
 
 async def exit_hold_body(

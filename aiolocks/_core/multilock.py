@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import final
 
-from .errors import LockTimeoutError
+from .errors import LockLostError, LockTimeoutError
 from .locks import Lock, current_task
 from .timeouts import check_timeout, deadline_from
 
@@ -129,10 +129,17 @@ class MultiLockHoldContext:
             names = ", ".join(repr(lock.name) for lock in multi._locks)
             raise LockTimeoutError(f"MultiLock [{names}] was not acquired within {self._timeout} s")
         task = current_task("async with")
-        for lock in multi._locks:
-            hold = lock._current_hold()
-            if hold is not None:
-                hold.enter_body(task)
+        holds = [hold for lock in multi._locks if (hold := lock._current_hold()) is not None]
+        lost = [hold for hold in holds if not hold.grant.verify()]
+        if lost:
+            # A component expired before the block could start: give all back.
+            await multi.release()
+            raise LockLostError(
+                f"MultiLock component {lost[0].name!r} was lost before the block could start "
+                f"({lost[0].grant.lost_reason})"
+            )
+        for hold in holds:
+            hold.enter_body(task)
         return multi
 
     async def __aexit__(
@@ -141,8 +148,6 @@ class MultiLockHoldContext:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        from .errors import LockLostError
-
         task = current_task("async with")
         outcomes: list[str] = []
         holds = [(lock, lock._current_hold()) for lock in self._multi._locks]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, final
 from .driver import Family, Mode, Request
 from .errors import LockTimeoutError
 from .hold import Hold
-from .locks import current_task, exit_hold_body
+from .locks import current_task, enter_hold_body, exit_hold_body
 from .participants import Participant
 from .timeouts import check_timeout, deadline_from
 
@@ -70,7 +70,7 @@ class Lease:
         await self._semaphore._backend._release(self._hold)
 
     async def __aenter__(self) -> Lease:
-        self._hold.enter_body(current_task("async with lease"))
+        await enter_hold_body(self._hold, self.release)
         return self
 
     async def __aexit__(

@@ -167,3 +167,46 @@ async def test_leader_loses_and_requeues(backend: aiolocks.Backend) -> None:
     assert await first.wait_for_leadership(5), "the latch queued again after its loss"
     await first.close()
     await backend.close()
+
+
+async def test_grant_expired_before_the_block_starts(backend: aiolocks.Backend) -> None:
+    """A grant whose lease ran out before the body began (loop blocked) is refused."""
+    import time
+
+    real = backend._driver.acquire
+
+    async def stale(*args: object, **kwargs: object) -> object:
+        grants = await real(*args, **kwargs)  # type: ignore[arg-type]
+        for grant in grants or []:
+            grant.valid_until = time.monotonic() - 1  # as if the loop had stalled
+        return grants
+
+    backend._driver.acquire = stale  # type: ignore[method-assign,assignment]
+    lock = backend.mutex("loss/stale")
+    entered = False
+    with pytest.raises(aiolocks.LockLostError, match="before the block could start"):
+        async with lock:
+            entered = True
+    assert not entered
+    assert not lock.is_owned_by_current_task()
+    with pytest.raises(aiolocks.LockLostError, match="before the block could start"):
+        async with backend.semaphore("loss/stale-sem", 1):
+            entered = True
+    assert not entered
+    backend._driver.acquire = real  # type: ignore[method-assign]
+    assert await asyncio.create_task(lock.acquire(timeout=0))
+    await backend.close()
+
+
+async def test_blocked_loop_during_body_is_reported_at_exit(backend: aiolocks.Backend) -> None:
+    import time
+
+    lock = backend.mutex("loss/blocked")
+    with pytest.raises(aiolocks.LockLostError, match="event loop blocked"):
+        async with lock:
+            hold = lock._current_hold()
+            assert hold is not None
+            hold.grant.valid_until = time.monotonic() + 0.05
+            time.sleep(0.1)
+    assert await asyncio.create_task(lock.acquire(timeout=0))
+    await backend.close()
