@@ -961,6 +961,56 @@ class ZooKeeperServer(_ZooKeeperProcess):
 _LEADING: Final = frozenset({"leader", "standalone"})
 
 
+class _ServerGroup:
+    """What every multi-process launcher shares: stop, close, ``with``."""
+
+    _dir: Path | None
+
+    @property
+    def managed(self) -> bool:
+        """``True`` when we run the processes, ``False`` for external servers."""
+        raise NotImplementedError
+
+    def _processes(self) -> list[_ServerProcess]:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        """Start every process and wait until the group is usable."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop every process (folders kept: ``start()`` brings the group back)."""
+        if not self.managed:
+            return
+        processes = self._processes()
+        for process in processes:
+            process._terminate()  # signal them all first: they stop in parallel
+        for process in processes:
+            process.stop()
+
+    def close(self) -> None:
+        """Stop every process and remove the folders."""
+        if not self.managed:
+            return
+        self.stop()
+        for process in self._processes():
+            process.close()
+        if self._dir is not None:
+            _remove_dir(self._dir)
+            self._dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
 @final
 class ZooKeeperEnsembleMember(_ZooKeeperProcess):
     """One server of a :class:`ZooKeeperEnsemble` (``QuorumPeerMain``).
@@ -1029,7 +1079,7 @@ class ZooKeeperEnsembleMember(_ZooKeeperProcess):
 
 
 @final
-class ZooKeeperEnsemble:
+class ZooKeeperEnsemble(_ServerGroup):
     """A ZooKeeper ensemble of ``size`` servers on localhost (default 3).
 
     ::
@@ -1187,34 +1237,8 @@ class ZooKeeperEnsemble:
         self._require_managed()
         return [m for m in self._members if m.running and m.mode() == "follower"]
 
-    def stop(self) -> None:
-        """Stop every member (folders kept; ``start()`` brings the ensemble back)."""
-        for member in self._members:
-            member._terminate()
-        for member in self._members:
-            member.stop()
-
-    def close(self) -> None:
-        """Stop every member and remove the folders."""
-        if not self._managed:
-            return
-        self.stop()
-        for member in self._members:
-            member.close()
-        if self._dir is not None:
-            _remove_dir(self._dir)
-            self._dir = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+    def _processes(self) -> list[_ServerProcess]:
+        return list(self._members)
 
     def __repr__(self) -> str:
         return f"<ZooKeeperEnsemble {self.hosts}>"
@@ -1468,7 +1492,7 @@ class RedisSentinel(_RedisProcess):
 
 
 @final
-class RedisSentinelSet:
+class RedisSentinelSet(_ServerGroup):
     """A Redis master, one replica and three sentinels watching them.
 
     ::
@@ -1662,33 +1686,8 @@ class RedisSentinelSet:
         self._master, self._replica = new_master, old_master
         return new_master
 
-    def stop(self) -> None:
-        """Stop every process (folders kept)."""
-        for process in [*self._sentinels, self._replica, self._master]:
-            if process is not None:
-                process.stop()
-
-    def close(self) -> None:
-        """Stop every process and remove the folders."""
-        if not self.managed:
-            return
-        for process in [*self._sentinels, self._replica, self._master]:
-            if process is not None:
-                process.close()
-        if self._dir is not None:
-            _remove_dir(self._dir)
-            self._dir = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+    def _processes(self) -> list[_ServerProcess]:
+        return [p for p in (*self._sentinels, self._replica, self._master) if p is not None]
 
     def __repr__(self) -> str:
         return f"<RedisSentinelSet {self.url}>"
@@ -1698,7 +1697,7 @@ _CLUSTER_SLOTS: Final = 16384
 
 
 @final
-class RedisCluster:
+class RedisCluster(_ServerGroup):
     """A Redis Cluster of ``masters`` nodes (default 3, no replicas) on localhost.
 
     ::
@@ -1829,41 +1828,15 @@ class RedisCluster:
 
         _wait_until("every cluster node says cluster_state:ok", healthy, self._startup_timeout)
 
-    def stop(self) -> None:
-        """Stop every node (folders and ``nodes.conf`` kept: ``start()`` restores the cluster)."""
-        for node in self._nodes:
-            node._terminate()
-        for node in self._nodes:
-            node.stop()
-
-    def close(self) -> None:
-        """Stop every node and remove the folders."""
-        if not self.managed:
-            return
-        self.stop()
-        for node in self._nodes:
-            node.close()
-        if self._dir is not None:
-            _remove_dir(self._dir)
-            self._dir = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+    def _processes(self) -> list[_ServerProcess]:
+        return list(self._nodes)
 
     def __repr__(self) -> str:
         return f"<RedisCluster {self.url}>"
 
 
 @final
-class RedisServerGroup:
+class RedisServerGroup(_ServerGroup):
     """``count`` independent Redis servers (default 5), e.g. the masters of Redlock.
 
     ::
@@ -1938,36 +1911,8 @@ class RedisServerGroup:
             raise
         return self
 
-    def stop(self) -> None:
-        """Stop every server (folders kept)."""
-        if self._external:
-            return
-        for server in self._servers:
-            server._terminate()
-        for server in self._servers:
-            server.stop()
-
-    def close(self) -> None:
-        """Stop every server and remove the folders."""
-        if self._external:
-            return
-        self.stop()
-        for server in self._servers:
-            server.close()
-        if self._dir is not None:
-            _remove_dir(self._dir)
-            self._dir = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+    def _processes(self) -> list[_ServerProcess]:
+        return list(self._servers)
 
     def __repr__(self) -> str:
         return f"<RedisServerGroup {self.urls}>"
