@@ -429,7 +429,61 @@ _running: set[_ServerProcess] = set()
 _owned_dirs: set[Path] = set()
 
 
-class _ServerProcess:
+class _Launcher:
+    """What every launcher shares: ``close()`` (stop, then remove the folders) and ``with``.
+
+    A single server has no sub-processes; a group lists its members in
+    :meth:`_processes` and is stopped by signalling them all first.
+    """
+
+    _dir: Path | None
+
+    @property
+    def managed(self) -> bool:
+        """``True`` when we run the processes, ``False`` for external servers."""
+        raise NotImplementedError
+
+    def _processes(self) -> list[_ServerProcess]:
+        return []
+
+    def start(self) -> Self:
+        """Start every process and wait until the group is usable."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop every process (folders kept: ``start()`` brings the group back)."""
+        if not self.managed:
+            return
+        processes = self._processes()
+        for process in processes:
+            process._terminate()  # signal them all first: they stop in parallel
+        for process in processes:
+            process.stop()
+
+    def close(self) -> None:
+        """Stop every process and remove the folders."""
+        if not self.managed:
+            return
+        self.stop()
+        for process in self._processes():
+            process.close()
+        if self._dir is not None:
+            _remove_dir(self._dir)
+            self._dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class _ServerProcess(_Launcher):
     """One server process: folder, log, spawn, readiness, stop, kill."""
 
     kind: ClassVar[str] = "server"
@@ -650,26 +704,6 @@ class _ServerProcess:
         """``stop()`` then ``start()`` on the same port with the same folder."""
         self.stop()
         self.start()
-
-    def close(self) -> None:
-        """Stop the server and remove its folder (no-op for an external server)."""
-        if not self._managed:
-            return
-        self.stop()
-        if self._dir is not None:
-            _remove_dir(self._dir)
-            self._dir = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "external" if not self._managed else f"pid={self.pid}"
@@ -961,56 +995,6 @@ class ZooKeeperServer(_ZooKeeperProcess):
 _LEADING: Final = frozenset({"leader", "standalone"})
 
 
-class _ServerGroup:
-    """What every multi-process launcher shares: stop, close, ``with``."""
-
-    _dir: Path | None
-
-    @property
-    def managed(self) -> bool:
-        """``True`` when we run the processes, ``False`` for external servers."""
-        raise NotImplementedError
-
-    def _processes(self) -> list[_ServerProcess]:
-        raise NotImplementedError
-
-    def start(self) -> Self:
-        """Start every process and wait until the group is usable."""
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        """Stop every process (folders kept: ``start()`` brings the group back)."""
-        if not self.managed:
-            return
-        processes = self._processes()
-        for process in processes:
-            process._terminate()  # signal them all first: they stop in parallel
-        for process in processes:
-            process.stop()
-
-    def close(self) -> None:
-        """Stop every process and remove the folders."""
-        if not self.managed:
-            return
-        self.stop()
-        for process in self._processes():
-            process.close()
-        if self._dir is not None:
-            _remove_dir(self._dir)
-            self._dir = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
 @final
 class ZooKeeperEnsembleMember(_ZooKeeperProcess):
     """One server of a :class:`ZooKeeperEnsemble` (``QuorumPeerMain``).
@@ -1079,7 +1063,7 @@ class ZooKeeperEnsembleMember(_ZooKeeperProcess):
 
 
 @final
-class ZooKeeperEnsemble(_ServerGroup):
+class ZooKeeperEnsemble(_Launcher):
     """A ZooKeeper ensemble of ``size`` servers on localhost (default 3).
 
     ::
@@ -1492,7 +1476,7 @@ class RedisSentinel(_RedisProcess):
 
 
 @final
-class RedisSentinelSet(_ServerGroup):
+class RedisSentinelSet(_Launcher):
     """A Redis master, one replica and three sentinels watching them.
 
     ::
@@ -1697,7 +1681,7 @@ _CLUSTER_SLOTS: Final = 16384
 
 
 @final
-class RedisCluster(_ServerGroup):
+class RedisCluster(_Launcher):
     """A Redis Cluster of ``masters`` nodes (default 3, no replicas) on localhost.
 
     ::
@@ -1836,7 +1820,7 @@ class RedisCluster(_ServerGroup):
 
 
 @final
-class RedisServerGroup(_ServerGroup):
+class RedisServerGroup(_Launcher):
     """``count`` independent Redis servers (default 5), e.g. the masters of Redlock.
 
     ::
