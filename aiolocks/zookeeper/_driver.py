@@ -38,6 +38,7 @@ import aiozk
 from aiozk import exc as zk_exc
 from aiozk import protocol
 from aiozk.connection import Connection
+from aiozk.states import States
 
 from .._core.driver import Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
@@ -536,6 +537,41 @@ def _install_fast_reconnect(client: Any, tasks: TaskSet) -> None:
             tasks.spawn(old_conn.close(session.timeout), name="aiolocks-zk-close-old-conn")
 
     session.find_server = find_server
+
+    async def establish_session() -> None:
+        # aiozk declares the session LOST whenever the server closes the
+        # handshake without an answer, which a server does while its
+        # ensemble elects a leader (or when it is behind our zxid), and then
+        # abandons a session the ensemble still keeps: every hold of it is
+        # lost for nothing. Like the Java client, try the next server
+        # instead. repair_loop bounds this by the session timeout; a server
+        # that answers "no such session" (session id 0) still means LOST.
+        while True:
+            response = await session.conn.send_connect(
+                protocol.ConnectRequest(
+                    protocol_version=0,
+                    last_seen_zxid=session.last_zxid or 0,
+                    timeout=int((session.timeout or 0) * 1000),
+                    session_id=session.session_id or 0,
+                    password=session.password,
+                    read_only=session.allow_read_only,
+                )
+            )
+            if response is not None:
+                break
+            await asyncio.sleep(0.05 * random.uniform(0.8, 1.2))
+            await find_server(session.allow_read_only)
+        zxid, reply = response
+        session.last_zxid = zxid
+        if reply.session_id == 0:
+            if session.state.current_state != States.LOST:
+                session.state.transition_to(States.LOST)
+            raise zk_exc.SessionLost()
+        session.session_id = reply.session_id
+        session.password = reply.password
+        session.timeout = reply.timeout / 1000
+
+    session.establish_session = establish_session
 
 
 async def _abort_client(client: Any) -> None:
