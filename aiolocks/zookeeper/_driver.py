@@ -573,6 +573,47 @@ def _install_fast_reconnect(client: Any, tasks: TaskSet) -> None:
 
     session.establish_session = establish_session
 
+    async def set_existing_watches() -> None:
+        # aiozk re-arms watches with Session.send, which waits for CONNECTED
+        # without a bound. If the fresh connection drops before the reply
+        # (another client took the session over, the server restarted), the
+        # repair loop, the only thing that can reconnect, waits for itself
+        # forever and the backend never reconnects. Send on the connection
+        # itself, bounded; on failure suspend, so the loop repairs again.
+        # Our waiters re-list after every reconnect, so a lost SetWatches
+        # costs nothing.
+        if not session.watch_callbacks:
+            return
+        request = protocol.SetWatchesRequest(
+            relative_zxid=session.last_zxid or 0,
+            data_watches=[],
+            exist_watches=[],
+            child_watches=[],
+        )
+        for event_type, path in list(session.watch_callbacks):
+            if event_type == protocol.WatchEvent.CREATED:
+                request.exist_watches.append(path)
+            elif event_type == protocol.WatchEvent.DATA_CHANGED:
+                request.data_watches.append(path)
+            elif event_type == protocol.WatchEvent.CHILDREN_CHANGED:
+                request.child_watches.append(path)
+        conn = session.conn
+        session.xid = session.xid + 1 if session.xid < 0x7FFFFFFF else 1
+        reply = conn.send(request, xid=session.xid)
+        await asyncio.wait((reply,), timeout=float(session.timeout or 10.0) / 2)
+        if reply.done() and not reply.cancelled() and reply.exception() is None:
+            return
+        logger.debug("re-arming watches on %s:%s failed; reconnecting", conn.host, conn.port)
+        if session.conn is conn and not session.closing:
+            if session.state.current_state in (States.CONNECTED, States.READ_ONLY):
+                with contextlib.suppress(zk_exc.InvalidStateTransition):
+                    session.state.transition_to(States.SUSPENDED)
+            conn.abort(zk_exc.ConnectError)
+        if not reply.done():
+            reply.cancel()
+
+    session.set_existing_watches = set_existing_watches
+
 
 async def _abort_client(client: Any) -> None:
     """Tear down an aiozk client that is not (or no longer) connected.

@@ -117,6 +117,60 @@ async def test_waiter_survives_expiry_and_acquires_in_new_session(
 
 
 @pytest.mark.asyncio
+async def test_connection_dropped_while_rearming_watches_reconnects(
+    zk_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiozk's repair loop re-arms watches with a request that waits for a
+    connection, so a connection dropped right then deadlocked it: the backend
+    never reconnected (an intermittent failure of the expiry test above)."""
+    from aiozk import protocol
+    from aiozk.connection import Connection
+    from aiozk.states import States
+
+    name = f"rearm/{uuid.uuid4().hex}"
+    a = await _connect(zk_url)
+    b = await _connect(zk_url)
+    states: list[ConnectionState] = []
+    a.add_connection_listener(states.append)
+    original = Connection.send
+    dropped: list[str] = []
+
+    def send(self: Any, request: Any, xid: int | None = None) -> Any:
+        fut = original(self, request, xid=xid)
+        if isinstance(request, protocol.SetWatchesRequest) and not dropped:
+            dropped.append(type(request).__name__)
+            self.writer.transport.abort()  # the connection drops before the reply
+        return fut
+
+    try:
+        holder = Held(b.mutex(name))
+        assert await holder.wait()
+        waiting = Held(a.mutex(name))  # a watch on the holder's node
+        await until(lambda: _count(b, name, 2), what="waiter queued")
+        sid = a.session_id
+        monkeypatch.setattr(Connection, "send", send)
+        a.client.session.conn.writer.transport.abort()
+        await until(lambda: bool(dropped), what="SetWatches sent on the new connection")
+        # suspended twice (the cut, then the drop), reconnected twice
+        await until(
+            lambda: (
+                states.count(ConnectionState.RECONNECTED) >= 2
+                and a.client.session.state == States.CONNECTED
+            ),
+            what="reconnected after the drop",
+        )
+        assert a.session_id == sid  # the same session all along: nothing lost
+        await holder.release()
+        assert await waiting.wait()
+        await waiting.release()
+        assert waiting.was_lost is False
+    finally:
+        monkeypatch.undo()
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.asyncio
 async def test_server_restart_mid_hold_and_mid_wait(
     zookeeper_restartable: ZooKeeperServer,
 ) -> None:
