@@ -282,6 +282,8 @@ class Backend:
         await self.open()
         self._check_open()
         started = time.monotonic()
+        if self._driver.isolates_acquire:
+            return await self._acquire_direct(request, deadline, started)
         attempt = self._tasks.spawn(
             self._driver.acquire(request, deadline),
             name=f"aiolocks-acquire:{request.family.value}:{request.name}",
@@ -317,6 +319,25 @@ class Backend:
                 )
                 await wait_finished(releases)
         raise cancelled
+
+    async def _acquire_direct(
+        self, request: Request, deadline: float | None, started: float
+    ) -> list[Grant] | None:
+        """``driver.acquire`` in the caller's task (the driver isolates its own steps)."""
+        try:
+            grants = await self._driver.acquire(request, deadline)
+        except asyncio.CancelledError:
+            if self._hooks:
+                self._emit("cancelled", request, wait_time=time.monotonic() - started)
+            raise
+        if self._hooks:
+            waited = time.monotonic() - started
+            if grants:
+                for grant in grants:
+                    self._emit("acquired", request, token=grant.token, wait_time=waited)
+            else:
+                self._emit("timeout", request, wait_time=waited)
+        return grants
 
     async def _release_grant(self, grant: Grant) -> None:
         await self._driver.release(grant)

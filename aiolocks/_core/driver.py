@@ -20,6 +20,12 @@ Contract of :meth:`Driver.acquire`
   behind (delete its node / field / queue entry) and re-raise
   ``CancelledError``. If the core receives grants from a task it had already
   asked to cancel, it releases them itself.
+* A driver whose ``acquire`` isolates itself sets ``isolates_acquire =
+  True``; the core then awaits it directly in the caller's task (one task
+  less per acquire). Such a driver runs every step whose outcome matters
+  (a command in flight, its cleanup) in tasks of its own, waits for the
+  cleanup through repeated cancellations (``wait_finished``), and returns
+  its grants with no await between winning them and returning.
 * Mode rules: ``EXCLUSIVE`` (one holder), ``LEASE`` (at most
   ``request.max_leases`` holders; the semaphore), ``READ`` (shared, waits only
   behind earlier writers when the backend is fair), ``WRITE`` (exclusive
@@ -38,8 +44,9 @@ Contract of :meth:`Driver.acquire`
 Contract of :meth:`Driver.release`
 ----------------------------------
 Idempotent on the server (a node/field already gone is success). Called by
-the core in a tracked task awaited through :func:`asyncio.shield`; it runs to
-completion even when the caller was cancelled.
+the core in a tracked task of its own that the caller's cancellation never
+reaches (only ``Backend.close()`` cancels it), so a driver need not shield
+its release commands again.
 """
 
 from __future__ import annotations
@@ -206,6 +213,9 @@ class Driver(Protocol):
     """What a backend implements. See the module docstring for the contract."""
 
     capabilities: Capabilities
+
+    #: ``acquire`` needs no task of the core's around it (see the module docstring)
+    isolates_acquire: bool
 
     def describe(self) -> str:
         """A stable text naming the server(s), e.g. ``zk://h1:2181/chroot``; sorts MultiLocks."""

@@ -134,6 +134,7 @@ class MemoryDriver:
     """In-process driver: FIFO queues and futures. See the module docstring."""
 
     capabilities = Capabilities(fair=True, queue_visible=True, can_lose=False)
+    isolates_acquire = False
 
     def __init__(self, store: str = "default") -> None:
         self._store_name = store

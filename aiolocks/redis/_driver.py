@@ -20,11 +20,13 @@ RedissonFairLock ideas, re-derived; see ``docs/redis.md``):
 * Waiting: try; on failure subscribe (confirmed) to the channel; try again;
   wait for a message or the blocking hold's remaining TTL (expiry publishes
   nothing) or the deadline; repeat.
-* Every command whose outcome matters runs in its own task awaited through
+* Every acquire command runs in its own task awaited through
   :func:`asyncio.shield` (redis-py sometimes drops a cancellation landing
   during a command). The field ids are minted before the first send, so a
   cancelled or failed acquire can always be cleaned up: the cleanup waits for
   the in-flight script to finish, then runs ``release.lua`` for our ids.
+  The core awaits ``acquire`` directly (``isolates_acquire``); releases run
+  in the core's own task, so they need no second one here.
   ``acquire.lua`` answers a resend with the same grant, so redis-py's own
   retries on a connection error cannot double a hold either.
 """
@@ -49,9 +51,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._core.driver import Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError, LockError
 from .._core.participants import Participant
+from .._core.tasks import wait_finished
 from ._pubsub import PubSubHub, Wake
 from ._scripts import Scripts, source
-from ._watchdog import run_watchdog
+from ._watchdog import Renewal, RenewResult, Watchdog
 
 __all__ = ["LockKeys", "RedisDriver", "RedisHold", "RedisNode", "lock_keys"]
 
@@ -69,6 +72,8 @@ DEFAULT_KEY_PREFIX = "aiolocks:"
 DEFAULT_CONNECT_TIMEOUT = 10.0
 #: how long ``WAIT`` waits for ``min_replicas`` acknowledgements after a lock write
 REPLICA_WAIT_MS = 1000
+#: why a renewal found no hold to extend
+GONE = "its Redis field is gone (deleted, overwritten or expired)"
 
 
 def _text(value: object) -> str:
@@ -132,13 +137,13 @@ class RedisHold:
         self.field = field
         self.lease = lease
         self.released = False
-        self.watchdog: asyncio.Task[None] | None = None
+        self.watchdog: Renewal | None = None
 
     def stop(self) -> None:
         """Mark released and stop renewing, synchronously (before any unlock is sent)."""
         self.released = True
         if self.watchdog is not None:
-            self.watchdog.cancel()
+            self.watchdog.stop()
 
 
 @dataclass(slots=True)
@@ -273,6 +278,40 @@ class RedisNode:
         args = [int(lease * 1000), field]
         return bool(await self.scripts.renew(keys=[keys.holders], args=args))
 
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+        """``renew.lua`` for each hold (payload: :class:`RedisHold`), in one round trip.
+
+        One hold: one ``EVALSHA``. More: a non-transactional pipeline, whose
+        per-command errors come back as values. On a cluster the holds live
+        on different nodes: one call each, concurrently.
+        """
+        assert self.scripts is not None
+        holds: list[RedisHold] = [r.payload for r in renewals]
+        if len(holds) == 1:
+            hold = holds[0]
+            return [None if await self.renew(hold.keys, hold.field, hold.lease) else GONE]
+        if self.cluster:
+            replies: list[Any] = await asyncio.gather(
+                *(self.renew(h.keys, h.field, h.lease) for h in holds), return_exceptions=True
+            )
+        else:
+            sha = self.scripts.renew.sha
+            for first in (True, False):
+                pipe = self.client.pipeline(transaction=False)
+                for hold in holds:
+                    pipe.evalsha(sha, 1, hold.keys.holders, int(hold.lease * 1000), hold.field)
+                replies = await pipe.execute(raise_on_error=False)
+                if first and any(isinstance(r, NoScriptError) for r in replies):
+                    # Flushed or restarted: load it and send again (renewing
+                    # twice only moves an expiry to the same place).
+                    await self.client.script_load(source("renew"))
+                    continue
+                break
+        return [
+            r if isinstance(r, BaseException) else (None if int(r) == 1 else GONE)
+            for r in replies
+        ]
+
     async def inspect(self, keys: LockKeys) -> list[Any]:
         """Run ``inspect.lua``."""
         assert self.scripts is not None
@@ -302,9 +341,12 @@ class RedisNode:
             return
         attempt.dirty = False
         task = self.spawn(self._cleanup(attempt), name=f"aiolocks-redis-cleanup:{self.describe}")
-        # If we are cancelled again here the cleanup task still runs to its
-        # end: it is owned by this node and awaited by close().
-        await asyncio.shield(task)
+        # Cancelled again here (anyio re-delivers its cancellation at every
+        # await), we keep waiting: the caller returns only once nothing of
+        # the attempt is left on the server. The cancellation comes after.
+        cancelled = await wait_finished(task)
+        if cancelled is not None:
+            raise cancelled
 
     async def _cleanup(self, attempt: _Attempt) -> None:
         inflight = attempt.inflight
@@ -412,6 +454,9 @@ class RedisDriver:
     """The :class:`~aiolocks._core.driver.Driver` for one Redis endpoint."""
 
     capabilities = Capabilities(fair=False, queue_visible=False, can_lose=True)
+    #: every command runs shielded and a cancelled attempt is cleaned up in
+    #: a task of the node's (waited for through repeated cancellations)
+    isolates_acquire = True
 
     def __init__(
         self,
@@ -427,6 +472,9 @@ class RedisDriver:
         self.client_uuid = uuid.uuid4().hex
         self._holds: set[RedisHold] = set()
         self._closed = False
+        self.watchdog = Watchdog(
+            node.renew_many, node.spawn, name=f"aiolocks-redis-watchdog:{node.describe}"
+        )
 
     def describe(self) -> str:
         return self.node.describe
@@ -444,6 +492,7 @@ class RedisDriver:
             # renewing and let their leases lapse rather than block close().
             hold.stop()
         self._holds.clear()
+        self.watchdog.close()
         await self.node.close()
 
     def keys(self, request: Request) -> LockKeys:
@@ -597,30 +646,17 @@ class RedisDriver:
             hold = RedisHold(attempt.keys, field, lease)
             grant = Grant(request, token, hold)
             grant.valid_until = sent + lease  # moved on by each successful renewal
-            hold.watchdog = self.node.spawn(
-                run_watchdog(
-                    grant,
-                    renew=self._renewer(hold),
-                    released=lambda hold=hold: hold.released,  # type: ignore[misc]
-                    lease=lease,
-                    valid_until=sent + lease,
-                    enabled=enabled,
-                    owner=request.owner,
-                ),
-                name=f"aiolocks-redis-watchdog:{request.name}",
+            hold.watchdog = self.watchdog.watch(
+                grant,
+                hold,
+                lease=lease,
+                valid_until=sent + lease,
+                enabled=enabled,
+                owner=request.owner,
             )
             self._holds.add(hold)
             grants.append(grant)
         return grants
-
-    def _renewer(self, hold: RedisHold) -> Callable[[], Awaitable[str | None]]:
-        async def renew() -> str | None:
-            ok = await self.node.shielded(self.node.renew(hold.keys, hold.field, hold.lease))
-            if ok:
-                return None
-            return "its Redis field is gone (deleted, overwritten or expired)"
-
-        return renew
 
     # -- release ---------------------------------------------------------------
 
@@ -636,9 +672,16 @@ class RedisDriver:
         resent = False
         while True:
             try:
-                removed = await self.node.shielded(
-                    self.node.release(hold.keys, "", [hold.field])
-                )
+                # The core runs this in a task that only close() cancels: no
+                # shield here. If close() does, the unlock still goes out.
+                try:
+                    removed = await self.node.release(hold.keys, "", [hold.field])
+                except asyncio.CancelledError:
+                    self.node.spawn(
+                        self.node.release(hold.keys, "", [hold.field]),
+                        name=f"aiolocks-redis-release:{self.describe()}",
+                    )
+                    raise
                 if not removed and not resent:
                     # A first, unambiguous answer "nothing to delete": the hold
                     # was gone before we released it (a failover to a replica

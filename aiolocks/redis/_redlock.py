@@ -40,7 +40,7 @@ import random
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import final
 
 from redis.exceptions import RedisError
@@ -62,7 +62,7 @@ from ._driver import (
     validate_lease_time,
 )
 from ._pubsub import Wake
-from ._watchdog import run_watchdog
+from ._watchdog import Renewal, RenewResult, Watchdog
 
 __all__ = ["RedlockDriver"]
 
@@ -76,6 +76,7 @@ class RedlockDriver:
     """The :class:`~aiolocks._core.driver.Driver` over N independent masters."""
 
     capabilities = Capabilities(fair=False, queue_visible=False, can_lose=True)
+    isolates_acquire = False
 
     def __init__(
         self,
@@ -95,6 +96,9 @@ class RedlockDriver:
         self.client_uuid = uuid.uuid4().hex
         self._holds: set[RedisHold] = set()
         self._closed = False
+        self.watchdog = Watchdog(
+            self._renew_many, self.nodes[0].spawn, name=f"aiolocks-redlock-watchdog:{describe}"
+        )
 
     def describe(self) -> str:
         return self._describe
@@ -125,6 +129,7 @@ class RedlockDriver:
         for hold in list(self._holds):
             hold.stop()
         self._holds.clear()
+        self.watchdog.close()
         await asyncio.gather(*(n.close() for n in self.nodes), return_exceptions=True)
 
     def _lease(self, request: Request) -> float:
@@ -261,42 +266,42 @@ class RedlockDriver:
     ) -> Grant:
         hold = RedisHold(attempt.keys, attempt.fields[0], lease)
         grant = Grant(request, token, hold)
-        hold.watchdog = self.nodes[0].spawn(
-            run_watchdog(
-                grant,
-                renew=self._renewer(hold),
-                released=lambda: hold.released,
-                lease=lease,
-                valid_until=start + lease - self.drift(lease),
-                enabled=bool(request.options.get("watchdog", True)),
-                owner=request.owner,
-                drift=self.drift(lease),
-            ),
-            name=f"aiolocks-redlock-watchdog:{request.name}",
+        hold.watchdog = self.watchdog.watch(
+            grant,
+            hold,
+            lease=lease,
+            valid_until=start + lease - self.drift(lease),
+            enabled=bool(request.options.get("watchdog", True)),
+            owner=request.owner,
+            drift=self.drift(lease),
         )
         self._holds.add(hold)
         return grant
 
-    def _renewer(self, hold: RedisHold) -> Callable[[], Awaitable[str | None]]:
+    async def _renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+        """Renew each hold on every master; a hold counts as renewed on a majority."""
+        results = await asyncio.gather(
+            *(self._renew(r.payload) for r in renewals), return_exceptions=True
+        )
+        return list(results)
+
+    async def _renew(self, hold: RedisHold) -> str | None:
         timeout = max(0.05, min(hold.lease / 10, self.nodes[0].connect_timeout))
 
         async def one(node: RedisNode) -> bool | None:
             try:
                 async with asyncio.timeout(timeout):
-                    return await node.shielded(node.renew(hold.keys, hold.field, hold.lease))
+                    return await node.renew(hold.keys, hold.field, hold.lease)
             except (TimeoutError, RedisError, OSError):
                 return None
 
-        async def renew() -> str | None:
-            results = await asyncio.gather(*(one(n) for n in self.nodes))
-            if sum(1 for r in results if r is True) >= self.quorum:
-                return None
-            gone = sum(1 for r in results if r is False)
-            if gone > len(self.nodes) - self.quorum:
-                return f"its field is gone on {gone} of {len(self.nodes)} Redlock masters"
-            raise BackendUnavailableError("no majority of Redlock masters renewed the lease")
-
-        return renew
+        results = await asyncio.gather(*(one(n) for n in self.nodes))
+        if sum(1 for r in results if r is True) >= self.quorum:
+            return None
+        gone = sum(1 for r in results if r is False)
+        if gone > len(self.nodes) - self.quorum:
+            return f"its field is gone on {gone} of {len(self.nodes)} Redlock masters"
+        raise BackendUnavailableError("no majority of Redlock masters renewed the lease")
 
     # -- release / inspect -------------------------------------------------------
 

@@ -108,6 +108,7 @@ class ZooKeeperDriver:
     """Driver protocol implementation for ZooKeeper (see :mod:`aiolocks._core.driver`)."""
 
     capabilities = Capabilities(fair=True, queue_visible=True, can_lose=True)
+    isolates_acquire = False
 
     def __init__(
         self,

@@ -1,0 +1,115 @@
+"""The batched watchdog: many holds renewed in few round trips, each judged on its own."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+import aiolocks
+from aiolocks.redis import RedisBackend
+from aiolocks.redis._watchdog import Renewal, RenewResult
+
+pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
+
+N = 40
+LEASE = 0.6
+
+
+def _record_batches(backend: aiolocks.Backend) -> list[int]:
+    """Wrap the driver's renew function; the sizes of the batches it was given."""
+    assert isinstance(backend, RedisBackend)
+    watchdog = backend._driver.watchdog  # type: ignore[attr-defined]
+    original = watchdog._renew_many
+    sizes: list[int] = []
+
+    async def renew_many(renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
+        sizes.append(len(renewals))
+        return await original(renewals)  # type: ignore[no-any-return]
+
+    watchdog._renew_many = renew_many
+    return sizes
+
+
+async def test_holds_due_together_are_renewed_in_one_round_trip(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with aiolocks.connect(url, lease_time=LEASE) as backend:
+        sizes = _record_batches(backend)
+        locks = [backend.semaphore_mutex(f"wd-batch/{i}") for i in range(N)]
+        for lock in locks:
+            assert await lock.acquire(timeout=0)
+        await asyncio.sleep(LEASE * 3)  # about 9 renewals per hold
+        assert not any(lock.is_lost for lock in locks)
+        # every key still carries a live lease
+        for i in range(N):
+            ttl = await raw.pttl(f"{prefix}{{semaphore-mutex:wd-batch/{i}}}")
+            assert 0 < ttl <= LEASE * 1000
+        renewed = sum(sizes)
+        assert renewed >= N * 5, sizes
+        assert max(sizes) > 1, sizes  # batched, not one round trip per hold
+        assert len(sizes) < renewed / 4, sizes
+        for lock in locks:
+            await lock.release()
+
+
+async def test_one_hold_deleted_behind_our_back_is_lost_alone(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with aiolocks.connect(url, lease_time=LEASE) as backend:
+        sizes = _record_batches(backend)
+        locks = [backend.semaphore_mutex(f"wd-one/{i}") for i in range(N)]
+        for lock in locks:
+            assert await lock.acquire(timeout=0)
+        await raw.delete(f"{prefix}{{semaphore-mutex:wd-one/7}}")
+        await asyncio.sleep(LEASE)  # a renewal round or two
+        assert locks[7].is_lost
+        assert [i for i, lock in enumerate(locks) if lock.is_lost] == [7]
+        assert max(sizes) > 1, sizes
+        for lock in locks:
+            await lock.release()
+
+
+async def test_renewals_survive_a_script_flush(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    async with aiolocks.connect(url, lease_time=LEASE) as backend:
+        sizes = _record_batches(backend)
+        locks = [backend.semaphore_mutex(f"wd-flush/{i}") for i in range(N)]
+        for lock in locks:
+            assert await lock.acquire(timeout=0)
+        await raw.script_flush()
+        await asyncio.sleep(LEASE * 2)
+        assert not any(lock.is_lost for lock in locks)
+        assert max(sizes) > 1, sizes
+        for lock in locks:
+            await lock.release()
+
+
+async def test_released_holds_are_not_renewed(url: str) -> None:
+    async with aiolocks.connect(url, lease_time=LEASE) as backend:
+        sizes = _record_batches(backend)
+        for i in range(N):
+            async with backend.mutex(f"wd-short/{i}"):
+                pass
+        await asyncio.sleep(LEASE)
+        assert sizes == []  # short holds cost a timer each, never a renewal
+
+
+async def test_holds_of_an_ended_owner_stop_renewing(
+    url: str, raw: redis.asyncio.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with aiolocks.connect(url, lease_time=LEASE) as backend:
+        sizes = _record_batches(backend)
+
+        async def leave_it_held() -> Any:
+            await backend.mutex("wd-orphan").acquire()
+
+        await asyncio.create_task(leave_it_held())
+        await asyncio.sleep(LEASE * 1.5)
+        # the core released the orphan at once; nothing was renewed after that
+        assert await raw.exists(f"{prefix}{{mutex:wd-orphan}}") == 0
+        assert sum(sizes) == 0, sizes
