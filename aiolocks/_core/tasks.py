@@ -73,7 +73,7 @@ class TaskSet:
 
 
 async def wait_finished(
-    fut: asyncio.Future[Any], *, cancel_inner: bool = False
+    fut: asyncio.Future[Any], *, cancel_inner: bool = False, timeout: float | None = None
 ) -> asyncio.CancelledError | None:
     """Wait until ``fut`` is done, whatever happens to the caller meanwhile.
 
@@ -82,11 +82,31 @@ async def wait_finished(
     has dealt with the outcome, so cancellation is delayed, never swallowed.
     With ``cancel_inner``, the first cancellation is passed on to ``fut``
     (used for acquire attempts, whose own cleanup then runs to completion).
+    With ``timeout``, stop waiting after that many seconds (``fut`` goes on).
     """
     cancelled: asyncio.CancelledError | None = None
+    if fut.done():
+        return None
+    loop = asyncio.get_running_loop()
+    end = None if timeout is None else loop.time() + timeout
+    timer: asyncio.TimerHandle | None = None
     while not fut.done():
+        # One plain future per wait (asyncio.wait builds sets and closures).
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def wake(_: object, waiter: asyncio.Future[None] = waiter) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        fut.add_done_callback(wake)
+        if end is not None:
+            left = end - loop.time()
+            if left <= 0:
+                fut.remove_done_callback(wake)
+                break
+            timer = loop.call_later(left, wake, None)
         try:
-            await asyncio.wait((fut,))
+            await waiter
         except asyncio.CancelledError as exc:
             # anyio re-delivers its cancellation on every await while the scope
             # is cancelled; we keep waiting, because leaving now would strand
@@ -95,4 +115,9 @@ async def wait_finished(
                 cancelled = exc
                 if cancel_inner:
                     fut.cancel()
+        finally:
+            fut.remove_done_callback(wake)
+            if timer is not None:
+                timer.cancel()
+                timer = None
     return cancelled

@@ -134,7 +134,8 @@ class MemoryDriver:
     """In-process driver: FIFO queues and futures. See the module docstring."""
 
     capabilities = Capabilities(fair=True, queue_visible=True, can_lose=False)
-    isolates_acquire = False
+    #: a cancelled wait leaves the queue (or gives its grant back) synchronously
+    isolates_acquire = True
 
     def __init__(self, store: str = "default") -> None:
         self._store_name = store

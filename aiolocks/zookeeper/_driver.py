@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -99,6 +100,7 @@ def _forbidden(ch: str) -> bool:
     return code > 0xFFFF or any(lo <= code <= hi for lo, hi in _FORBIDDEN_RANGES)
 
 
+@functools.lru_cache(maxsize=4096)
 def lock_path(family: Family, name: str) -> str:
     """The container node under which the nodes of lock ``name`` live (below the chroot)."""
     return f"{ROOT}/{family.value}/{_escape(name)}"
@@ -108,7 +110,9 @@ class ZooKeeperDriver:
     """Driver protocol implementation for ZooKeeper (see :mod:`aiolocks._core.driver`)."""
 
     capabilities = Capabilities(fair=True, queue_visible=True, can_lose=True)
-    isolates_acquire = False
+    #: a cancelled acquire deletes its node (or sweeps a create whose reply was
+    #: lost) in tasks of its own; waits for deletes go through wait_finished
+    isolates_acquire = True
 
     def __init__(
         self,

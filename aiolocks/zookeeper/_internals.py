@@ -249,6 +249,31 @@ class LockInternals:
         :raises TimeoutError: the deadline passed; nothing of ours is left
             behind (a background sweep deletes a node whose create reply was lost)
         """
+        node, _ = await self._create(parent, kind, data, deadline, anchor, session_id, False)
+        return node
+
+    async def create_and_list(
+        self, parent: str, kind: str, data: bytes, deadline: float | None, *, anchor: int | None
+    ) -> tuple[Node, list[str] | None]:
+        """:meth:`create`, with the parent's children listed in the same round trip.
+
+        The listing is sent right behind the create, without waiting for its
+        reply; ZooKeeper answers a session's requests in order, so a listing
+        that shows our node was taken after the create. ``None`` when it
+        cannot be trusted (it failed, or does not show our node): list again.
+        """
+        return await self._create(parent, kind, data, deadline, anchor, None, True)
+
+    async def _create(
+        self,
+        parent: str,
+        kind: str,
+        data: bytes,
+        deadline: float | None,
+        anchor: int | None,
+        session_id: int | None,
+        prefetch: bool,
+    ) -> tuple[Node, list[str] | None]:
         uid = str(uuid.uuid4())  # minted before any I/O: a lost reply can be found again
         prefix = f"_c_{uid}-{kind}" + (f"@{anchor:010d}" if anchor is not None else "") + "-"
         maybe_created = False
@@ -264,41 +289,84 @@ class LockInternals:
                 # From here on the server may apply the create even if we
                 # never see the reply (cancelled, deadline, broken connection).
                 maybe_created = True
+                listing: list[asyncio.Future[Any]] = []
+                then = None
+                if prefetch:
+                    then = protocol.GetChildrenRequest(path=self._abs(parent), watch=False)
+                    prefetch = False  # once: a retry lists the usual way
                 try:
                     response = await self.monitor.call(
-                        request, deadline, retry=False, session_id=session_id
+                        request,
+                        deadline,
+                        retry=False,
+                        session_id=session_id,
+                        then=then,
+                        then_reply=listing,
                     )
                 except zk_exc.NoNode:
                     # Parent missing (first use, or the container was reaped
                     # between our create and its recreation): make it, retry.
+                    _discard(listing)
                     await self.ensure_parents(parent, deadline)
                     continue
                 except AmbiguousResult:
+                    _discard(listing)
                     if deadline is not None and time.monotonic() >= deadline:
                         raise TimeoutError("deadline passed during create") from None
                     found = await self._find_protected(parent, uid, deadline)
                     if found is not None:
-                        return found
+                        return found, None
                     continue
                 except SessionChanged:
+                    _discard(listing)
                     if session_id is not None:
                         raise
                     # The server said SESSION_EXPIRED; wait for aiozk to move
                     # on to a new session rather than spin.
                     await self._wait_state_change(sid, deadline)
                     continue
+                except BaseException:
+                    _discard(listing)
+                    raise
                 stat = response.stat
                 node = parse_node(
                     parent, str(self.client.denormalize_path(response.path)).rsplit("/", 1)[1]
                 )
                 assert node is not None, response.path
-                return _with_stat(node, stat)
+                node = _with_stat(node, stat)
+                children: list[str] | None = None
+                if listing:
+                    children = await self._listing_result(listing[0], deadline)
+                    if children is not None and node.name not in children:
+                        children = None  # not taken after our create: list again
+                return node, children
         except BaseException:
             if maybe_created:
                 # The create may have reached the server: sweep by uuid, in
                 # the background, until done or the session is gone.
                 self._spawn_sweep(parent, uid, self.monitor.client.session.session_id)
             raise
+
+    async def _listing_result(
+        self, reply: asyncio.Future[Any], deadline: float | None
+    ) -> list[str] | None:
+        """The children from a pipelined listing; ``None`` if it failed (list again)."""
+        if deadline is not None:
+            # a sent request gets its answer even past the deadline (see call())
+            deadline = max(deadline, time.monotonic() + self.monitor.reply_grace)
+        try:
+            done = await wait_future(reply, deadline)
+        except BaseException:
+            _discard([reply])
+            raise
+        if not done or reply.cancelled() or reply.exception() is not None:
+            _discard([reply])
+            return None
+        zxid, response = reply.result()
+        session = self.client.session
+        if zxid:
+            session.last_zxid = max(session.last_zxid or 0, zxid)
+        return list(response.children)
 
     async def _wait_state_change(self, sid: int | None, deadline: float | None) -> None:
         if self.monitor.client.session.session_id != sid:
@@ -348,11 +416,13 @@ class LockInternals:
         """
         while True:
             try:
-                node = await self.create(parent, kind, data, deadline, anchor=anchor)
+                node, children = await self.create_and_list(
+                    parent, kind, data, deadline, anchor=anchor
+                )
             except TimeoutError:
                 return None
             try:
-                held = await self._wait_turn(node, deadline, predicate)
+                held = await self._wait_turn(node, deadline, predicate, children)
             except _Vanished:
                 # The session that held our node is gone (or someone deleted
                 # it): queue again with a new node in the current session,
@@ -370,14 +440,22 @@ class LockInternals:
             await self.delete(node)
             return None
 
-    async def _wait_turn(self, node: Node, deadline: float | None, predicate: Predicate) -> bool:
+    async def _wait_turn(
+        self,
+        node: Node,
+        deadline: float | None,
+        predicate: Predicate,
+        children: list[str] | None = None,
+    ) -> bool:
         monitor = self.monitor
         while True:
-            try:
-                children = await self.list_children(node.parent, deadline)
-            except TimeoutError:
-                return False
+            if children is None:
+                try:
+                    children = await self.list_children(node.parent, deadline)
+                except TimeoutError:
+                    return False
             nodes = sort_nodes(node.parent, children)
+            children = None
             index = next((i for i, n in enumerate(nodes) if n.name == node.name), -1)
             if index < 0:
                 raise _Vanished
@@ -395,14 +473,22 @@ class LockInternals:
             waker = monitor.new_waker()
             target = self._abs(watch.path)
 
+            deleted = False
+
             def wake(_path: object, waker: asyncio.Future[None] = waker) -> None:
                 if not waker.done():
+                    waker.set_result(None)
+
+            def wake_deleted(_path: object, waker: asyncio.Future[None] = waker) -> None:
+                nonlocal deleted
+                if not waker.done():
+                    deleted = True
                     waker.set_result(None)
 
             session = self.client.session
             # DATA_CHANGED as well as DELETED: aiozk re-arms only data watches
             # after a reconnect (SetWatches), so the watch survives a blip.
-            session.add_watch_callback(protocol.WatchEvent.DELETED, target, wake)
+            session.add_watch_callback(protocol.WatchEvent.DELETED, target, wake_deleted)
             session.add_watch_callback(protocol.WatchEvent.DATA_CHANGED, target, wake)
             try:
                 try:
@@ -416,9 +502,16 @@ class LockInternals:
                 if not await wait_future(waker, deadline):
                     return False
             finally:
-                session.remove_watch_callback(protocol.WatchEvent.DELETED, target, wake)
+                session.remove_watch_callback(protocol.WatchEvent.DELETED, target, wake_deleted)
                 session.remove_watch_callback(protocol.WatchEvent.DATA_CHANGED, target, wake)
                 waker.cancel()
+            if deleted and _was_sole_blocker(nodes, index, watch, predicate):
+                # Handoff without a second listing: the node we watched was
+                # the only one ahead of us, and a new node can only sort
+                # after ours (mutex nodes carry no downgrade anchors).
+                if node.session_id != self.client.session.session_id:
+                    raise _Vanished
+                return True
 
     # -- deletes -----------------------------------------------------------------
 
@@ -456,8 +549,7 @@ class LockInternals:
         Returns False only when the server said the node was already gone.
         """
         task = self.spawn_delete(node)
-        waiter = asyncio.ensure_future(asyncio.wait((task,), timeout=self.monitor.connect_timeout))
-        cancelled = await wait_finished(waiter)
+        cancelled = await wait_finished(task, timeout=self.monitor.connect_timeout)
         found = True
         if task.done() and not task.cancelled():
             exc = task.exception()
@@ -501,3 +593,29 @@ def _with_stat(node: Node, stat: Any) -> Node:
     fields["czxid"] = int(stat.created_zxid)
     fields["session_id"] = int(stat.ephemeral_owner)
     return Node(**fields)
+
+
+def _was_sole_blocker(nodes: list[Node], index: int, watched: Node, predicate: Predicate) -> bool:
+    """Deleting ``watched`` certainly makes us the holder, no listing needed.
+
+    Only for the exclusive predicate on plain ``lock`` nodes (mutex,
+    semaphore turnstiles): sequence order is final there. Read/write nodes
+    are excluded, because a downgrade read sorts right behind its write node
+    and can appear ahead of us after we listed.
+    """
+    return (
+        predicate is exclusive_predicate
+        and index == 1
+        and watched is nodes[0]
+        and all(n.kind == "lock" for n in nodes[: index + 1])
+    )
+
+
+def _discard(replies: list[asyncio.Future[Any]]) -> None:
+    """Forget pipelined replies we will not use (their errors do not matter)."""
+    for fut in replies:
+        if fut.done():
+            if not fut.cancelled():
+                fut.exception()
+        else:
+            fut.cancel()

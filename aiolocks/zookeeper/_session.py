@@ -112,7 +112,23 @@ async def wait_future(fut: asyncio.Future[Any], deadline: float | None) -> bool:
     timeout = remaining(deadline)
     if timeout is not None and timeout <= 0:
         return False
-    await asyncio.wait((fut,), timeout=timeout)
+    # A plain future and a timer: asyncio.wait() builds sets and closures,
+    # and this runs for every request.
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    fut.add_done_callback(wake)
+    timer = None if timeout is None else loop.call_later(timeout, wake)
+    try:
+        await waiter
+    finally:
+        fut.remove_done_callback(wake)
+        if timer is not None:
+            timer.cancel()
     return fut.done()
 
 
@@ -402,8 +418,16 @@ class SessionMonitor:
         retry: bool,
         session_id: int | None = None,
         wait_for_connection: bool = True,
+        then: Any = None,
+        then_reply: list[asyncio.Future[Any]] | None = None,
     ) -> Any:
         """Send ``request`` and return its response, bounded by ``deadline``.
+
+        With ``then``, that second request is written right behind the first
+        one, on the same connection, without waiting for the first reply
+        (ZooKeeper answers a session's requests in order), and its reply
+        future is appended to ``then_reply`` (``(zxid, response)`` or the
+        error; the caller must look at it). Only the first send does this.
 
         :param retry: the request is idempotent (reads, deletes): on a broken
             connection send it again; otherwise raise :class:`AmbiguousResult`
@@ -433,6 +457,10 @@ class SessionMonitor:
             # positive signed 32-bit int).
             session.xid = session.xid + 1 if session.xid < 0x7FFFFFFF else 1
             fut = conn.send(request, xid=session.xid)
+            if then is not None and then_reply is not None:
+                session.xid = session.xid + 1 if session.xid < 0x7FFFFFFF else 1
+                then_reply.append(conn.send(then, xid=session.xid))
+                then = None
             # Once sent, the reply gets at least `reply_grace` seconds even if
             # the lock deadline has passed: a deadline in the past means "try
             # exactly once", and a try needs its answers. Waiting for a

@@ -111,6 +111,42 @@ async def test_uncontended_acquire_release_costs_three_requests(
 
 
 @pytest.mark.asyncio
+async def test_acquire_lists_in_the_same_round_trip_as_the_create(
+    backend: ZooKeeperBackend,
+) -> None:
+    name = f"rt1/{uuid.uuid4().hex}"
+    lock = backend.mutex(name)
+    async with lock:
+        pass
+    conn = backend.client.session.conn
+    original = conn.send
+    log: list[tuple[str, bool]] = []
+    replies: dict[str, Any] = {}
+
+    def send(request: Any, xid: int | None = None) -> Any:
+        kind = type(request).__name__
+        create = replies.get("Create2Request")
+        log.append((kind, create is not None and not create.done()))
+        fut = original(request, xid=xid)
+        replies[kind] = fut
+        return fut
+
+    conn.send = send
+    try:
+        async with lock:
+            pass
+    finally:
+        del conn.send
+    sent = [(k, pending) for k, pending in log if k != "PingRequest"]
+    # the listing went out while the create's reply was still on its way
+    assert sent == [
+        ("Create2Request", False),
+        ("GetChildrenRequest", True),
+        ("DeleteRequest", False),
+    ]
+
+
+@pytest.mark.asyncio
 async def test_parents_are_containers_and_get_reaped(
     backend: ZooKeeperBackend, observer: Any
 ) -> None:
