@@ -236,7 +236,9 @@ def markdown(doc: dict[str, Any]) -> str:
         "## Uncontended acquire + release",
         "",
         f"One task, one lock, {plan['cycles']} cycles per round after {plan['warmup']} "
-        f"warm-up cycles, {plan['uncontended_rounds']} rounds. *requests*: client requests "
+        f"warm-up cycles, {plan['uncontended_rounds']} rounds, after one unmeasured round "
+        f"of {plan['cycles'] * 3} cycles per library (ZooKeeper's JIT warms up first). "
+        "*requests*: client requests "
         "per cycle seen by Redis `MONITOR` or ZooKeeper `mntr` (`zk_packets_received`);",
         "*in scripts*: commands run inside Lua scripts. *aiolocks x*: the library's time",
         "divided by aiolocks's (above 1: aiolocks is faster).",

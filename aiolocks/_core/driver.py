@@ -84,6 +84,10 @@ class Family(enum.Enum):
     READ_WRITE = "rwlock"
     LEADER = "leader"
 
+    # Members are singletons compared by identity: the C-level identity hash
+    # is consistent and much cheaper than Enum's hash(name) (ledger keys).
+    __hash__ = object.__hash__
+
 
 class Mode(enum.Enum):
     """What kind of hold is asked for."""
@@ -92,6 +96,10 @@ class Mode(enum.Enum):
     LEASE = "lease"
     READ = "read"
     WRITE = "write"
+
+    # Members are singletons compared by identity: the C-level identity hash
+    # is consistent and much cheaper than Enum's hash(name) (ledger keys).
+    __hash__ = object.__hash__
 
 
 @final

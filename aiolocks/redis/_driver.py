@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import secrets
@@ -96,6 +97,7 @@ class LockKeys:
         return [self.holders, self.fence, self.queue, self.queue_timeouts]
 
 
+@functools.lru_cache(maxsize=4096)
 def lock_keys(prefix: str, family: Family, name: str) -> LockKeys:
     """Map ``(family, name)`` to its keys: ``<prefix>{<family>:<name>}[:suffix]``.
 

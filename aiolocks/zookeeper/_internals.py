@@ -336,7 +336,15 @@ class LockInternals:
                 node = _with_stat(node, stat)
                 children: list[str] | None = None
                 if listing:
-                    children = await self._listing_result(listing[0], deadline)
+                    try:
+                        children = await self._listing_result(listing[0], deadline)
+                    except BaseException:
+                        # We know our node: delete it now (one request, sent
+                        # ahead of anything queued later in this session)
+                        # rather than sweep for it by uuid.
+                        maybe_created = False
+                        self.spawn_delete(node)
+                        raise
                     if children is not None and node.name not in children:
                         children = None  # not taken after our create: list again
                 return node, children
