@@ -420,7 +420,7 @@ class ZooKeeperDriver:
             # making the caller wait for a reconnection.
             internals.spawn_delete(node)
             return
-        if not await internals.delete(node):
+        if not await internals.delete_isolated(node):
             # Our node was gone before we deleted it (deleted behind our back,
             # or with an expired session): the hold had been lost.
             grant.mark_lost("its lock node was already gone when it was released")
