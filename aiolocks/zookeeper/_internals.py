@@ -35,6 +35,7 @@ last segment looks exactly like one of our node names confuses its parent.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -91,6 +92,7 @@ class Node:
         return (self.seq, 0, 0)
 
 
+@functools.lru_cache(maxsize=8192)
 def parse_node(parent: str, name: str) -> Node | None:
     """Parse a child name; ``None`` for a foreign child (ignored, Curator does too)."""
     m = _NODE_RE.match(name)

@@ -174,7 +174,9 @@ async def test_redlock_over_five_masters(redis_servers5: RedisServerGroup) -> No
 
             _down(proxies[2])
             started = time.monotonic()
-            with pytest.raises(aiolocks.BackendUnavailableError, match="2 of 5"):
+            # 2 of 5 answer; on a loaded machine a live master can miss the
+            # 0.2 s per-master bound (lease / 10) too: never 3 or more
+            with pytest.raises(aiolocks.BackendUnavailableError, match=r"only [0-2] of 5"):
                 await lock.acquire(timeout=30)
             assert time.monotonic() - started < 5  # fails fast, not at the timeout
             for p in proxies:
