@@ -354,6 +354,14 @@ class Backend:
         """Release ``hold`` on the server in an owned task; completes even if cancelled."""
         if hold.released:
             return
+        if self._driver.isolates_release:
+            # The driver finishes its release through cancellations itself.
+            try:
+                await self._driver_release(hold)
+            except Exception:
+                if not hold.lost:
+                    raise
+            return
         task = self._tasks.spawn(
             self._driver_release(hold), name=f"aiolocks-release:{hold.name}", log_errors=False
         )

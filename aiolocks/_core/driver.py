@@ -47,6 +47,13 @@ Idempotent on the server (a node/field already gone is success). Called by
 the core in a tracked task of its own that the caller's cancellation never
 reaches (only ``Backend.close()`` cancels it), so a driver need not shield
 its release commands again.
+
+A driver that sets ``isolates_release = True`` is awaited directly in the
+caller's task instead (one task less per release). It must then finish its
+work on the server before returning or raising, even when the caller is
+cancelled once or repeatedly: a cancelled command is sent again (release is
+idempotent) from a task of the driver's that it waits for with
+``wait_finished``, and the ``CancelledError`` is re-raised afterwards.
 """
 
 from __future__ import annotations
@@ -224,6 +231,9 @@ class Driver(Protocol):
 
     #: ``acquire`` needs no task of the core's around it (see the module docstring)
     isolates_acquire: bool
+
+    #: ``release`` needs no task of the core's around it (see the module docstring)
+    isolates_release: bool
 
     def describe(self) -> str:
         """A stable text naming the server(s), e.g. ``zk://h1:2181/chroot``; sorts MultiLocks."""

@@ -136,6 +136,8 @@ class MemoryDriver:
     capabilities = Capabilities(fair=True, queue_visible=True, can_lose=False)
     #: a cancelled wait leaves the queue (or gives its grant back) synchronously
     isolates_acquire = True
+    #: release has no await, but the core's task keeps its contract testable
+    isolates_release = False
 
     def __init__(self, store: str = "default") -> None:
         self._store_name = store

@@ -459,6 +459,8 @@ class RedisDriver:
     #: every command runs shielded and a cancelled attempt is cleaned up in
     #: a task of the node's (waited for through repeated cancellations)
     isolates_acquire = True
+    #: a cancelled unlock is sent again from a node task that release() waits for
+    isolates_release = True
 
     def __init__(
         self,
@@ -669,21 +671,31 @@ class RedisDriver:
         # Stop the watchdog *before* sending the unlock (Redisson #7272).
         hold.stop()
         self._holds.discard(hold)
+        try:
+            # In the caller's task (isolates_release): no task on the fast path.
+            await self._unlock(grant, hold, resent=False)
+        except asyncio.CancelledError:
+            # The unlock may or may not have run. It is idempotent: send it
+            # again from a task of the node's, and wait for that through any
+            # further cancellation, so the caller returns with it done.
+            task = self.node.spawn(
+                self._unlock(grant, hold, resent=True),
+                name=f"aiolocks-redis-release:{self.describe()}",
+            )
+            await wait_finished(task)
+            if not task.cancelled() and task.exception() is not None:
+                logger.warning(
+                    "releasing %r failed", grant.request.name, exc_info=task.exception()
+                )
+            raise
+
+    async def _unlock(self, grant: Grant, hold: RedisHold, *, resent: bool) -> None:
+        """``release.lua`` for one hold, retried through a short outage."""
         give_up = time.monotonic() + min(hold.lease, self.node.connect_timeout)
         delay = 0.05
-        resent = False
         while True:
             try:
-                # The core runs this in a task that only close() cancels: no
-                # shield here. If close() does, the unlock still goes out.
-                try:
-                    removed = await self.node.release(hold.keys, "", [hold.field])
-                except asyncio.CancelledError:
-                    self.node.spawn(
-                        self.node.release(hold.keys, "", [hold.field]),
-                        name=f"aiolocks-redis-release:{self.describe()}",
-                    )
-                    raise
+                removed = await self.node.release(hold.keys, "", [hold.field])
                 if not removed and not resent:
                     # A first, unambiguous answer "nothing to delete": the hold
                     # was gone before we released it (a failover to a replica

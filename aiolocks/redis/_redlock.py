@@ -77,6 +77,7 @@ class RedlockDriver:
 
     capabilities = Capabilities(fair=False, queue_visible=False, can_lose=True)
     isolates_acquire = False
+    isolates_release = False
 
     def __init__(
         self,

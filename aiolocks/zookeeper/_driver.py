@@ -113,6 +113,7 @@ class ZooKeeperDriver:
     #: a cancelled acquire deletes its node (or sweeps a create whose reply was
     #: lost) in tasks of its own; waits for deletes go through wait_finished
     isolates_acquire = True
+    isolates_release = False
 
     def __init__(
         self,
