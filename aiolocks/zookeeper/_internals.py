@@ -50,7 +50,7 @@ from aiozk import protocol
 from .._core.errors import BackendUnavailableError
 from .._core.tasks import TaskSet, wait_finished
 from ._protocol import CreateContainerRequest
-from ._session import AmbiguousResult, SessionChanged, SessionMonitor, wait_future
+from ._session import AmbiguousResult, SessionChanged, SessionMonitor, wait_future, wait_own
 
 __all__ = ["LockInternals", "Node", "exclusive_predicate", "read_predicate", "sort_nodes"]
 
@@ -509,7 +509,7 @@ class LockInternals:
                     continue  # predecessor already gone: re-list at once
                 except TimeoutError:
                     return False
-                if not await wait_future(waker, deadline):
+                if not await wait_own(waker, deadline):
                     return False
             finally:
                 session.remove_watch_callback(protocol.WatchEvent.DELETED, target, wake_deleted)

@@ -132,6 +132,26 @@ async def wait_future(fut: asyncio.Future[Any], deadline: float | None) -> bool:
     return fut.done()
 
 
+async def wait_own(fut: asyncio.Future[Any], deadline: float | None) -> bool:
+    """Like :func:`wait_future` for a future only the caller waits on (a waker).
+
+    Awaits it directly (one loop pass less per wake-up than an extra waiter
+    future); a cancelled caller cancels ``fut`` too, which is fine for a
+    future nobody else uses.
+    """
+    if fut.done():
+        return True
+    timeout = remaining(deadline)
+    if timeout is not None and timeout <= 0:
+        return False
+    try:
+        async with asyncio.timeout(timeout):
+            await fut
+    except TimeoutError:
+        return fut.done()
+    return True
+
+
 class SessionMonitor:
     """Watches one aiozk client's session; sends requests with deadlines.
 
