@@ -292,13 +292,7 @@ class Backend:
         cancelled = await wait_finished(attempt, cancel_inner=True)
         if cancelled is None:
             grants = attempt.result()
-            if self._hooks:
-                waited = time.monotonic() - started
-                if grants:
-                    for grant in grants:
-                        self._emit("acquired", request, token=grant.token, wait_time=waited)
-                else:
-                    self._emit("timeout", request, wait_time=waited)
+            self._emit_outcome(request, grants, started)
             return grants
         if self._hooks:
             self._emit("cancelled", request, wait_time=time.monotonic() - started)
@@ -330,14 +324,19 @@ class Backend:
             if self._hooks:
                 self._emit("cancelled", request, wait_time=time.monotonic() - started)
             raise
-        if self._hooks:
-            waited = time.monotonic() - started
-            if grants:
-                for grant in grants:
-                    self._emit("acquired", request, token=grant.token, wait_time=waited)
-            else:
-                self._emit("timeout", request, wait_time=waited)
+        self._emit_outcome(request, grants, started)
         return grants
+
+    def _emit_outcome(self, request: Request, grants: list[Grant] | None, started: float) -> None:
+        """``acquired`` (one per grant) or ``timeout`` events, if anybody listens."""
+        if not self._hooks:
+            return
+        waited = time.monotonic() - started
+        if grants:
+            for grant in grants:
+                self._emit("acquired", request, token=grant.token, wait_time=waited)
+        else:
+            self._emit("timeout", request, wait_time=waited)
 
     async def _release_grant(self, grant: Grant) -> None:
         await self._driver.release(grant)

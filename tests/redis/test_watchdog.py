@@ -34,14 +34,20 @@ def _record_batches(backend: aiolocks.Backend) -> list[int]:
     return sizes
 
 
+async def _hold_many(backend: aiolocks.Backend, tag: str) -> tuple[list[int], list[Any]]:
+    """N semaphore mutexes held at once (renewals come due together), and the batch log."""
+    sizes = _record_batches(backend)
+    locks = [backend.semaphore_mutex(f"{tag}/{i}") for i in range(N)]
+    for lock in locks:
+        assert await lock.acquire(timeout=0)
+    return sizes, locks
+
+
 async def test_holds_due_together_are_renewed_in_one_round_trip(
     url: str, raw: redis.asyncio.Redis, prefix: str
 ) -> None:
     async with aiolocks.connect(url, lease_time=LEASE) as backend:
-        sizes = _record_batches(backend)
-        locks = [backend.semaphore_mutex(f"wd-batch/{i}") for i in range(N)]
-        for lock in locks:
-            assert await lock.acquire(timeout=0)
+        sizes, locks = await _hold_many(backend, "wd-batch")
         await asyncio.sleep(LEASE * 3)  # about 9 renewals per hold
         assert not any(lock.is_lost for lock in locks)
         # every key still carries a live lease
@@ -60,10 +66,7 @@ async def test_one_hold_deleted_behind_our_back_is_lost_alone(
     url: str, raw: redis.asyncio.Redis, prefix: str
 ) -> None:
     async with aiolocks.connect(url, lease_time=LEASE) as backend:
-        sizes = _record_batches(backend)
-        locks = [backend.semaphore_mutex(f"wd-one/{i}") for i in range(N)]
-        for lock in locks:
-            assert await lock.acquire(timeout=0)
+        sizes, locks = await _hold_many(backend, "wd-one")
         await raw.delete(f"{prefix}{{semaphore-mutex:wd-one/7}}")
         await asyncio.sleep(LEASE)  # a renewal round or two
         assert locks[7].is_lost
@@ -77,10 +80,7 @@ async def test_renewals_survive_a_script_flush(
     url: str, raw: redis.asyncio.Redis, prefix: str
 ) -> None:
     async with aiolocks.connect(url, lease_time=LEASE) as backend:
-        sizes = _record_batches(backend)
-        locks = [backend.semaphore_mutex(f"wd-flush/{i}") for i in range(N)]
-        for lock in locks:
-            assert await lock.acquire(timeout=0)
+        sizes, locks = await _hold_many(backend, "wd-flush")
         await raw.script_flush()
         await asyncio.sleep(LEASE * 2)
         assert not any(lock.is_lost for lock in locks)
