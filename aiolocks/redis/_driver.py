@@ -20,13 +20,15 @@ RedissonFairLock ideas, re-derived; see ``docs/redis.md``):
 * Waiting: try; on failure subscribe (confirmed) to the channel; try again;
   wait for a message or the blocking hold's remaining TTL (expiry publishes
   nothing) or the deadline; repeat.
-* Every acquire command runs in its own task awaited through
-  :func:`asyncio.shield` (redis-py sometimes drops a cancellation landing
-  during a command). The field ids are minted before the first send, so a
-  cancelled or failed acquire can always be cleaned up: the cleanup waits for
-  the in-flight script to finish, then runs ``release.lua`` for our ids.
-  The core awaits ``acquire`` directly (``isolates_acquire``); releases run
-  in the core's own task, so they need no second one here.
+* Commands run in the caller's task: the core awaits ``acquire`` and
+  ``release`` directly (``isolates_acquire`` / ``isolates_release``). The
+  field ids are minted before the first send, so a cancelled or failed
+  acquire can always be cleaned up with ``release.lua`` for our ids. When
+  the caller stopped waiting for an acquire script that was on the wire,
+  that script may reach Redis after the cleanup (another connection): the
+  cleanup leaves a short tombstone for our ids, and ``acquire.lua`` refuses
+  to grant a tombstoned id. A cancelled unlock is sent again from a task of
+  the node's, which ``release()`` waits for.
   ``acquire.lua`` answers a resend with the same grant, so redis-py's own
   retries on a connection error cannot double a hold either.
 """
@@ -73,6 +75,8 @@ DEFAULT_KEY_PREFIX = "aiolocks:"
 DEFAULT_CONNECT_TIMEOUT = 10.0
 #: how long ``WAIT`` waits for ``min_replicas`` acknowledgements after a lock write
 REPLICA_WAIT_MS = 1000
+#: how long a cleanup's tombstone keeps a late acquire script from granting
+TOMBSTONE_MS = 2000
 #: why a renewal found no hold to extend
 GONE = "its Redis field is gone (deleted, overwritten or expired)"
 
@@ -91,10 +95,12 @@ class LockKeys:
     queue: str
     queue_timeouts: str
     channel: str
+    #: attempts given up while their acquire script was on the wire (zset by expiry)
+    tombstones: str
 
     @property
     def acquire_keys(self) -> list[str]:
-        return [self.holders, self.fence, self.queue, self.queue_timeouts]
+        return [self.holders, self.fence, self.queue, self.queue_timeouts, self.tombstones]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -106,7 +112,14 @@ def lock_keys(prefix: str, family: Family, name: str) -> LockKeys:
     if the name has one), the same for every key of the lock.
     """
     base = f"{prefix}{{{family.value}:{name}}}"
-    return LockKeys(base, f"{base}:fence", f"{base}:queue", f"{base}:queue-timeouts", base)
+    return LockKeys(
+        base,
+        f"{base}:fence",
+        f"{base}:queue",
+        f"{base}:queue-timeouts",
+        base,
+        f"{base}:tombstones",
+    )
 
 
 def validate_lease_time(value: object, what: str = "lease_time") -> float:
@@ -158,6 +171,8 @@ class _Attempt:
     lease: float
     dirty: bool = False
     inflight: asyncio.Task[Any] | None = None
+    #: a script of this attempt was on the wire when we stopped waiting for it
+    interrupted: bool = False
 
 
 class RedisNode:
@@ -254,7 +269,8 @@ class RedisNode:
         # the script did not run, so loading it and sending again is safe.
         for first in (True, False):
             pipe = self.client.pipeline(transaction=False)
-            pipe.evalsha(self.scripts.acquire.sha, 4, *keys.acquire_keys, *args)
+            acquire_keys = keys.acquire_keys
+            pipe.evalsha(self.scripts.acquire.sha, len(acquire_keys), *acquire_keys, *args)
             # stay well inside the socket timeout (= connect_timeout)
             wait_ms = min(REPLICA_WAIT_MS, int(self.connect_timeout * 500))
             pipe.execute_command("WAIT", self.min_replicas, max(wait_ms, 1))
@@ -268,10 +284,17 @@ class RedisNode:
             break
         return list(reply), int(acked)
 
-    async def release(self, keys: LockKeys, member: str, fields: Sequence[str]) -> int:
-        """Run ``release.lua``: delete our fields / queue entry, publish if anything went."""
+    async def release(
+        self, keys: LockKeys, member: str, fields: Sequence[str], tombstone_ms: int = 0
+    ) -> int:
+        """Run ``release.lua``: delete our fields / queue entry, publish if anything went.
+
+        ``tombstone_ms`` > 0 (cleanup of an acquire whose script may still be
+        on the wire): a field not found is marked as given up for that long,
+        so that script cannot grant it if it arrives after this one.
+        """
         assert self.scripts is not None
-        args = [keys.channel, member, *fields]
+        args = [keys.channel, member, tombstone_ms, *fields]
         return int(await self.scripts.release(keys=keys.acquire_keys, args=args))
 
     async def renew(self, keys: LockKeys, field: str, lease: float) -> bool:
@@ -310,8 +333,7 @@ class RedisNode:
                     continue
                 break
         return [
-            r if isinstance(r, BaseException) else (None if int(r) == 1 else GONE)
-            for r in replies
+            r if isinstance(r, BaseException) else (None if int(r) == 1 else GONE) for r in replies
         ]
 
     async def inspect(self, keys: LockKeys) -> list[Any]:
@@ -335,9 +357,12 @@ class RedisNode:
     async def cleanup(self, attempt: _Attempt) -> None:
         """Undo whatever ``attempt`` may have written; cannot be skipped by a cancel.
 
-        Waits for the in-flight script first (releasing before it ran would
-        let it grant afterwards), then runs ``release.lua`` for our ids and
-        queue entry, retrying until the lease would have lapsed anyway.
+        Waits for a shielded in-flight script first (Redlock), then runs
+        ``release.lua`` for our ids and queue entry, retrying until the lease
+        would have lapsed anyway. If we stopped waiting for a script of the
+        attempt (``interrupted``: it may reach Redis after this cleanup, on
+        another connection), ``release.lua`` leaves a tombstone for our ids
+        that makes that script refuse to grant (``TOMBSTONE_MS``).
         """
         if not attempt.dirty:
             return
@@ -356,9 +381,12 @@ class RedisNode:
             await asyncio.wait([inflight])
         give_up = time.monotonic() + attempt.lease
         delay = 0.05
+        # An acquire script we stopped waiting for may reach Redis after this
+        # cleanup (another connection): leave a tombstone it will respect.
+        tombstone_ms = min(int(attempt.lease * 1000), TOMBSTONE_MS) if attempt.interrupted else 0
         while True:
             try:
-                await self.release(attempt.keys, attempt.member, attempt.fields)
+                await self.release(attempt.keys, attempt.member, attempt.fields, tombstone_ms)
                 return
             except TRANSIENT as exc:
                 if time.monotonic() + delay > give_up:
@@ -569,10 +597,15 @@ class RedisDriver:
             # the watchdog may trust the hold until sent + lease, no longer.
             sent = time.monotonic()
             try:
-                reply, acked = await self.node.shielded(
-                    self.node.try_acquire(attempt.keys, args), attempt
-                )
+                # In the caller's task, no shield: if we stop waiting for the
+                # reply (cancelled, connection error), the cleanup leaves a
+                # tombstone that this script respects should it arrive late.
+                reply, acked = await self.node.try_acquire(attempt.keys, args)
+            except asyncio.CancelledError:
+                attempt.interrupted = True
+                raise
             except TRANSIENT:
+                attempt.interrupted = True
                 now = time.monotonic()
                 if first_error is None:
                     first_error = now
@@ -591,8 +624,10 @@ class RedisDriver:
                 f"only {acked} of min_replicas={self.node.min_replicas} replicas of "
                 f"{self.describe()} acknowledged the lock write; released it"
             )
-        if not granted and not fair:
-            attempt.dirty = False  # a definite "no" wrote nothing
+        if not granted and not fair and not attempt.interrupted:
+            # A definite "no" wrote nothing. (After an interrupted send, that
+            # send may still arrive: keep the cleanup, with its tombstone.)
+            attempt.dirty = False
         return granted, reply, sent
 
     async def _acquire(
@@ -684,9 +719,7 @@ class RedisDriver:
             )
             await wait_finished(task)
             if not task.cancelled() and task.exception() is not None:
-                logger.warning(
-                    "releasing %r failed", grant.request.name, exc_info=task.exception()
-                )
+                logger.warning("releasing %r failed", grant.request.name, exc_info=task.exception())
             raise
 
     async def _unlock(self, grant: Grant, hold: RedisHold, *, resent: bool) -> None:

@@ -332,7 +332,7 @@ async def test_acquire_script_resent_returns_the_same_grant(
     from aiolocks.redis._scripts import source
 
     key = holders_key(prefix, "resend/x")
-    keys = [key, f"{key}:fence", f"{key}:queue", f"{key}:queue-timeouts"]
+    keys = [key, f"{key}:fence", f"{key}:queue", f"{key}:queue-timeouts", f"{key}:tombstones"]
     args: list[str | int] = ["l", 2, 1000, "me", "0", 1000, "", "", "c:1", "c:2"]
     script = raw.register_script(source("acquire"))
     first = await script(keys=keys, args=args)
@@ -343,8 +343,38 @@ async def test_acquire_script_resent_returns_the_same_grant(
     other = await script(keys=keys, args=["l", 2, 1000, "you", "0", 1000, "", "", "d:1"])
     assert other[0] == 0 and 0 < other[1] <= 1000
     release = raw.register_script(source("release"))
-    assert await release(keys=keys, args=[key, "", "c:1", "c:2"]) == 2
-    assert await release(keys=keys, args=[key, "", "c:1", "c:2"]) == 0  # idempotent
+    assert await release(keys=keys, args=[key, "", 0, "c:1", "c:2"]) == 2
+    assert await release(keys=keys, args=[key, "", 0, "c:1", "c:2"]) == 0  # idempotent
+
+
+async def test_cleanup_that_overtakes_its_acquire_script_leaves_a_tombstone(
+    raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """An acquire given up mid-flight is cleaned up from another connection;
+    if that cleanup reaches Redis first, the late script must not grant."""
+    from aiolocks.redis._scripts import source
+
+    key = holders_key(prefix, "tomb/x")
+    keys = [key, f"{key}:fence", f"{key}:queue", f"{key}:queue-timeouts", f"{key}:tombstones"]
+    acquire = raw.register_script(source("acquire"))
+    release = raw.register_script(source("release"))
+    # the cleanup arrives first: nothing to delete, so it leaves a tombstone
+    assert await release(keys=keys, args=[key, "", 1500, "late:1"]) == 0
+    assert 0 < await raw.pttl(f"{key}:tombstones") <= 1500
+    # the late script grants nothing and writes nothing
+    late = await acquire(keys=keys, args=["x", 1, 5000, "me", "0", 5000, "", "", "late:1"])
+    assert late == [0, -1]
+    assert await raw.exists(key) == 0
+    # anybody else's attempt is unaffected
+    other = await acquire(keys=keys, args=["x", 1, 5000, "you", "0", 5000, "", "", "other:1"])
+    assert other[0] == 1
+    assert await release(keys=keys, args=[key, "", 0, "other:1"]) == 1
+    # and the tombstone lapses by itself
+    await eventually(lambda: _gone(raw, f"{key}:tombstones"), what="the tombstone to lapse")
+
+
+async def _gone(raw: redis.asyncio.Redis, key: str) -> bool:
+    return not await raw.exists(key)
 
 
 async def test_renewal_after_unlock_cannot_resurrect_the_lease(

@@ -9,6 +9,7 @@
 --
 -- KEYS[1] holders hash   KEYS[2] fence counter   KEYS[3] fair queue (list)
 -- KEYS[4] fair queue timeouts (zset, score = expiry ms)
+-- KEYS[5] tombstones of attempts given up mid-flight (zset, score = expiry ms)
 -- ARGV[1] mode: x (exclusive), l (lease), r (read), w (write)
 -- ARGV[2] max holders for x/l      ARGV[3] lease ms
 -- ARGV[4] participant              ARGV[5] '1' = fair FIFO queue (x only)
@@ -33,6 +34,13 @@ local n = #ARGV - 8
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- A tombstone (release.lua): the client gave this attempt up while this
+-- script was on the wire, and its cleanup got here first. Never grant.
+local tomb = redis.call('ZSCORE', KEYS[5], ARGV[9])
+if tomb and tonumber(tomb) > now_ms then
+  return {0, -1}
+end
 
 -- A resent script (reply lost, client retried) finds its own fields: answer
 -- the same again instead of taking a second hold, with the lease restarted

@@ -3,13 +3,27 @@
 -- returns 0, it can never remove somebody else's hold.
 --
 -- KEYS[1] holders hash   KEYS[2] fence counter   KEYS[3] fair queue   KEYS[4] queue timeouts
--- ARGV[1] channel to publish on   ARGV[2] queue member or ''   ARGV[3..] field ids
+-- KEYS[5] tombstones (zset, score = expiry ms)
+-- ARGV[1] channel to publish on   ARGV[2] queue member or ''
+-- ARGV[3] tombstone ms: '0', or (cleanup of an acquire whose script may
+--         still be on the wire) how long a field not found stays marked
+--         as given up (in KEYS[5], scored by expiry), so that script
+--         cannot grant it when it arrives late
+-- ARGV[4..] field ids
 -- Returns the number of holds and queue entries removed.
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local tombstone = tonumber(ARGV[3])
 local removed = 0
-for i = 3, #ARGV do
-  removed = removed + redis.call('HDEL', KEYS[1], ARGV[i])
+for i = 4, #ARGV do
+  local gone = redis.call('HDEL', KEYS[1], ARGV[i])
+  removed = removed + gone
+  if gone == 0 and tombstone > 0 then
+    redis.call('ZADD', KEYS[5], math.floor(now_us / 1000) + tombstone, ARGV[i])
+    if redis.call('PTTL', KEYS[5]) < tombstone then
+      redis.call('PEXPIRE', KEYS[5], tombstone)
+    end
+  end
 end
 if ARGV[2] ~= '' then
   -- a waiter leaving the queue head must wake the next one
