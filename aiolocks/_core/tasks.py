@@ -19,7 +19,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["TaskSet", "wait_finished"]
+__all__ = ["TaskSet", "wait_done", "wait_finished"]
 
 T = TypeVar("T")
 
@@ -72,6 +72,35 @@ class TaskSet:
                 raise asyncio.CancelledError
 
 
+async def wait_done(fut: asyncio.Future[Any], timeout: float | None = None) -> bool:
+    """Wait until ``fut`` is done or ``timeout`` passed; ``True`` if done. Never cancels ``fut``.
+
+    A cancellation of the caller propagates (``fut`` goes on). One plain
+    future and a timer per wait: ``asyncio.wait()`` builds sets and closures,
+    and this runs on the acquire/release paths.
+    """
+    if fut.done():
+        return True
+    if timeout is not None and timeout <= 0:
+        return False
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    fut.add_done_callback(wake)
+    timer = None if timeout is None else loop.call_later(timeout, wake)
+    try:
+        await waiter
+    finally:
+        fut.remove_done_callback(wake)
+        if timer is not None:
+            timer.cancel()
+    return fut.done()
+
+
 async def wait_finished(
     fut: asyncio.Future[Any], *, cancel_inner: bool = False, timeout: float | None = None
 ) -> asyncio.CancelledError | None:
@@ -85,28 +114,12 @@ async def wait_finished(
     With ``timeout``, stop waiting after that many seconds (``fut`` goes on).
     """
     cancelled: asyncio.CancelledError | None = None
-    if fut.done():
-        return None
     loop = asyncio.get_running_loop()
     end = None if timeout is None else loop.time() + timeout
-    timer: asyncio.TimerHandle | None = None
     while not fut.done():
-        # One plain future per wait (asyncio.wait builds sets and closures).
-        waiter: asyncio.Future[None] = loop.create_future()
-
-        def wake(_: object, waiter: asyncio.Future[None] = waiter) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
-        fut.add_done_callback(wake)
-        if end is not None:
-            left = end - loop.time()
-            if left <= 0:
-                fut.remove_done_callback(wake)
-                break
-            timer = loop.call_later(left, wake, None)
         try:
-            await waiter
+            if not await wait_done(fut, None if end is None else end - loop.time()):
+                break  # timed out
         except asyncio.CancelledError as exc:
             # anyio re-delivers its cancellation on every await while the scope
             # is cancelled; we keep waiting, because leaving now would strand
@@ -115,9 +128,4 @@ async def wait_finished(
                 cancelled = exc
                 if cancel_inner:
                     fut.cancel()
-        finally:
-            fut.remove_done_callback(wake)
-            if timer is not None:
-                timer.cancel()
-                timer = None
     return cancelled

@@ -484,8 +484,8 @@ class RedisDriver:
     """The :class:`~aiolocks._core.driver.Driver` for one Redis endpoint."""
 
     capabilities = Capabilities(fair=False, queue_visible=False, can_lose=True)
-    #: every command runs shielded and a cancelled attempt is cleaned up in
-    #: a task of the node's (waited for through repeated cancellations)
+    #: a cancelled attempt is cleaned up (with tombstones for a script still
+    #: on the wire) in a task of the node's, waited for through cancellations
     isolates_acquire = True
     #: a cancelled unlock is sent again from a node task that release() waits for
     isolates_release = True
@@ -686,12 +686,14 @@ class RedisDriver:
             grant = Grant(request, token, hold)
             grant.valid_until = sent + lease  # moved on by each successful renewal
             hold.watchdog = self.watchdog.watch(
-                grant,
-                hold,
-                lease=lease,
-                valid_until=sent + lease,
-                enabled=enabled,
-                owner=request.owner,
+                Renewal(
+                    grant,
+                    hold,
+                    lease=lease,
+                    valid_until=sent + lease,
+                    enabled=enabled,
+                    owner=request.owner,
+                )
             )
             self._holds.add(hold)
             grants.append(grant)

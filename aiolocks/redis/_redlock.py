@@ -268,13 +268,15 @@ class RedlockDriver:
         hold = RedisHold(attempt.keys, attempt.fields[0], lease)
         grant = Grant(request, token, hold)
         hold.watchdog = self.watchdog.watch(
-            grant,
-            hold,
-            lease=lease,
-            valid_until=start + lease - self.drift(lease),
-            enabled=bool(request.options.get("watchdog", True)),
-            owner=request.owner,
-            drift=self.drift(lease),
+            Renewal(
+                grant,
+                hold,
+                lease=lease,
+                valid_until=start + lease - self.drift(lease),
+                enabled=bool(request.options.get("watchdog", True)),
+                owner=request.owner,
+                drift=self.drift(lease),
+            )
         )
         self._holds.add(hold)
         return grant

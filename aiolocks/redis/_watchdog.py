@@ -76,8 +76,11 @@ class Renewal:
         valid_until: float,
         enabled: bool,
         owner: asyncio.Task[object] | None,
-        drift: float,
+        drift: float = 0.0,
     ) -> None:
+        """``valid_until``: when the acquire stops vouching for the hold;
+        ``drift`` is subtracted from every later one (Redlock's clock-drift
+        allowance)."""
         self.grant = grant
         #: what the renew function needs (the driver's hold)
         self.payload = payload
@@ -125,35 +128,12 @@ class Watchdog:
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
 
-    def watch(
-        self,
-        grant: Grant,
-        payload: Any,
-        *,
-        lease: float,
-        valid_until: float,
-        enabled: bool,
-        owner: asyncio.Task[object] | None,
-        drift: float = 0.0,
-    ) -> Renewal:
-        """Start keeping ``grant`` alive; ``valid_until`` is when the acquire stops vouching.
-
-        ``drift`` is subtracted from every later ``valid_until`` (Redlock's
-        clock-drift allowance).
-        """
-        renewal = Renewal(
-            grant,
-            payload,
-            lease=lease,
-            valid_until=valid_until,
-            enabled=enabled,
-            owner=owner,
-            drift=drift,
-        )
-        if enabled:
-            self._schedule(renewal, valid_until - lease + renewal.interval)
+    def watch(self, renewal: Renewal) -> Renewal:
+        """Start keeping ``renewal.grant`` alive (until ``renewal.stop()``)."""
+        if renewal.enabled:
+            self._schedule(renewal, renewal.valid_until - renewal.lease + renewal.interval)
         else:
-            self._schedule(renewal, valid_until)
+            self._schedule(renewal, renewal.valid_until)
         return renewal
 
     def close(self) -> None:

@@ -45,9 +45,9 @@ from .._core.driver import Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
 from .._core.options import check_portable_options
 from .._core.participants import Participant
-from .._core.tasks import TaskSet
+from .._core.tasks import TaskSet, wait_done
 from ._internals import LockInternals, Node, exclusive_predicate, read_predicate, sort_nodes
-from ._session import ConnectionState, SessionChanged, SessionMonitor, wait_future
+from ._session import ConnectionState, SessionChanged, SessionMonitor, next_xid, wait_future
 
 __all__ = ["ZooKeeperDriver", "lock_path"]
 
@@ -604,10 +604,12 @@ def _install_fast_reconnect(client: Any, tasks: TaskSet) -> None:
             elif event_type == protocol.WatchEvent.CHILDREN_CHANGED:
                 request.child_watches.append(path)
         conn = session.conn
-        session.xid = session.xid + 1 if session.xid < 0x7FFFFFFF else 1
-        reply = conn.send(request, xid=session.xid)
-        await asyncio.wait((reply,), timeout=float(session.timeout or 10.0) / 2)
-        if reply.done() and not reply.cancelled() and reply.exception() is None:
+        reply = conn.send(request, xid=next_xid(session))
+        if (
+            await wait_done(reply, float(session.timeout or 10.0) / 2)
+            and not reply.cancelled()
+            and reply.exception() is None
+        ):
             return
         logger.debug("re-arming watches on %s:%s failed; reconnecting", conn.host, conn.port)
         if session.conn is conn and not session.closing:

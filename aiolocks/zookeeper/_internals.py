@@ -515,7 +515,7 @@ class LockInternals:
                 session.remove_watch_callback(protocol.WatchEvent.DELETED, target, wake_deleted)
                 session.remove_watch_callback(protocol.WatchEvent.DATA_CHANGED, target, wake)
                 waker.cancel()
-            if deleted and _was_sole_blocker(nodes, index, watch, predicate):
+            if deleted and _was_sole_blocker(nodes, index, predicate):
                 # Handoff without a second listing: the node we watched was
                 # the only one ahead of us, and a new node can only sort
                 # after ours (mutex nodes carry no downgrade anchors).
@@ -556,12 +556,10 @@ class LockInternals:
         """:meth:`delete` for a caller already in a task of its own (the core's release).
 
         Sends the delete from this task (no second task, one loop pass less
-        on every handoff) when connected; otherwise, or past
-        ``connect_timeout``, or if this task is cancelled (only
-        ``close()`` does), the delete goes on in the background.
+        on every handoff); past ``connect_timeout`` (no connection), or if
+        this task is cancelled (only ``close()`` does), the delete goes on
+        in the background.
         """
-        if not self.monitor.connected:
-            return await self.delete(node)
         try:
             async with asyncio.timeout(self.monitor.connect_timeout):
                 return await self._delete_now(node)
@@ -625,8 +623,8 @@ def _with_stat(node: Node, stat: Any) -> Node:
     return Node(**fields)
 
 
-def _was_sole_blocker(nodes: list[Node], index: int, watched: Node, predicate: Predicate) -> bool:
-    """Deleting ``watched`` certainly makes us the holder, no listing needed.
+def _was_sole_blocker(nodes: list[Node], index: int, predicate: Predicate) -> bool:
+    """Deleting the node we watched certainly makes us the holder, no listing needed.
 
     Only for the exclusive predicate on plain ``lock`` nodes (mutex,
     semaphore turnstiles): sequence order is final there. Read/write nodes
@@ -635,8 +633,7 @@ def _was_sole_blocker(nodes: list[Node], index: int, watched: Node, predicate: P
     """
     return (
         predicate is exclusive_predicate
-        and index == 1
-        and watched is nodes[0]
+        and index == 1  # so the watched node was nodes[0]
         and all(n.kind == "lock" for n in nodes[: index + 1])
     )
 

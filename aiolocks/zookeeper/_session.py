@@ -39,6 +39,7 @@ from aiozk import exc as zk_exc
 from aiozk.states import States
 
 from .._core.errors import BackendUnavailableError
+from .._core.tasks import wait_done
 
 __all__ = [
     "AmbiguousResult",
@@ -107,29 +108,13 @@ def remaining(deadline: float | None) -> float | None:
 
 async def wait_future(fut: asyncio.Future[Any], deadline: float | None) -> bool:
     """Wait for ``fut`` until ``deadline``; ``True`` if it is done. Never cancels ``fut``."""
-    if fut.done():
-        return True
-    timeout = remaining(deadline)
-    if timeout is not None and timeout <= 0:
-        return False
-    # A plain future and a timer: asyncio.wait() builds sets and closures,
-    # and this runs for every request.
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
+    return await wait_done(fut, remaining(deadline))
 
-    def wake(_: object = None) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
 
-    fut.add_done_callback(wake)
-    timer = None if timeout is None else loop.call_later(timeout, wake)
-    try:
-        await waiter
-    finally:
-        fut.remove_done_callback(wake)
-        if timer is not None:
-            timer.cancel()
-    return fut.done()
+def next_xid(session: Any) -> int:
+    """The next request xid of an aiozk session (a positive signed 32-bit int, as aiozk does)."""
+    session.xid = session.xid + 1 if session.xid < 0x7FFFFFFF else 1
+    return int(session.xid)
 
 
 async def wait_own(fut: asyncio.Future[Any], deadline: float | None) -> bool:
@@ -473,13 +458,9 @@ class SessionMonitor:
             if session_id is not None and session.session_id != session_id:
                 raise SessionChanged
             conn = session.conn
-            # The same xid bookkeeping as aiozk's Session.send (xid is a
-            # positive signed 32-bit int).
-            session.xid = session.xid + 1 if session.xid < 0x7FFFFFFF else 1
-            fut = conn.send(request, xid=session.xid)
+            fut = conn.send(request, xid=next_xid(session))
             if then is not None and then_reply is not None:
-                session.xid = session.xid + 1 if session.xid < 0x7FFFFFFF else 1
-                then_reply.append(conn.send(then, xid=session.xid))
+                then_reply.append(conn.send(then, xid=next_xid(session)))
                 then = None
             # Once sent, the reply gets at least `reply_grace` seconds even if
             # the lock deadline has passed: a deadline in the past means "try
