@@ -279,7 +279,8 @@ class Backend:
 
     async def _acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
         """Run ``driver.acquire`` in its own task; give back grants won after a cancel."""
-        await self.open()
+        if not self._opened:
+            await self.open()
         self._check_open()
         started = time.monotonic()
         if self._driver.isolates_acquire:

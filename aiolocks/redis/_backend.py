@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, final
 
 from .._core.backend import Backend
@@ -111,35 +111,95 @@ def _client_kwargs(url: ParsedURL, connect_timeout: float, retries: int) -> dict
 POOL_SIZE = 100
 
 
-class _TimedWrite:
-    """Mixin: bound a write with ``asyncio.timeout`` instead of ``asyncio.wait_for``.
+#: a write of at most this many bytes into an empty transport buffer
+#: cannot pause the stream (asyncio's high-water mark is 64 KiB)
+_UNBLOCKED_WRITE = 16 * 1024
 
-    redis-py bounds every write by ``socket_timeout`` with ``wait_for``, which
-    on Python 3.11 wraps the write in a task of its own: two tasks per lock
-    cycle, a sixth of its cost. ``asyncio.timeout`` gives the same bound (and
-    the same ``TimeoutError``, and the connection is dropped the same way)
-    without one. Reads are untouched (redis-py already uses a timeout block).
+
+class _TimedWrite:
+    """Mixin: cheaper writes for the connections of clients aiolocks builds.
+
+    * redis-py bounds every write by ``socket_timeout`` with ``wait_for``,
+      which on Python 3.11 wraps the write in a task of its own: two tasks
+      per lock cycle, a sixth of its cost. A write that cannot block (the
+      transport's buffer is empty and the command small, so ``drain()``
+      returns at once) needs no bound at all; any other write is bounded by
+      ``asyncio.timeout``, with the same ``TimeoutError`` and the connection
+      dropped the same way. Reads are untouched (redis-py already uses a
+      timeout block).
+    * :meth:`pack_command` packs with hiredis's C packer (redis-py uses it
+      only for its synchronous client); arguments it does not take go
+      through redis-py's own path unchanged.
     """
 
     socket_timeout: float | None
+    health_check_interval: float
+    encoder: Any
+    _reader: Any
+    _writer: Any
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         timeout = self.socket_timeout
         if not timeout:
             await super().send_packed_command(command, check_health)  # type: ignore[misc]
             return
-        from redis.exceptions import TimeoutError as RedisTimeoutError
-
         # A connection serves one command at a time, so for the length of
         # this write redis-py's own (task-creating) bound can be switched off.
         self.socket_timeout = None
         try:
+            if self._write_cannot_block(command):
+                await super().send_packed_command(command, check_health)  # type: ignore[misc]
+                return
             async with asyncio.timeout(timeout):
                 await super().send_packed_command(command, check_health)  # type: ignore[misc]
         except TimeoutError:
+            from redis.exceptions import TimeoutError as RedisTimeoutError
+
             raise RedisTimeoutError("Timeout writing to socket") from None
         finally:
             self.socket_timeout = timeout
+
+    def _write_cannot_block(self, command: Any) -> bool:
+        """True if sending ``command`` now neither connects, pings nor waits to drain."""
+        writer = self._writer
+        if writer is None or self._reader is None or self.health_check_interval:
+            return False
+        transport = writer.transport
+        if transport.is_closing() or transport.get_write_buffer_size():
+            return False
+        if type(command) is list and len(command) == 1:  # what pack_command returns
+            command = command[0]
+        return isinstance(command, bytes | str) and len(command) <= _UNBLOCKED_WRITE
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        """The RESP array for ``args``, packed by hiredis (redis-py packs in Python)."""
+        pack = _hiredis_pack()
+        name = args[0]
+        encoder = self.encoder
+        if (
+            pack is None
+            or type(name) is not str
+            or encoder.encoding not in ("utf-8", "utf8")
+            or encoder.encoding_errors != "strict"
+        ):
+            return super().pack_command(*args)  # type: ignore[misc,no-any-return]
+        if " " in name:  # 'SCRIPT LOAD' is two arguments, as in redis-py
+            args = (*name.split(), *args[1:])
+        try:
+            return [pack(args)]
+        except TypeError:  # bool, memoryview, ...: redis-py accepts or names the problem
+            return super().pack_command(*args)  # type: ignore[misc,no-any-return]
+
+
+@functools.cache
+def _hiredis_pack() -> Callable[[tuple[Any, ...]], bytes] | None:
+    """``hiredis.pack_command`` (str, bytes, int and float, as redis-py encodes them)."""
+    try:
+        import hiredis
+    except ImportError:
+        return None
+    pack: Callable[[tuple[Any, ...]], bytes] | None = getattr(hiredis, "pack_command", None)
+    return pack
 
 
 def _timed_write_class(cls: type[Any]) -> type[Any]:
@@ -149,13 +209,26 @@ def _timed_write_class(cls: type[Any]) -> type[Any]:
     return type(f"TimedWrite{cls.__name__}", (_TimedWrite, cls), {})
 
 
+def _telemetry_probe() -> Callable[[], object]:
+    """redis-py's "telemetry collector, if enabled" function (None: disabled)."""
+    try:
+        from redis.asyncio.observability import recorder
+    except ImportError:  # a redis-py without telemetry
+        return lambda: None
+    probe: Callable[[], object] = getattr(recorder, "_get_or_create_collector", lambda: None)
+    return probe
+
+
 @functools.cache
 def _waiting_pool_class() -> type[Any]:
     """redis-py's plain pool, made to wait for a free connection instead of raising."""
     import collections
 
     import redis.asyncio
+    from redis.event import AsyncAfterConnectionReleasedEvent, AsyncReAuthConnectionListener
     from redis.exceptions import ConnectionError as RedisConnectionError
+
+    telemetry = _telemetry_probe()
 
     class WaitingConnectionPool(redis.asyncio.ConnectionPool):
         """``ConnectionPool`` that waits (up to ``timeout``) when every connection is in use.
@@ -163,12 +236,20 @@ def _waiting_pool_class() -> type[Any]:
         ``BlockingConnectionPool`` does the same, but takes a condition
         variable and a timeout block on every command even when a connection
         is free; here the free case is the plain pool's fast path.
+
+        While nothing observes the pool (redis-py's OpenTelemetry metrics
+        off, and no listener on released connections but redis-py's own
+        re-authentication, which is called directly), taking and giving back
+        an idle connection skips the pool's lock, its metric records and its
+        event dispatch, which cost more than the rest of the pool per command.
         """
 
         def __init__(self, *, timeout: float, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self._wait_timeout = timeout
             self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+            #: the listener list last seen to hold only redis-py's re-auth
+            self._plain_listeners: object = None
 
         async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
             while not self.can_get_connection():
@@ -188,11 +269,42 @@ def _waiting_pool_class() -> type[Any]:
                         waiter.cancel()
                     with contextlib.suppress(ValueError):
                         self._waiters.remove(waiter)
-            return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+            if not (self._available_connections and self._unobserved()):
+                return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+            connection = self._available_connections.pop()
+            self._in_use_connections.add(connection)
+            try:
+                await self.ensure_connection(connection)
+            except BaseException:
+                await self.release(connection)
+                raise
+            return connection
 
         async def release(self, connection: Any) -> None:
-            await super().release(connection)
+            if not self._unobserved():
+                await super().release(connection)
+                self._wake_one()
+                return
+            self._in_use_connections.remove(connection)
+            if connection.should_reconnect():
+                await connection.disconnect()
+            self._available_connections.append(connection)
             self._wake_one()
+            await connection.re_auth()  # what redis-py's release listener does
+
+        def _unobserved(self) -> bool:
+            if telemetry() is not None:
+                return False
+            mapping = getattr(self._event_dispatcher, "_event_listeners_mapping", None)
+            if mapping is None:
+                return False
+            listeners = mapping.get(AsyncAfterConnectionReleasedEvent, ())
+            # redis-py replaces the list whenever listeners change
+            if listeners is not self._plain_listeners:
+                if not all(type(each) is AsyncReAuthConnectionListener for each in listeners):
+                    return False
+                self._plain_listeners = listeners
+            return True
 
         def _wake_one(self) -> None:
             while self._waiters:

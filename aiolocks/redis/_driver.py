@@ -259,11 +259,26 @@ class RedisNode:
 
     # -- commands ------------------------------------------------------------
 
+    async def evalsha(self, script: str, keys: Sequence[str], args: Sequence[object]) -> Any:
+        """``EVALSHA`` of ``scripts/<script>.lua``; on ``NOSCRIPT`` load it and send again.
+
+        ``NOSCRIPT`` (a restart or ``SCRIPT FLUSH``) means the script did not
+        run, so sending it again is safe for every script. (redis-py's
+        ``Script`` objects do the same, at a few more steps per call.)
+        """
+        assert self.scripts is not None
+        sha = getattr(self.scripts, script).sha
+        try:
+            return await self.client.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self.client.script_load(source(script))
+            return await self.client.evalsha(sha, len(keys), *keys, *args)
+
     async def try_acquire(self, keys: LockKeys, args: Sequence[object]) -> tuple[list[Any], int]:
         """Run ``acquire.lua`` (and ``WAIT`` when ``min_replicas``); returns (reply, acked)."""
         assert self.scripts is not None
         if not self.min_replicas:
-            return list(await self.scripts.acquire(keys=keys.acquire_keys, args=list(args))), 0
+            return list(await self.evalsha("acquire", keys.acquire_keys, args)), 0
         # WAIT counts the writes of *this connection*, so it must follow the
         # script on the same one: a non-transactional pipeline. NOSCRIPT means
         # the script did not run, so loading it and sending again is safe.
@@ -295,13 +310,13 @@ class RedisNode:
         """
         assert self.scripts is not None
         args = [keys.channel, member, tombstone_ms, *fields]
-        return int(await self.scripts.release(keys=keys.acquire_keys, args=args))
+        return int(await self.evalsha("release", keys.acquire_keys, args))
 
     async def renew(self, keys: LockKeys, field: str, lease: float) -> bool:
         """Run ``renew.lua``; False when the field is gone."""
         assert self.scripts is not None
         args = [int(lease * 1000), field]
-        return bool(await self.scripts.renew(keys=[keys.holders], args=args))
+        return bool(await self.evalsha("renew", (keys.holders,), args))
 
     async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
         """``renew.lua`` for each hold (payload: :class:`RedisHold`), in one round trip.
@@ -340,7 +355,7 @@ class RedisNode:
         """Run ``inspect.lua``."""
         assert self.scripts is not None
         return list(
-            await self.scripts.inspect(keys=[keys.holders, keys.queue, keys.queue_timeouts])
+            await self.evalsha("inspect", (keys.holders, keys.queue, keys.queue_timeouts), ())
         )
 
     async def shielded(self, coro: Coroutine[Any, Any, T], attempt: _Attempt | None = None) -> T:
