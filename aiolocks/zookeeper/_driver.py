@@ -38,7 +38,6 @@ from typing import Any, Final
 import aiozk
 from aiozk import exc as zk_exc
 from aiozk import protocol
-from aiozk.connection import Connection
 from aiozk.states import States
 
 from .._core.driver import Capabilities, Family, Grant, Mode, Request
@@ -47,6 +46,7 @@ from .._core.options import check_portable_options
 from .._core.participants import Participant
 from .._core.tasks import TaskSet, wait_done
 from ._internals import LockInternals, Node, exclusive_predicate, read_predicate, sort_nodes
+from ._protocol import BufferedConnection
 from ._session import ConnectionState, SessionChanged, SessionMonitor, next_xid, wait_future
 
 __all__ = ["ZooKeeperDriver", "lock_path"]
@@ -113,7 +113,8 @@ class ZooKeeperDriver:
     #: a cancelled acquire deletes its node (or sweeps a create whose reply was
     #: lost) in tasks of its own; waits for deletes go through wait_finished
     isolates_acquire = True
-    isolates_release = False
+    #: a cancelled release deletes again from a task of its own and waits for it
+    isolates_release = True
 
     def __init__(
         self,
@@ -509,7 +510,7 @@ def _install_fast_reconnect(client: Any, tasks: TaskSet) -> None:
     session = client.session
 
     async def make_connection(host: str, port: Any) -> Any:
-        conn = Connection(
+        conn = BufferedConnection(
             host, port, watch_handler=session.event_dispatch, read_timeout=session.read_timeout
         )
         try:

@@ -553,12 +553,15 @@ class LockInternals:
         return self.tasks.spawn(self._delete_now(node), name=f"aiolocks-zk-delete:{node.path}")
 
     async def delete_isolated(self, node: Node) -> bool:
-        """:meth:`delete` for a caller already in a task of its own (the core's release).
+        """:meth:`delete` from the caller's task (the driver's release: ``isolates_release``).
 
         Sends the delete from this task (no second task, one loop pass less
-        on every handoff); past ``connect_timeout`` (no connection), or if
-        this task is cancelled (only ``close()`` does), the delete goes on
-        in the background.
+        on every handoff). Past ``connect_timeout`` (no connection) the
+        delete goes on in the background. If this task is cancelled, the
+        delete is sent again from a task of the driver's (deleting is
+        idempotent: "no node" then means done), which is waited for, through
+        further cancellations, up to ``connect_timeout``; then the
+        cancellation propagates.
         """
         try:
             async with asyncio.timeout(self.monitor.connect_timeout):
@@ -567,7 +570,7 @@ class LockInternals:
             self.spawn_delete(node)
             return True
         except asyncio.CancelledError:
-            self.spawn_delete(node)
+            await wait_finished(self.spawn_delete(node), timeout=self.monitor.connect_timeout)
             raise
 
     async def delete(self, node: Node) -> bool:
