@@ -504,14 +504,29 @@ def _install_fast_reconnect(client: Any, tasks: TaskSet) -> None:
     client-side expiry timer) has run out, and a hold that the ensemble kept
     is lost. This version retries after 50 ms, doubling up to a quarter of
     the session timeout (at most 2 s), with jitter; it also logs refused
-    connections at DEBUG instead of a traceback per attempt. A client the user
-    gave us keeps aiozk's behaviour.
+    connections at DEBUG instead of a traceback per attempt.
+
+    Its connections read replies with :class:`BufferedConnection` and run
+    the callbacks of a node watch event at once (aiozk schedules each with
+    ``call_soon``: one more event-loop pass between a release and the wake-up
+    of the next waiter; our callbacks only resolve futures). A client the
+    user gave us keeps aiozk's behaviour.
     """
     session = client.session
 
+    def dispatch(event: Any) -> None:
+        if not event.type:
+            session.event_dispatch(event)  # session state events: aiozk's handling
+            return
+        for callback in list(session.watch_callbacks.get((event.type, event.path), ())):
+            try:
+                callback(event.path)
+            except Exception:
+                logger.exception("watch callback for %s failed", event.path)
+
     async def make_connection(host: str, port: Any) -> Any:
         conn = BufferedConnection(
-            host, port, watch_handler=session.event_dispatch, read_timeout=session.read_timeout
+            host, port, watch_handler=dispatch, read_timeout=session.read_timeout
         )
         try:
             await conn.connect()

@@ -132,3 +132,39 @@ async def test_backends_built_from_a_url_read_with_it(backend: ZooKeeperBackend)
     async with backend.mutex("reader/check"):
         conn = backend._driver._client.session.conn  # type: ignore[attr-defined]
         assert type(conn) is BufferedConnection
+
+
+@pytest.mark.zookeeper
+async def test_watch_callbacks_run_as_the_event_is_read(
+    backend: ZooKeeperBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No ``call_soon`` hop: callbacks run in the reader; one failing does not stop the rest."""
+    client = backend._driver._client  # type: ignore[attr-defined]
+    session = client.session
+    path = "/aiolocks-watch-dispatch"
+    await client.create(path, b"x")
+    ran_in: list[asyncio.Task[Any] | None] = []
+    delivered = asyncio.Event()
+
+    def failing(_path: str) -> None:
+        raise RuntimeError("boom")
+
+    def recording(_path: str) -> None:
+        ran_in.append(asyncio.current_task())
+        delivered.set()
+
+    full = client.normalize_path(path)  # events name the path with the chroot
+    for callback in (failing, recording):
+        session.add_watch_callback(protocol.WatchEvent.DELETED, full, callback)
+    try:
+        await client.exists(path, watch=True)
+        await client.delete(path)
+        await asyncio.wait_for(delivered.wait(), 10)
+    finally:
+        for callback in (failing, recording):
+            session.remove_watch_callback(protocol.WatchEvent.DELETED, full, callback)
+    # aiozk would run it from call_soon, outside any task
+    assert ran_in == [session.conn.read_loop_task]
+    assert f"watch callback for {full} failed" in caplog.text
+    async with backend.mutex("reader/still-works"):
+        pass
