@@ -12,6 +12,7 @@ import asyncio
 import struct
 from typing import Any
 
+import aiozk
 import pytest
 from aiozk import exc, protocol
 from aiozk.connection import Connection, reply_header_struct, size_struct
@@ -168,3 +169,64 @@ async def test_watch_callbacks_run_as_the_event_is_read(
     assert f"watch callback for {full} failed" in caplog.text
     async with backend.mutex("reader/still-works"):
         pass
+
+
+def _requests() -> list[Any]:
+    from aiolocks.zookeeper._protocol import CreateContainerRequest
+
+    acl = [
+        aiozk.ACL.make(scheme="world", id="anyone", read=True, write=True),
+        aiozk.ACL.make(scheme="digest", id="user:hash=", admin=True),
+    ]
+    return [
+        protocol.GetChildrenRequest(path="/a/b", watch=False),
+        protocol.GetChildrenRequest(path="/ünï/cødé", watch=True),
+        protocol.GetDataRequest(path="/a/lock-0000000001", watch=True),
+        protocol.ExistsRequest(path="/a", watch=False),
+        protocol.DeleteRequest(path="/a/lock-0000000001", version=-1),
+        protocol.DeleteRequest(path="/a", version=7),
+        protocol.Create2Request(path="/a/_c_x-lock-", data=b"payload", acl=acl, flags=3),
+        protocol.Create2Request(path="/a/n", data=None, acl=[], flags=0),
+        protocol.CreateRequest(path="/a", data="text", acl=acl[:1], flags=0),
+        CreateContainerRequest(path="/a/parent", data=b"", acl=acl[:1]),
+        protocol.SetDataRequest(path="/a", data=b"x", version=-1),  # aiozk's own path
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_requests())))
+async def test_requests_encode_byte_for_byte_as_aiozk_serializes_them(index: int) -> None:
+    from aiolocks.zookeeper._protocol import encode_request
+
+    request = _requests()[index]
+    assert encode_request(request, 41) == request.serialize(41)
+
+
+def _replies() -> list[tuple[int, Any]]:
+    from aiolocks.zookeeper._protocol import CreateContainerResponse
+
+    return [
+        (GET_CHILDREN, protocol.GetChildrenResponse(children=[])),
+        (GET_CHILDREN, protocol.GetChildrenResponse(children=["ü-lock-0000000003", "b"])),
+        (GET_DATA, protocol.GetDataResponse(data=None, stat=_stat(1))),
+        (GET_DATA, protocol.GetDataResponse(data=b"\x00\xff", stat=_stat(2**40))),
+        (3, protocol.ExistsResponse(stat=_stat(9))),
+        (2, protocol.DeleteResponse()),
+        (1, protocol.CreateResponse(path="/a/b")),
+        (15, protocol.Create2Response(path="/a/lock-0000000009", stat=_stat(12))),
+        (19, CreateContainerResponse(path="/a", stat=_stat(13))),
+        (5, protocol.SetDataResponse(stat=_stat(14))),  # aiozk's own path
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_replies())))
+async def test_replies_decode_as_aiozk_deserializes_them(index: int) -> None:
+    from aiolocks.zookeeper._protocol import decode_reply
+
+    opcode, reply = _replies()[index]
+    fmt, data = reply.render()
+    payload = struct.pack("!" + fmt, *data)
+    ours = decode_reply(opcode, payload)
+    theirs = protocol.response_xref[opcode].deserialize(payload)
+    assert type(ours) is type(theirs) is type(reply)
+    assert ours == theirs == reply
+    assert vars(ours) == vars(theirs)

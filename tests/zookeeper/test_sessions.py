@@ -124,8 +124,9 @@ async def test_connection_dropped_while_rearming_watches_reconnects(
     connection, so a connection dropped right then deadlocked it: the backend
     never reconnected (an intermittent failure of the expiry test above)."""
     from aiozk import protocol
-    from aiozk.connection import Connection
     from aiozk.states import States
+
+    from aiolocks.zookeeper._protocol import BufferedConnection as Connection
 
     name = f"rearm/{uuid.uuid4().hex}"
     a = await _connect(zk_url)
