@@ -135,8 +135,6 @@ class _TimedWrite:
     socket_timeout: float | None
     health_check_interval: float
     encoder: Any
-    _reader: Any
-    _writer: Any
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         timeout = self.socket_timeout
@@ -161,8 +159,8 @@ class _TimedWrite:
 
     def _write_cannot_block(self, command: Any) -> bool:
         """True if sending ``command`` now neither connects, pings nor waits to drain."""
-        writer = self._writer
-        if writer is None or self._reader is None or self.health_check_interval:
+        writer = getattr(self, "_writer", None)  # redis-py internals: absent means "unsure"
+        if writer is None or getattr(self, "_reader", None) is None or self.health_check_interval:
             return False
         transport = writer.transport
         if transport.is_closing() or transport.get_write_buffer_size():

@@ -1,10 +1,10 @@
 """The Lua scripts of the Redis driver, kept as ``scripts/*.lua`` files.
 
-Each script is registered on a client with redis-py's ``register_script``:
-calls go out as ``EVALSHA`` and redis-py reloads the script when the server
-answers ``NOSCRIPT`` (after a restart or ``SCRIPT FLUSH``). ``Scripts.load``
-preloads them at ``open()`` so that an uncontended acquire costs exactly one
-``EVALSHA``.
+Each script is registered on a client with redis-py's ``register_script``
+(for its SHA1); ``RedisNode.evalsha`` sends it as ``EVALSHA`` and, when the
+server answers ``NOSCRIPT`` (after a restart or ``SCRIPT FLUSH``), loads it
+and sends it again. ``Scripts.load`` preloads them at ``open()`` so that an
+uncontended acquire costs exactly one ``EVALSHA``.
 """
 
 from __future__ import annotations
