@@ -218,7 +218,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "aiolocks side by side with the locks users would otherwise pick, in one run on",
         "the same servers, rounds interleaved (A B C … C B A …) so machine drift lands on",
         "everyone alike; every figure is a median over rounds. Rerun with",
-        "`python -m benchmarks` (about 5 minutes; `--quick` for about 2); it starts its own",
+        "`python -m benchmarks` (about 8 minutes; `--quick` for about 2); it starts its own",
         "`redis-server` and ZooKeeper and writes `benchmarks/results/latest.json` and",
         "`latest.png`.",
         "",
