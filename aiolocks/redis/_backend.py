@@ -207,6 +207,32 @@ def _timed_write_class(cls: type[Any]) -> type[Any]:
     return type(f"TimedWrite{cls.__name__}", (_TimedWrite, cls), {})
 
 
+@functools.cache
+def _sentinel_connection_class() -> type[Any]:
+    """redis-py's Sentinel-managed connection, asking the sentinels again on *every* connect.
+
+    redis-py asks the sentinels for the master's address only in
+    ``connect()``; a connection that dropped and is reconnected by a
+    command's own retry (``send_packed_command`` -> ``connect_check_health``)
+    goes back to the address it had (redis-py issue #3874). After a failover
+    that is the old master, and if it has come back and not yet been turned
+    into a replica, it takes writes: our holds would then live on two
+    masters. Seen in the chaos suite (seed 4242): a worker whose event loop
+    was blocked across a failover kept acquiring on the restarted old master.
+    """
+    from redis.asyncio.sentinel import SentinelManagedConnection
+
+    class RediscoveringSentinelConnection(SentinelManagedConnection):
+        """``SentinelManagedConnection`` that resolves the master before each socket connect."""
+
+        async def _connect(self) -> None:
+            if self.connection_pool.is_master:
+                self.host, self.port = await self.connection_pool.get_master_address()
+            await super()._connect()  # type: ignore[no-untyped-call]
+
+    return RediscoveringSentinelConnection
+
+
 def _telemetry_probe() -> Callable[[], object]:
     """redis-py's "telemetry collector, if enabled" function (None: disabled)."""
     try:
@@ -513,6 +539,7 @@ def from_url(url: str, **options: object) -> Backend:
                 username=parsed.username,
                 password=parsed.password,
                 max_connections=10 * POOL_SIZE,
+                connection_class=_sentinel_connection_class(),
             )
 
         async def close_sentinels() -> None:

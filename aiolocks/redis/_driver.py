@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.driver import Capabilities, Family, Grant, Mode, Request
@@ -420,6 +420,19 @@ class RedisNode:
             delay = min(delay * 2, 1.0)
 
 
+def refused_unrun(exc: BaseException) -> bool:
+    """``exc`` says the server refused the script before it wrote anything.
+
+    A master demoted to a replica answers a write with ``READONLY``; redis-py's
+    Sentinel connection turns that into ``ConnectionError("The previous
+    master is now a slave")`` raised while handling the ``ReadOnlyError``.
+    A script without flags fails at its first write on a replica, and each
+    of ours reads before it writes, so nothing of it took effect. Any other
+    connection error leaves it open whether the script ran.
+    """
+    return isinstance(exc, ReadOnlyError) or isinstance(exc.__context__, ReadOnlyError)
+
+
 def map_error(exc: BaseException, what: str, describe: str) -> LockError:
     """Driver errors -> aiolocks errors, in one place (``raise map_error(...) from exc``)."""
     if isinstance(exc, TRANSIENT):
@@ -754,7 +767,9 @@ class RedisDriver:
                     grant.mark_lost("its Redis field was already gone when it was released")
                 return
             except TRANSIENT as exc:
-                resent = True
+                # A refusal by a demoted master means the script never ran:
+                # the next answer is then as unambiguous as a first one.
+                resent = resent or not refused_unrun(exc)
                 if grant.lost:
                     return  # the lease lapses; nothing to report on a lost hold
                 if time.monotonic() + delay > give_up:

@@ -86,6 +86,36 @@ async def run(config: dict[str, Any]) -> None:
     control = RegisterClient(config["register"])
     await control.call({"op": "hello", "worker": worker, "pid": os.getpid()})
     backend = await connect(config["url"], time.monotonic() + 60)
+    trace_dir = os.environ.get("AIOLOCKS_CHAOS_TRACE")
+    trace = None
+    if trace_dir:
+        # Debugging aid: every lock event of this worker, one line each.
+        trace = open(os.path.join(trace_dir, f"worker-{worker}.log"), "a")  # noqa: SIM115
+
+        def log_event(event: aiolocks.LockEvent) -> None:
+            task = asyncio.current_task()
+            trace.write(
+                f"{time.monotonic():.3f} {event.kind} token={event.fencing_token} "
+                f"task={task.get_name() if task else None} reason={event.reason}\n"
+            )
+            trace.flush()
+
+        backend.add_event_hook(log_event)
+        pool = getattr(getattr(getattr(backend, "_driver", None), "node", None), "client", None)
+        pool = getattr(pool, "connection_pool", None)
+        if pool is not None:
+            original_get = pool.get_connection
+
+            async def traced_get(*args: Any, **kwargs: Any) -> Any:
+                conn = await original_get(*args, **kwargs)
+                task = asyncio.current_task()
+                trace.write(
+                    f"{time.monotonic():.3f} conn port={getattr(conn, 'port', None)} "
+                    f"id={id(conn):x} task={task.get_name() if task else None}\n"
+                )
+                return conn
+
+            pool.get_connection = traced_get
     lock = backend.mutex(config["name"])
     stop_at = time.monotonic() + float(config["duration"])
     loop = asyncio.get_running_loop()
@@ -108,6 +138,9 @@ async def run(config: dict[str, Any]) -> None:
     acquire_timeout = float(config["acquire_timeout"])
 
     async def task_loop(index: int) -> None:
+        me = asyncio.current_task()
+        if me is not None:
+            me.set_name(f"w{worker}t{index}")
         register = RegisterClient(config["register"])
         serial = 0
         try:
@@ -167,6 +200,12 @@ async def run(config: dict[str, Any]) -> None:
                     record["detail"] = str(exc)[:200]
                 if record["start"] is not None and record["end"] is None:
                     record["end"] = time.monotonic_ns()
+                if trace is not None:
+                    trace.write(
+                        f"{time.monotonic():.3f} cs {cs} token={record['token']} "
+                        f"rejected={record['rejected']} outcome={record['outcome']} "
+                        f"{record.get('detail', '')}\n"
+                    )
                 await register.call(record)
                 if record["outcome"] not in ("ok", "lost"):
                     await asyncio.sleep(0.2)

@@ -29,3 +29,56 @@ async def test_key_deleted_before_the_first_renewal_raises_at_exit(
         async with lock.hold(timeout=5):
             assert not lock.is_lost
     assert redis_server.command("KEYS", prefix + "*") == []
+
+
+async def test_a_refused_first_unlock_does_not_hide_the_loss(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A demoted master refuses the unlock script (READONLY, which redis-py's
+    Sentinel connection reports as a ConnectionError): it did not run, so
+    "nothing to delete" from the next server is still proof of a loss."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import ReadOnlyError
+
+    prefix = f"test-release-loss-{uuid.uuid4().hex[:8]}:"
+    async with aiolocks.connect(redis_server.url, key_prefix=prefix) as backend:
+        node = backend._driver.node  # type: ignore[attr-defined]
+        real_release = node.release
+        refusals: list[int] = []
+
+        async def refuse_once(*args: object) -> int:
+            if not refusals:
+                refusals.append(1)
+                try:
+                    raise ReadOnlyError("You can't write against a read only replica.")
+                except ReadOnlyError:
+                    raise RedisConnectionError("The previous master is now a slave") from None
+            return int(await real_release(*args))
+
+        lock = backend.mutex("gone/refused", lease_time=30)
+        with pytest.raises(aiolocks.LockLostError, match="already gone"):
+            async with lock:
+                keys = redis_server.command("KEYS", prefix + "*")
+                assert isinstance(keys, list) and keys
+                for key in keys:
+                    assert isinstance(key, str)
+                    redis_server.command("DEL", key)
+                monkeypatch.setattr(node, "release", refuse_once)
+        assert refusals == [1]
+
+
+async def test_only_a_readonly_refusal_counts_as_not_run() -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import ReadOnlyError
+
+    from aiolocks.redis._driver import refused_unrun
+
+    with pytest.raises(RedisConnectionError) as caught:
+        try:
+            raise ReadOnlyError("READONLY")
+        except ReadOnlyError:
+            raise RedisConnectionError("The previous master is now a slave") from None
+    assert refused_unrun(caught.value)
+    assert refused_unrun(ReadOnlyError("READONLY"))
+    assert not refused_unrun(RedisConnectionError("Connection reset by peer"))
+    assert not refused_unrun(OSError("broken pipe"))

@@ -72,6 +72,36 @@ async def test_sentinel_failover_locks_work_again() -> None:
         await asyncio.to_thread(sentinels.close)
 
 
+@pytest.mark.slow
+async def test_a_reconnect_after_failover_asks_the_sentinels_again() -> None:
+    """redis-py #3874: a connection reconnected by a command's own retry went back
+    to its old address. After a failover that is the old master, which, once
+    restarted, takes writes until the sentinels demote it: locks on two
+    masters (found by the chaos suite, seed 4242)."""
+    sentinels = RedisSentinelSet(down_after_ms=500, failover_timeout_ms=2000)
+    await asyncio.to_thread(sentinels.start)
+    try:
+        async with aiolocks.connect(f"{sentinels.url}?connect_timeout=2") as backend:
+            client = backend._driver.node.client  # type: ignore[attr-defined]
+            pool = client.connection_pool
+            conn = await pool.get_connection()
+            try:
+                old_port = conn.port
+                assert old_port == sentinels.master.port
+                await asyncio.to_thread(sentinels.kill_master, timeout=60)
+                # back on its old port, a master until the sentinels demote it
+                await asyncio.to_thread(sentinels.replica.start)
+                await conn.disconnect()
+                # what redis-py's retry does: send on a disconnected connection
+                await conn.send_command("PING")
+                assert await conn.read_response() in (b"PONG", "PONG", True)
+                assert conn.port == sentinels.master.port != old_port
+            finally:
+                await pool.release(conn)
+    finally:
+        await asyncio.to_thread(sentinels.close)
+
+
 def _names_in_distinct_slots(count: int) -> list[str]:
     names: list[str] = []
     slots: set[int] = set()
