@@ -12,6 +12,15 @@ from aiolocks.testing import RedisServer
 pytestmark = pytest.mark.asyncio
 
 
+def _delete_keys(redis_server: RedisServer, prefix: str) -> None:
+    """Delete every key of ``prefix`` behind the library's back."""
+    keys = redis_server.command("KEYS", prefix + "*")
+    assert isinstance(keys, list) and keys
+    for key in keys:
+        assert isinstance(key, str)
+        redis_server.command("DEL", key)
+
+
 async def test_key_deleted_before_the_first_renewal_raises_at_exit(
     redis_server: RedisServer,
 ) -> None:
@@ -20,11 +29,7 @@ async def test_key_deleted_before_the_first_renewal_raises_at_exit(
         lock = backend.mutex("gone/at-release", lease_time=30)
         with pytest.raises(aiolocks.LockLostError, match="already gone"):
             async with lock:
-                keys = redis_server.command("KEYS", prefix + "*")
-                assert isinstance(keys, list) and keys
-                for key in keys:
-                    assert isinstance(key, str)
-                    redis_server.command("DEL", key)
+                _delete_keys(redis_server, prefix)
         # and the next hold works normally
         async with lock.hold(timeout=5):
             assert not lock.is_lost
@@ -58,11 +63,7 @@ async def test_a_refused_first_unlock_does_not_hide_the_loss(
         lock = backend.mutex("gone/refused", lease_time=30)
         with pytest.raises(aiolocks.LockLostError, match="already gone"):
             async with lock:
-                keys = redis_server.command("KEYS", prefix + "*")
-                assert isinstance(keys, list) and keys
-                for key in keys:
-                    assert isinstance(key, str)
-                    redis_server.command("DEL", key)
+                _delete_keys(redis_server, prefix)
                 monkeypatch.setattr(node, "release", refuse_once)
         assert refusals == [1]
 
