@@ -142,18 +142,16 @@ class ZooKeeperBackend(Backend):
 
 
 def _check_seconds(name: str, value: object) -> float:
-    if isinstance(value, str):
-        return parse_positive_float(name, value)
+    """A keyword (or already parsed query) value in seconds; text is for the URL query only."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"option {name}={value!r} must be a number of seconds")
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
     return parse_positive_float(name, repr(float(value)))
 
 
 def _check_bool(name: str, value: object) -> bool:
-    if isinstance(value, str):
-        return parse_bool(name, value)
+    """A keyword (or already parsed query) flag; text is for the URL query only."""
     if not isinstance(value, bool):
-        raise ValueError(f"option {name}={value!r} must be true or false")
+        raise ValueError(f"{name} must be True or False, got {value!r}")
     return value
 
 

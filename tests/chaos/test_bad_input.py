@@ -116,6 +116,10 @@ BAD_KEYWORDS: dict[str, list[tuple[dict[str, Any], str]]] = {
     "zk": [
         ({"session_timeout": -1}, "session_timeout"),
         ({"session_timeout": math.nan}, "session_timeout"),
+        # text is for the URL query; a keyword must be typed (as on redis://)
+        ({"connect_timeout": "5"}, "connect_timeout must be a number of seconds, got '5'"),
+        ({"suspended_is_lost": "true"}, "suspended_is_lost must be True or False"),
+        ({"suspended_is_lost": 1}, "suspended_is_lost"),
         ({"bogus": 1}, "'bogus'"),
     ],
     "memory": [({"bogus": 1}, "bogus")],
