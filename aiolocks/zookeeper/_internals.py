@@ -433,7 +433,7 @@ class LockInternals:
                 return None
             try:
                 held = await self._wait_turn(node, deadline, predicate, children)
-            except _Vanished:
+            except (_Vanished, SessionChanged):
                 # The session that held our node is gone (or someone deleted
                 # it): queue again with a new node in the current session,
                 # unless our time is up (the vanished node needs no delete).

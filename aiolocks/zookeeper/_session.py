@@ -484,7 +484,12 @@ class SessionMonitor:
             try:
                 zxid, response = fut.result()
             except zk_exc.SessionExpired:
-                raise SessionChanged from None
+                # Sent in a session the server had already expired: it did
+                # not run. A request bound to that session cannot be sent
+                # again; an idempotent one goes out in the next session.
+                if session_id is not None or not retry:
+                    raise SessionChanged from None
+                continue
             except _CONNECTION_ERRORS as exc:
                 # Same as aiozk: a connection error suspends the session and
                 # its repair loop reconnects.

@@ -117,6 +117,51 @@ async def test_waiter_survives_expiry_and_acquires_in_new_session(
 
 
 @pytest.mark.asyncio
+async def test_a_listing_answered_session_expired_is_sent_again(
+    zk_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that reaches the server after its session expired is answered
+    SESSION_EXPIRED without running; it goes out again in the next session.
+    It used to escape acquire() as an internal SessionChanged (CI, under load:
+    the expiry test above then timed out waiting for the waiter)."""
+    from aiozk import exc as zk_exc
+    from aiozk import protocol
+
+    from aiolocks.zookeeper._protocol import BufferedConnection
+
+    name = f"expired-reply/{uuid.uuid4().hex}"
+    a = await _connect(zk_url)
+    b = await _connect(zk_url)
+    original = BufferedConnection.send
+    answered: list[str] = []
+
+    def send(self: Any, request: Any, xid: int | None = None) -> Any:
+        fut = original(self, request, xid=xid)
+        if isinstance(request, protocol.GetChildrenRequest) and not answered:
+            answered.append("SESSION_EXPIRED")
+            fut.set_exception(zk_exc.SessionExpired())  # what the server would answer
+        return fut
+
+    try:
+        holder = Held(b.mutex(name))
+        assert await holder.wait()
+        waiting = Held(a.mutex(name))
+        await until(lambda: _count(b, name, 2), what="waiter queued")
+        monkeypatch.setattr(BufferedConnection, "send", send)
+        a._driver._monitor.wake_all()  # type: ignore[attr-defined]  # the waiter lists again
+        await until(lambda: bool(answered), what="listing answered SESSION_EXPIRED")
+        monkeypatch.undo()
+        await holder.release()
+        assert await waiting.wait()
+        await waiting.release()
+        assert waiting.was_lost is False
+    finally:
+        monkeypatch.undo()
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.asyncio
 async def test_connection_dropped_while_rearming_watches_reconnects(
     zk_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
