@@ -308,13 +308,11 @@ class RedisNode:
         on the wire): a field not found is marked as given up for that long,
         so that script cannot grant it if it arrives after this one.
         """
-        assert self.scripts is not None
         args = [keys.channel, member, tombstone_ms, *fields]
         return int(await self.evalsha("release", keys.acquire_keys, args))
 
     async def renew(self, keys: LockKeys, field: str, lease: float) -> bool:
         """Run ``renew.lua``; False when the field is gone."""
-        assert self.scripts is not None
         args = [int(lease * 1000), field]
         return bool(await self.evalsha("renew", (keys.holders,), args))
 
@@ -353,7 +351,6 @@ class RedisNode:
 
     async def inspect(self, keys: LockKeys) -> list[Any]:
         """Run ``inspect.lua``."""
-        assert self.scripts is not None
         return list(
             await self.evalsha("inspect", (keys.holders, keys.queue, keys.queue_timeouts), ())
         )

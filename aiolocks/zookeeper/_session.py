@@ -415,6 +415,23 @@ class SessionMonitor:
                     f"{self.connect_timeout:g} s (connect_timeout)"
                 )
 
+    async def _next_connection(self, deadline: float | None) -> None:
+        """Wait for the next (re)connection (or :meth:`wake_all`), within ``connect_timeout``."""
+        limit = time.monotonic() + self.connect_timeout
+        if deadline is not None:
+            limit = min(limit, deadline)
+        waker = self.new_waker()
+        try:
+            if await wait_future(waker, limit):
+                return
+        finally:
+            waker.cancel()
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError("deadline passed waiting for a new session")
+        raise BackendUnavailableError(
+            f"no new ZooKeeper session within {self.connect_timeout:g} s (connect_timeout)"
+        )
+
     async def call(
         self,
         request: Any,
@@ -447,6 +464,7 @@ class SessionMonitor:
         :raises aiozk.exc.ResponseError: the server's answer (``NoNode``...)
         """
         session = self.client.session
+        expired_in: int | None = None  # the session a SESSION_EXPIRED answer came from
         while True:
             unavailable_after = (
                 time.monotonic() + self.connect_timeout if wait_for_connection else None
@@ -458,6 +476,7 @@ class SessionMonitor:
             if session_id is not None and session.session_id != session_id:
                 raise SessionChanged
             conn = session.conn
+            sent_in = session.session_id
             fut = conn.send(request, xid=next_xid(session))
             if then is not None and then_reply is not None:
                 then_reply.append(conn.send(then, xid=next_xid(session)))
@@ -487,8 +506,11 @@ class SessionMonitor:
                 # Sent in a session the server had already expired: it did
                 # not run. A request bound to that session cannot be sent
                 # again; an idempotent one goes out in the next session.
-                if session_id is not None or not retry:
+                if session_id is not None or not retry or expired_in == sent_in:
                     raise SessionChanged from None
+                expired_in = sent_in
+                if session.session_id == sent_in:
+                    await self._next_connection(deadline)
                 continue
             except _CONNECTION_ERRORS as exc:
                 # Same as aiozk: a connection error suspends the session and
