@@ -87,9 +87,12 @@ __all__ = [
     "split_key",
 ]
 
-#: The lock families that get their own key space (one per factory).
+#: The lock families that get their own key space: one per factory (the
+#: values of the core's ``Family`` enum), ``lease`` for the lease mode's
+#: serializing locks and ``setup`` for the table bootstrap. Part of every key:
+#: never rename one.
 FAMILIES: Final = frozenset(
-    {"mutex", "semaphore_mutex", "semaphore", "rw", "leader", "lease", "setup"}
+    {"mutex", "semaphore-mutex", "semaphore", "rwlock", "leader", "lease", "setup"}
 )
 
 #: The same key as :func:`advisory_key`, computed by the server from a text
@@ -336,6 +339,7 @@ class AdvisoryQueries:
     unlock_shared: str
     unlock_if_held: str
     held: str
+    participants: str
 
     @classmethod
     def build(cls, names: TableNames) -> AdvisoryQueries:
@@ -397,6 +401,18 @@ class AdvisoryQueries:
                 "SELECT (classid::int8 << 32) | objid::int8 AS key, mode FROM pg_locks "
                 f"WHERE {_HELD_WHERE}"
             ),
+            # Every session holding or waiting for key $1 in this database:
+            # holders first, then waiters in the order they started waiting
+            # (pg_locks.waitstart, PostgreSQL 14+).
+            participants=(
+                "SELECT l.pid, l.mode, l.granted, a.application_name FROM pg_locks AS l "
+                "LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid "
+                "WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
+                "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "AND l.classid = (($1::int8 >> 32) & 4294967295)::oid "
+                "AND l.objid = ($1::int8 & 4294967295)::oid "
+                "ORDER BY l.granted DESC, l.waitstart NULLS FIRST, l.pid"
+            ),
         )
 
 
@@ -412,11 +428,14 @@ class LeaseQueries:
     expiry, or no row when the hold is gone (lost). ``release``: ``$1`` name,
     ``$2`` slot, ``$3`` owner, ``$4`` epoch; one row whose ``live`` is true
     when the hold was still ours and unexpired, false when it was lost.
+    ``abandon``: ``$1`` name, ``$2`` owner; removes every row of that owner
+    (what a cancelled acquire may have won) and says how many.
     """
 
     acquire: str
     renew: str
     release: str
+    abandon: str
     listen: str
     holders: str
 
@@ -436,6 +455,13 @@ class LeaseQueries:
                 "SELECT coalesce((SELECT expires_at > clock_timestamp() FROM gone), false) "
                 "AS live, "
                 f"pg_notify('{names.channel}', $1)"
+            ),
+            # After a cancelled or failed acquire: drop whatever the owner
+            # minted before the call may have won ($1 name, $2 owner).
+            abandon=(
+                f"WITH gone AS (DELETE FROM {leases} WHERE name = $1 AND owner = $2 "
+                "RETURNING slot) "
+                f"SELECT count(*) AS removed, pg_notify('{names.channel}', $1) FROM gone"
             ),
             listen=f'LISTEN "{names.channel}"',
             holders=(

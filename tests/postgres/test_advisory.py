@@ -181,7 +181,7 @@ async def test_shared_locks_for_readers_and_writer_preference(
     schema: None, connect: Connect, unique: str
 ) -> None:
     r1, r2, writer, late_reader, observer = await asyncio.gather(*(connect() for _ in range(5)))
-    key, fence = advisory_key("rw", unique), f"rw/{unique}"
+    key, fence = advisory_key("rwlock", unique), f"rwlock/{unique}"
     e1 = await r1.fetchval(Q.try_shared, key, fence)
     e2 = await r2.fetchval(Q.try_shared, key, fence)
     assert e2 == e1 + 1  # readers and writers share one fencing sequence
@@ -313,3 +313,48 @@ async def test_fencing_epoch_survives_restart_and_crash(
     finally:
         await conn.close()
     assert epochs == list(range(1, 8))
+
+
+async def test_idle_session_timeout_ends_an_idle_holder(
+    schema: None, connect: Connect, unique: str
+) -> None:
+    """The trap the heartbeat exists for: an idle holder's session is ended by the server."""
+    holder, other = await connect(), await connect()
+    key, fence = advisory_key("mutex", unique), f"mutex/{unique}"
+    assert await holder.fetchval(Q.try_exclusive, key, fence) is not None
+    ended = asyncio.Event()
+    holder.add_termination_listener(lambda _conn: ended.set())
+    await holder.execute("SET idle_session_timeout = '300ms'")
+    await asyncio.wait_for(ended.wait(), 60)  # nothing ran on the holder: it was idle
+    assert holder.is_closed()
+    assert await other.fetchval(Q.try_exclusive, key, fence) is not None
+    assert await other.fetchval(Q.unlock_exclusive, key)
+
+
+async def test_participants_list_holders_then_waiters_in_queue_order(
+    connect: Connect, unique: str
+) -> None:
+    holder, observer = await connect(), await connect()
+    waiters = [await connect(server_settings={"application_name": f"w{i}"}) for i in range(3)]
+    key = advisory_key("mutex", unique)
+    assert await holder.fetchval("SELECT pg_try_advisory_lock($1)", key)
+    tasks = []
+    for waiter in waiters:
+        tasks.append(asyncio.create_task(waiter.execute("SELECT pg_advisory_lock($1)", key)))
+        await _until(partial(_waiting, observer, waiter.get_server_pid()), "waiter queued")
+    rows = await observer.fetch(Q.participants, key)
+    assert [(r["pid"], r["granted"]) for r in rows] == [
+        (holder.get_server_pid(), True),
+        *((w.get_server_pid(), False) for w in waiters),
+    ]
+    assert [r["application_name"] for r in rows[1:]] == ["w0", "w1", "w2"]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert await holder.fetchval(Q.unlock_exclusive, key)
+    # The cancels may still be on their way: a waiter can be granted after its
+    # task saw CancelledError. asyncpg runs the next statement only once the
+    # cancelled one ended, so check-and-unlock on each waiter is reliable.
+    for waiter in waiters:
+        assert len(await waiter.fetch(Q.unlock_if_held, key, "ExclusiveLock")) <= 1
+    assert await observer.fetch(Q.participants, key) == []

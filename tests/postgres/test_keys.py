@@ -24,8 +24,8 @@ def test_key_is_the_first_8_bytes_of_sha256_as_signed_int64() -> None:
         hashlib.sha256(b"aiolocks/mutex/a").digest()[:8], "big", signed=True
     )
     assert advisory_key("mutex", "a") == -8480138065972741446  # sha256 8a507f5bd36d3aba...
-    assert advisory_key("mutex", "a") != advisory_key("semaphore_mutex", "a")
-    assert advisory_key("rw", "a") != advisory_key("mutex", "a")
+    assert advisory_key("mutex", "a") != advisory_key("semaphore-mutex", "a")
+    assert advisory_key("rwlock", "a") != advisory_key("mutex", "a")
 
 
 def test_keys_of_a_million_names_are_distinct() -> None:

@@ -96,7 +96,7 @@ async def test_loss_behind_our_back_is_seen_by_the_next_renewal(
 async def test_readers_writers_and_semaphore_slots(connect_bouncer: Connect, unique: str) -> None:
     conn = await connect_bouncer()
     await ensure_schema(conn, NAMES)
-    rw, sem = f"rw/{unique}", f"semaphore/{unique}"
+    rw, sem = f"rwlock/{unique}", f"semaphore/{unique}"
     r1, r2 = await _acquire(conn, rw, "shared"), await _acquire(conn, rw, "shared")
     assert r1 is not None and r2 is not None
     assert (r1[1], r2[1]) == (1, 2) and r2[2] == r1[2] + 1
@@ -217,3 +217,22 @@ async def test_a_role_without_rights_gets_the_ddl(
             f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"
         )
         await admin.execute(f'DROP ROLE "{role}"')
+
+
+async def test_abandon_removes_what_a_cancelled_acquire_won(
+    connect_bouncer: Connect, unique: str
+) -> None:
+    conn = await connect_bouncer()
+    await ensure_schema(conn, NAMES)
+    name, owner = f"semaphore/{unique}", _owner()
+    key = advisory_key("lease", name)
+    # The acquire's answer never reached the caller; only the minted owner is known.
+    for _ in range(2):
+        await conn.fetchrow(Q.acquire, name, key, owner, "slots", 3, 30.0)
+    other = await _acquire(conn, name, "slots", 3)
+    assert other is not None and await _rows(conn, name) == 3
+    assert (await conn.fetchrow(Q.abandon, name, owner))["removed"] == 2
+    assert (await conn.fetchrow(Q.abandon, name, owner))["removed"] == 0  # idempotent
+    assert [row["owner"] for row in await conn.fetch(Q.holders, name)] == [other[0]]
+    assert (await conn.fetchrow(Q.release, name, other[1], other[0], other[2]))["live"]
+    assert await _rows(conn, name) == 0
