@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +38,11 @@ def test_server_answers_queries_and_reports_errors(postgres_server: PostgresServ
 def test_managed_server_runs_as_an_unprivileged_user(postgres_server: PostgresServer) -> None:
     require_managed(postgres_server)
     assert postgres_server.running and postgres_server.data_dir is not None
+    assert postgres_server.pid is not None
+    owner = Path(f"/proc/{postgres_server.pid}").stat().st_uid
+    # PostgreSQL refuses root: as root we run it as the postgres OS user.
+    expected = pwd.getpwnam("postgres").pw_uid if os.geteuid() == 0 else os.geteuid()
+    assert owner == expected != 0
     assert (postgres_server.data_dir / "PG_VERSION").is_file()
     # fsync is off for speed, synchronous_commit stays on so a crash keeps commits.
     assert postgres_server.query("SHOW fsync") == [("off",)]
