@@ -709,6 +709,7 @@ class PgBouncer(_PgProcess):
         self._pool_mode = pool_mode
         self._pool_size = pool_size
         self._user, self._password = server.user, server._password
+        self._database = server.database
 
     @classmethod
     def external(cls, url: str, server: PostgresServer | None = None) -> PgBouncer:
