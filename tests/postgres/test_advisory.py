@@ -358,3 +358,24 @@ async def test_participants_list_holders_then_waiters_in_queue_order(
     for waiter in waiters:
         assert len(await waiter.fetch(Q.unlock_if_held, key, "ExclusiveLock")) <= 1
     assert await observer.fetch(Q.participants, key) == []
+
+
+async def test_failed_grant_statement_keeps_the_session_lock_until_unlocked(
+    schema: None, connect: Connect, unique: str
+) -> None:
+    """A session lock ignores ROLLBACK: the grant's statement failing after the lock
+    was taken (here: lock_timeout on the fencing row) still leaves it held."""
+    waiter, blocker, observer = await asyncio.gather(connect(), connect(), connect())
+    key, fence = advisory_key("mutex", unique), f"mutex/{unique}"
+    await observer.fetchval(Q.try_exclusive, key, fence)  # the fencing row exists
+    assert await observer.fetchval(Q.unlock_exclusive, key)
+    tx = blocker.transaction()
+    await tx.start()
+    await blocker.execute("SELECT 1 FROM aiolocks_fencing WHERE name = $1 FOR UPDATE", fence)
+    await waiter.execute("SET lock_timeout = '50ms'")
+    with pytest.raises(asyncpg.exceptions.LockNotAvailableError):
+        await waiter.fetchval(Q.try_exclusive, key, fence)
+    await tx.rollback()
+    assert await _locks_of(observer, waiter.get_server_pid()) == [(key, "ExclusiveLock")]
+    assert await waiter.fetch(Q.unlock_if_held, key, "ExclusiveLock") == [(True,)]
+    assert await _locks_of(observer, waiter.get_server_pid()) == []
