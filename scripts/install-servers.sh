@@ -96,7 +96,12 @@ else
         chmod 0755 "${pg_policy}"
         pg_created_policy=1
     fi
-    apt-get update -q
+    # Skip a second `apt-get update` when the block above just ran one.
+    if [[ -z "$(find /var/lib/apt/lists -maxdepth 0 -mmin -30 2>/dev/null)" ]]; then
+        log "apt-get update"
+        apt-get update -q
+    fi
+    log "apt-get install ${pg_missing[*]}"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pg_missing[@]}" \
         || { [[ ${pg_created_policy} -eq 1 ]] && rm -f "${pg_policy}"; exit 1; }
     [[ ${pg_created_policy} -eq 1 ]] && rm -f "${pg_policy}"
