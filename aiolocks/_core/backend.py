@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .driver import Capabilities, Driver, Family, Grant, Request
+from .driver import Capabilities, Family, Grant, LegacyDriver, Request
 from .errors import BackendUnavailableError
 from .events import EventHook, EventKind, LockEvent, lock_kind
 from .names import validate_name
@@ -53,7 +53,7 @@ class Backend:
     running is marked lost, so that body gets :class:`LockLostError`.
     """
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: LegacyDriver) -> None:
         self._driver = driver
         self.client_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         """Identifies this backend instance in ``Participant.id`` values."""
