@@ -50,7 +50,7 @@ One ``acquire`` of the core is one :class:`Attempt`. The engine drives it::
     command that may win, note in the attempt that a command is unanswered;
     clear the note when its answer arrives (``abandon`` uses it, see below).
     A driver may retry a command through a short outage (see
-    :func:`aiolocks._core.backoff.retry_delays`); after that it raises
+    :class:`aiolocks._core.backoff.Backoff`); after that it raises
     :class:`BackendUnavailableError`. Only errors that mean "the server said
     no for good" become other :class:`LockError` subclasses.
 
@@ -106,10 +106,12 @@ The rest
 * ``lock_options(family, options)``: validate per-lock keyword options
   before any I/O; ``ValueError`` naming the option. The result comes back
   as ``Request.options``.
-* ``await open()`` / ``await close()``: connect within the connect timeout
-  (else :class:`BackendUnavailableError`) / stop background work and
-  disconnect (not a client the user gave us). ``close()`` runs after the
-  engine released every hold and finished its owned tasks.
+* ``await open(tasks)`` / ``await close()``: connect within the connect
+  timeout (else :class:`BackendUnavailableError`) / disconnect (not a client
+  the user gave us). ``tasks`` is the engine's one owned task set: a driver
+  that needs background work (a lease renewal loop) spawns it there and
+  keeps no task set of its own. ``close()`` runs after the engine released
+  every hold and finished its owned tasks.
 * ``await participants(name, family)``: holders first, then waiters in queue
   order where the backend queues.
 * Mode rules: ``EXCLUSIVE`` (one holder), ``LEASE`` (at most
@@ -147,6 +149,7 @@ from typing import TYPE_CHECKING, Protocol, final
 
 if TYPE_CHECKING:
     from .participants import Participant
+    from .tasks import TaskSet
 
 __all__ = [
     "Attempt",
@@ -335,8 +338,12 @@ class Driver(Protocol):
         """Validate the per-lock keyword options before any I/O; ``ValueError`` names a bad one."""
         ...
 
-    async def open(self) -> None:
-        """Connect; raise BackendUnavailableError within the connect timeout."""
+    async def open(self, tasks: TaskSet) -> None:
+        """Connect; raise BackendUnavailableError within the connect timeout.
+
+        ``tasks`` is the engine's owned task set: start background work
+        (renewal loops) there; the engine finishes it when the backend closes.
+        """
         ...
 
     def begin(self, request: Request) -> Attempt:

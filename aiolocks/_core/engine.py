@@ -193,7 +193,10 @@ class Engine:
             self._open_lock = asyncio.Lock()
         async with self._open_lock:
             if not self.opened:
-                await self.driver.open()
+                if self._legacy:
+                    await cast(LegacyDriver, self.driver).open()
+                else:
+                    await cast(Driver, self.driver).open(self.tasks)
                 self.opened = True
 
     async def close(self) -> None:
