@@ -131,7 +131,7 @@ async def test_a_stream_that_ends_half_way_is_a_closed_connection() -> None:
 @pytest.mark.zookeeper
 async def test_backends_built_from_a_url_read_with_it(backend: ZooKeeperBackend) -> None:
     async with backend.mutex("reader/check"):
-        conn = backend._driver._client.session.conn  # type: ignore[attr-defined]
+        conn = backend._driver._client.session.conn
         assert type(conn) is BufferedConnection
 
 
@@ -140,7 +140,7 @@ async def test_watch_callbacks_run_as_the_event_is_read(
     backend: ZooKeeperBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No ``call_soon`` hop: callbacks run in the reader; one failing does not stop the rest."""
-    client = backend._driver._client  # type: ignore[attr-defined]
+    client = backend._driver._client
     session = client.session
     path = "/aiolocks-watch-dispatch"
     await client.create(path, b"x")
