@@ -26,6 +26,8 @@ SCHEMES: dict[str, str] = {
     "redis+sentinel": "aiolocks.redis",
     "redis+cluster": "aiolocks.redis",
     "redlock": "aiolocks.redis",
+    "postgresql": "aiolocks.postgres",
+    "postgres": "aiolocks.postgres",
 }
 
 
@@ -93,7 +95,8 @@ def connect(url: str = "memory://", **options: Any) -> _Connecting:
     >>> await backend.close()  # doctest: +SKIP
 
     Schemes: ``memory://``, ``zk://``, ``redis://``, ``rediss://``,
-    ``redis+sentinel://``, ``redis+cluster://``, ``redlock://``. Keyword
+    ``redis+sentinel://``, ``redis+cluster://``, ``redlock://``,
+    ``postgresql://`` / ``postgres://``. Keyword
     options are the URL's query options (``session_timeout``, ``lease_time``,
     ``key_prefix``, ``connect_timeout``...).
 

@@ -1,11 +1,131 @@
-"""PostgreSQL backend (``postgresql://``), in progress: nothing here is public yet.
+"""PostgreSQL backend (``postgresql://``, ``postgres://``): session advisory locks on asyncpg.
 
-What exists so far is the layer the driver will stand on:
-:mod:`aiolocks.postgres._sql` (advisory-lock keys, the fencing and lease
-tables, the queries, the session checks) and :mod:`aiolocks.postgres._url`
-(URL options). Importing this package loads no database client.
+``mode=advisory`` (the default) holds session-level advisory locks on
+connections of its own; see ``docs/postgres.md``. ``mode=lease`` (the lease
+table, for transaction-pooling proxies) is not available yet: its SQL layer
+exists (:mod:`aiolocks.postgres._sql`) but no driver runs it, and the URL is
+refused with a :class:`ValueError` before any I/O.
+
+Importing this package loads asyncpg only when a backend is built.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import TYPE_CHECKING, Any, final
+
+from .._core.backend import Backend
+from ._sql import PostgresSetupError, TableNames
+from ._url import PostgresOptions, parse_postgres_url
+
+if TYPE_CHECKING:
+    from ._driver import PostgresPoolerError
+
+__all__ = ["PostgresBackend", "PostgresPoolerError", "PostgresSetupError", "from_url"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresPoolerError":
+        from ._driver import PostgresPoolerError
+
+        return PostgresPoolerError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _describe(options: PostgresOptions) -> str:
+    hosts = ",".join(str(hp) for hp in options.hosts)
+    return f"postgresql://{hosts}/{options.database}"
+
+
+@final
+class PostgresBackend(Backend):
+    """The PostgreSQL backend, ``mode=advisory``.
+
+    Built from a URL (what :func:`aiolocks.connect` does), or around an
+    ``asyncpg.Pool`` you already have::
+
+        backend = PostgresBackend(pool)             # borrows its own connections
+        backend = PostgresBackend("postgresql://app@db/app?heartbeat=5")
+
+    With a pool, the backend borrows connections from it and keeps each one
+    for as long as it holds locks; it never hands one back with a lock on it
+    (asyncpg's reset would run ``pg_advisory_unlock_all()``): a borrowed
+    connection is closed, not reused, when the backend is done with it. The
+    pool must allow ``1 + max_sessions`` connections for this backend.
+
+    :param heartbeat: seconds; a hold is declared lost within ``heartbeat`` +
+        1 s of its session's end.
+    :param max_sessions: extra connections for blocking waits and the locks
+        they win (besides the primary one); see ``docs/postgres.md``.
+    """
+
+    def __init__(
+        self,
+        target: str | Any,
+        *,
+        heartbeat: float | None = None,
+        max_sessions: int | None = None,
+        tables: TableNames | None = None,
+        create_tables: bool | None = None,
+    ) -> None:
+        from ._driver import DEFAULT_MAX_SESSIONS, PostgresAdvisoryDriver
+
+        if isinstance(target, str):
+            options = parse_postgres_url(target)
+            if options.mode == "lease":
+                raise ValueError(
+                    "mode=lease is not available yet in this version of aiolocks "
+                    "(use mode=advisory on a direct, unpooled connection)"
+                )
+            import asyncpg
+
+            kwargs = options.connect_kwargs()
+
+            async def connect() -> Any:
+                return await asyncpg.connect(**kwargs)
+
+            driver = PostgresAdvisoryDriver(
+                connect,
+                describe=_describe(options),
+                heartbeat=options.heartbeat if heartbeat is None else heartbeat,
+                tables=tables or options.tables,
+                create_tables=options.create_tables if create_tables is None else create_tables,
+                max_sessions=DEFAULT_MAX_SESSIONS if max_sessions is None else max_sessions,
+            )
+        else:
+            pool = target
+            if not callable(getattr(pool, "acquire", None)) or not callable(
+                getattr(pool, "release", None)
+            ):
+                raise TypeError(
+                    "PostgresBackend takes a postgresql:// URL or an asyncpg.Pool, "
+                    f"got {type(target).__name__}"
+                )
+
+            async def borrow() -> Any:
+                return await pool.acquire()
+
+            async def give_back(conn: Any) -> None:
+                await pool.release(conn)
+
+            driver = PostgresAdvisoryDriver(
+                borrow,
+                describe="postgresql://(pool)",
+                heartbeat=5.0 if heartbeat is None else heartbeat,
+                tables=tables,
+                create_tables=True if create_tables is None else create_tables,
+                max_sessions=DEFAULT_MAX_SESSIONS if max_sessions is None else max_sessions,
+                release_connection=give_back,
+            )
+        super().__init__(driver)
+
+
+def from_url(url: str, **options: object) -> PostgresBackend:
+    """``postgresql://`` or ``postgres://`` URL (+ keyword options as query options)."""
+    if options:
+        from urllib.parse import urlencode
+
+        extra = urlencode(
+            {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()}
+        )
+        url += ("&" if "?" in url else "?") + extra
+    return PostgresBackend(url)

@@ -23,10 +23,11 @@ BACKENDS: dict[str, str | None] = {
     "memory": None,
     "redis": "redis_server",
     "zookeeper": "zookeeper_server",
+    "postgres": "postgres_server",
 }
 
 #: query options appended to each backend's URL for the suite
-URL_OPTIONS: dict[str, str] = {}
+URL_OPTIONS: dict[str, str] = {"postgres": "heartbeat=1"}
 
 
 @pytest.fixture(params=list(BACKENDS))

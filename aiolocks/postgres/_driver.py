@@ -1,0 +1,785 @@
+"""The PostgreSQL driver, ``mode=advisory``: session-level advisory locks on asyncpg.
+
+Design note
+-----------
+**Sessions.** An advisory lock belongs to the server *session* that took it,
+so the driver keeps its own connections (never a pooled one that goes back
+to a pool, whose reset runs ``pg_advisory_unlock_all()``). The *primary*
+session runs every non-blocking try, the heartbeat, ``participants`` and the
+releases of what it holds. A blocking ``pg_advisory_lock`` occupies its
+connection until granted, so each waiting attempt borrows an *extra*
+session; the lock it wins stays held by that session (a lock cannot move
+between sessions) until released, and the session goes back to the idle
+list once it holds nothing.
+
+**One server lock per session and key.** Advisory locks stack per session: a
+second ``pg_try_advisory_lock`` of the same key on the same session succeeds.
+The driver therefore never sends a lock call for a key (in a mode) on a
+session that already holds or is asking for it: another session is used
+instead, and the server arbitrates between sessions as between processes.
+Reentrancy stays the core's (one server lock per hold). A write-to-read
+downgrade is the one exception: it takes the shared lock on the writer's own
+session, which the server grants at once, so no queued writer slips in.
+
+**Connections.** At most ``1 + max_sessions`` connections per backend: the
+primary plus ``max_sessions`` extra sessions (default 8), each either waiting
+for one lock or holding the locks it won. When every extra session is busy,
+a further waiter waits for a local release or a session to come free, and
+tries again at least every ``heartbeat`` seconds (a lock freed by another
+process is noticed that way only in this overflow case).
+
+**Semaphores.** A semaphore of N is N slot keys. A waiter cannot block on
+"any of N" keys, so semaphore releases send ``NOTIFY`` on the backend's
+channel with the semaphore's name, the primary session ``LISTEN``s, and a
+waiter wakes on a notification (or a local release), then tries again. A
+crashed holder publishes nothing: a semaphore waiter also tries again every
+``heartbeat`` seconds.
+
+**Loss.** Each session has a termination listener (the server ended it, the
+socket closed): every hold of the session is lost at once. The heartbeat
+runs every ``heartbeat / 2`` seconds on each session that holds locks,
+compares ``pg_locks`` with what the session should hold, and gives up on a
+session whose check does not answer within ``heartbeat / 2 + 1`` s (a
+stalled link): it is closed and its holds are lost. A hold is so declared
+lost within ``heartbeat`` + 1 s of its session's end. TCP keep-alives are
+set on both ends of every session, and the heartbeat keeps
+``idle_session_timeout`` from ending an idle holder.
+
+**Cancellation.** Before a lock call is sent, the (key, mode) is reserved on
+the session and the attempt notes the call as unanswered; when its answer
+arrives the note is cleared. ``abandon`` runs the check-and-unlock query on
+that same session (asyncpg keeps the order of one connection, after the
+cancelled call), which releases a lock the server granted after we stopped
+listening.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, cast, final
+
+import asyncpg
+
+from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
+from .._core.errors import BackendUnavailableError, LockError
+from .._core.options import check_portable_options
+from .._core.participants import Participant
+from .._core.tasks import TaskSet, wait_done
+from ._sql import (
+    AdvisoryQueries,
+    Connection,
+    TableNames,
+    advisory_key,
+    configure_keepalives,
+    ensure_schema,
+    held_advisory_locks,
+    probe_session,
+    slot_keys,
+)
+
+__all__ = ["DEFAULT_MAX_SESSIONS", "PostgresAdvisoryDriver", "PostgresPoolerError"]
+
+logger = logging.getLogger("aiolocks.postgres")
+
+#: extra sessions (waiting or holding what they won) per backend, besides the primary
+DEFAULT_MAX_SESSIONS = 8
+
+Connect = Callable[[], Awaitable[Any]]
+
+#: seconds a write-to-read downgrade may take on the writer's session (it is
+#: granted at once; this only bounds a surprise)
+_DOWNGRADE_BOUND = 5.0
+
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.CrashShutdownError,
+)
+
+
+class PostgresPoolerError(LockError, RuntimeError):
+    """``mode=advisory`` was pointed at a connection pooler, where session locks mean nothing."""
+
+
+def _unavailable(exc: BaseException, what: str, where: str) -> BackendUnavailableError:
+    return BackendUnavailableError(f"PostgreSQL {where}: {what} failed: {exc!r}")
+
+
+# (key, shared)
+LockId = tuple[int, bool]
+
+
+class _Session:
+    """One server session (asyncpg connection) and what it holds or asks for."""
+
+    __slots__ = (
+        "alive",
+        "conn",
+        "dedicated",
+        "grants",
+        "io",
+        "pid",
+        "primary",
+        "reserved",
+        "waiting",
+        "waiting_for",
+    )
+
+    def __init__(self, conn: Any, primary: bool) -> None:
+        self.conn = conn
+        self.primary = primary
+        self.pid = int(conn.get_server_pid())
+        self.io = asyncio.Lock()
+        #: lock ids with a call in flight or held (never sent twice on one session)
+        self.reserved: set[LockId] = set()
+        #: grants this session backs -> their lock id
+        self.grants: dict[Grant, LockId] = {}
+        self.waiting = False
+        #: reserved for one leader latch (no other lock is sent here meanwhile)
+        self.dedicated = False
+        #: participant id of the attempt waiting on this session
+        self.waiting_for: str | None = None
+        self.alive = True
+
+    def idle(self) -> bool:
+        if self.alive and not self.waiting and not self.reserved and not self.grants:
+            self.dedicated = False
+            return True
+        return False
+
+    async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> list[Any]:
+        async with self.io:
+            rows: list[Any] = await self.conn.fetch(query, *args, timeout=timeout)
+            return rows
+
+
+class _PgAttempt(Attempt):
+    """One acquire: where its calls went and what the wait won."""
+
+    __slots__ = ("grants", "keys", "lock_ids", "pending", "wait_session")
+
+    def __init__(self, request: Request, keys: list[int]) -> None:
+        super().__init__(request)
+        self.keys = keys
+        #: lock ids reserved by this attempt, per session, whose call may have won
+        self.pending: list[tuple[_Session, LockId]] = []
+        self.lock_ids: list[LockId] = []
+        self.grants: list[Grant] | None = None
+        self.wait_session: _Session | None = None
+
+
+@final
+class _Handle:
+    """``Grant.handle``: the session that holds the lock and the lock id."""
+
+    __slots__ = ("lock", "session")
+
+    def __init__(self, session: _Session, lock: LockId) -> None:
+        self.session = session
+        self.lock = lock
+
+
+def _fencing_name(request: Request) -> str:
+    return f"{request.family.value}/{request.name}"
+
+
+@final
+class PostgresAdvisoryDriver:
+    """Advisory-lock driver (see the module docstring)."""
+
+    capabilities = Capabilities(fair=False, queue_visible=True, can_lose=True)
+
+    def __init__(
+        self,
+        connect: Connect,
+        *,
+        describe: str,
+        heartbeat: float = 5.0,
+        tables: TableNames | None = None,
+        create_tables: bool = True,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        release_connection: Callable[[Any], Awaitable[None]] | None = None,
+        check_pooler: bool = True,
+    ) -> None:
+        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+            raise ValueError(f"max_sessions must be an int >= 1, got {max_sessions!r}")
+        if not isinstance(heartbeat, int | float) or isinstance(heartbeat, bool) or heartbeat <= 0:
+            raise ValueError(f"heartbeat must be a number of seconds > 0, got {heartbeat!r}")
+        self._connect = connect
+        self._describe = describe
+        self._heartbeat = float(heartbeat)
+        self._tables = tables or TableNames()
+        self._create_tables = create_tables
+        self._max_sessions = max_sessions
+        self._release_connection = release_connection
+        self._check_pooler = check_pooler
+        self._queries = AdvisoryQueries.build(self._tables)
+        self._primary: _Session | None = None
+        self._primary_lock = asyncio.Lock()
+        self._extra: list[_Session] = []
+        self._opening = 0
+        self._owned: TaskSet | None = None
+        self._beat_timer: asyncio.TimerHandle | None = None
+        self._beat_task: asyncio.Task[None] | None = None
+        #: woken on every local release, session freed, semaphore NOTIFY
+        self._change: asyncio.Future[None] | None = None
+        self._closed = False
+        #: semaphore name -> largest max_leases seen (participants lists every slot)
+        self._slots: dict[str, int] = {}
+
+    # -- identity ---------------------------------------------------------
+
+    def describe(self) -> str:
+        """``postgresql://host:port/db`` without credentials."""
+        return self._describe
+
+    def lock_options(self, family: Family, options: Mapping[str, object]) -> Mapping[str, object]:
+        """Accept the portable ``fair``/``lease_time``/``watchdog`` (no effect here)."""
+        return check_portable_options(family, options, self._describe)
+
+    @property
+    def channel(self) -> str:
+        """The ``NOTIFY`` channel of semaphore releases."""
+        return self._tables.channel
+
+    # -- sessions ---------------------------------------------------------
+
+    def _wake(self) -> None:
+        change, self._change = self._change, None
+        if change is not None and not change.done():
+            change.set_result(None)
+
+    def _change_future(self) -> asyncio.Future[None]:
+        if self._change is None or self._change.done():
+            self._change = asyncio.get_running_loop().create_future()
+        return self._change
+
+    async def _new_session(self, primary: bool) -> _Session:
+        try:
+            conn = await self._connect()
+        except _TRANSIENT as exc:
+            raise _unavailable(exc, "connect", self._describe) from exc
+        try:
+            if primary and self._check_pooler:
+                probe = await probe_session(conn, statements=2)
+                if probe.pooled:
+                    raise PostgresPoolerError(
+                        f"{self._describe}: {probe.describe()}; session advisory locks are "
+                        "meaningless behind a pooler: connect to the server directly, or use "
+                        "mode=lease"
+                    )
+            idle = max(1.0, self._heartbeat)
+            await configure_keepalives(conn, idle=idle, interval=1.0, count=3)
+            if primary:
+                await ensure_schema(conn, self._tables, create=self._create_tables)
+                await conn.add_listener(self.channel, self._on_notify)
+        except BaseException:
+            await self._drop_connection(conn)
+            raise
+        session = _Session(conn, primary)
+        conn.add_termination_listener(lambda _conn: self._session_ended(session, "closed"))
+        return session
+
+    async def _drop_connection(self, conn: Any) -> None:
+        if self._release_connection is not None:
+            try:
+                conn.terminate()
+            finally:
+                await self._release_connection(conn)
+        else:
+            conn.terminate()
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, _payload: str) -> None:
+        self._wake()
+
+    def _session_ended(self, session: _Session, why: str) -> None:
+        if not session.alive:
+            return
+        session.alive = False
+        if session is self._primary:
+            self._primary = None
+        if session in self._extra:
+            self._extra.remove(session)
+        grants = list(session.grants)
+        session.grants.clear()
+        session.reserved.clear()
+        for grant in grants:
+            grant.mark_lost(
+                f"its PostgreSQL session (pid {session.pid}) ended ({why}); "
+                "the server dropped its advisory locks"
+            )
+        self._wake()
+
+    async def _get_primary(self) -> _Session:
+        if self._closed:
+            raise BackendUnavailableError(f"backend {self._describe} is closed")
+        primary = self._primary
+        if primary is not None and primary.alive:
+            return primary
+        async with self._primary_lock:
+            primary = self._primary
+            if primary is None or not primary.alive:
+                primary = self._primary = await self._new_session(primary=True)
+            return primary
+
+    async def _session_for(
+        self, lock: LockId, *, wait: bool, leader: bool = False
+    ) -> _Session | None:
+        """A session where ``lock`` may be sent, or ``None`` when every one is taken.
+
+        ``leader``: an extra session of its own (its ``application_name`` shows
+        the participant id to other processes), like a wait.
+        """
+        if not wait and not leader:
+            primary = await self._get_primary()
+            if not _touches(primary, lock[0]):
+                return primary
+            for session in self._extra:
+                if (
+                    session.alive
+                    and not session.waiting
+                    and not session.dedicated
+                    and not _touches(session, lock[0])
+                ):
+                    return session
+        else:
+            for session in self._extra:
+                if session.idle():
+                    if leader:
+                        session.dedicated = True
+                    return session
+        if len(self._extra) + self._opening >= self._max_sessions:
+            return None
+        self._opening += 1
+        try:
+            session = await self._new_session(primary=False)
+        finally:
+            self._opening -= 1
+        if leader:
+            session.dedicated = True
+        self._extra.append(session)
+        return session
+
+    def _maybe_retire(self, session: _Session) -> None:
+        """Close an extra session that holds nothing when others are idle too (keep one)."""
+        if session.primary or not session.idle():
+            return
+        idle = [s for s in self._extra if s.idle()]
+        if len(idle) > 1:
+            self._extra.remove(session)
+            session.alive = False
+            if self._release_connection is None:
+                session.conn.terminate()
+            elif self._owned is not None:
+                self._owned.spawn(self._drop_connection(session.conn), name="aiolocks-pg-retire")
+
+    # -- lifecycle --------------------------------------------------------
+
+    async def open(self, tasks: TaskSet) -> None:
+        """Connect the primary session (pooler check, keep-alives, tables); start the heartbeat."""
+        self._owned = tasks
+        await self._get_primary()
+
+    def _ensure_heartbeat(self) -> None:
+        """Arm the heartbeat timer when the first hold appears (it stops once none is left).
+
+        A timer, not a sleeping task: between two checks nothing runs, and a
+        check is a short owned task.
+        """
+        if self._beat_timer is None and self._beat_task is None and not self._closed:
+            self._beat_timer = asyncio.get_running_loop().call_later(
+                self._heartbeat / 2, self._beat
+            )
+
+    def _beat(self) -> None:
+        self._beat_timer = None
+        if self._closed or self._owned is None:
+            return
+        self._beat_task = self._owned.spawn(self._heartbeat_once(), name="aiolocks-pg-heartbeat")
+
+    async def _heartbeat_once(self) -> None:
+        try:
+            timeout = self._heartbeat / 2 + 1.0
+            sessions = [s for s in [self._primary, *self._extra] if s is not None and s.alive]
+            for session in sessions:
+                if session.grants:
+                    await self._check_session(session, timeout=timeout)
+        finally:
+            self._beat_task = None
+        if any(s.grants for s in [self._primary, *self._extra] if s is not None):
+            self._ensure_heartbeat()
+
+    async def close(self) -> None:
+        """Stop the heartbeat and close every session (the server drops what they held)."""
+        self._closed = True
+        timer, self._beat_timer = self._beat_timer, None
+        if timer is not None:
+            timer.cancel()
+        task = self._beat_task
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        sessions = [s for s in [self._primary, *self._extra] if s is not None]
+        self._primary = None
+        self._extra = []
+        for session in sessions:
+            session.alive = False
+            await self._drop_connection(session.conn)
+        self._wake()
+
+    async def _check_session(self, session: _Session, *, timeout: float) -> None:
+        if session.waiting:
+            return
+        expected = dict(session.grants)
+        try:
+            async with session.io:
+                held = await held_advisory_locks(
+                    cast(Connection, _Timed(session.conn, timeout)), self._queries
+                )
+        except _TRANSIENT as exc:  # TimeoutError is an OSError
+            logger.warning(
+                "PostgreSQL session pid %s did not answer the heartbeat: %r", session.pid, exc
+            )
+            self._session_ended(session, f"heartbeat failed: {exc!r}")
+            await self._drop_connection(session.conn)
+            return
+        for grant, (key, shared) in expected.items():
+            if grant not in session.grants:
+                continue  # released meanwhile
+            if ("ShareLock" if shared else "ExclusiveLock") not in held.get(key, frozenset()):
+                session.grants.pop(grant, None)
+                session.reserved.discard((key, shared))
+                grant.mark_lost(
+                    f"the heartbeat found no advisory lock {key} in pg_locks for session "
+                    f"pid {session.pid} (unlocked behind our back)"
+                )
+
+    # -- attempts ---------------------------------------------------------
+
+    def _keys(self, request: Request) -> list[int]:
+        if request.family is Family.SEMAPHORE:
+            return slot_keys(request.name, request.max_leases)
+        return [advisory_key(request.family.value, request.name)]
+
+    def begin(self, request: Request) -> Attempt:
+        """Compute the key(s); no I/O (advisory locks need no minted ids)."""
+        if request.family is Family.SEMAPHORE:
+            self._slots[request.name] = max(request.max_leases, self._slots.get(request.name, 1))
+        return _PgAttempt(request, self._keys(request))
+
+    async def try_once(self, attempt: Attempt) -> list[Grant] | None:
+        """``pg_try_advisory_lock*`` with the fencing bump, on a session free for that key."""
+        a = cast(_PgAttempt, attempt)
+        if a.grants is not None:
+            return a.grants
+        request = a.request
+        if request.mode is Mode.LEASE:
+            return await self._try_slots(a)
+        shared = request.mode is Mode.READ
+        lock = (a.keys[0], shared)
+        if request.downgrade_of is not None:
+            handle = request.downgrade_of.handle
+            session: _Session | None = handle.session if isinstance(handle, _Handle) else None
+            if session is None or not session.alive or lock in session.reserved:
+                session = await self._session_for(lock, wait=False)
+        elif request.family is Family.LEADER:
+            session = await self._leader_session(a, lock, wait=False)
+        else:
+            session = await self._session_for(lock, wait=False)
+        if session is None:
+            return None
+        query = self._queries.try_shared if shared else self._queries.try_exclusive
+        downgrade = request.downgrade_of
+        if (
+            downgrade is not None
+            and isinstance(downgrade.handle, _Handle)
+            and downgrade.handle.session is session
+        ):
+            # The try form refuses while a writer waits; the blocking form
+            # is granted at once on the session that holds the write lock
+            # (the server puts it ahead of the waiters it would conflict
+            # with). A short bound guards the shared connection anyway.
+            try:
+                row = await self._send(
+                    a,
+                    session,
+                    lock,
+                    self._queries.lock_shared,
+                    a.keys[0],
+                    _fencing_name(request),
+                    timeout=_DOWNGRADE_BOUND,
+                )
+            except TimeoutError:
+                await self._unlock_pending(a)
+                return None
+            return None if row is None else [self._grant(a, session, lock, int(row[0]))]
+        row = await self._send(a, session, lock, query, a.keys[0], _fencing_name(request))
+        if row is None:
+            return None
+        return [self._grant(a, session, lock, int(row[0]))]
+
+    async def _leader_session(self, a: _PgAttempt, lock: LockId, *, wait: bool) -> _Session | None:
+        """An extra session of the latch's own, named after its participant id."""
+        session = await self._session_for(lock, wait=wait, leader=True)
+        if session is None:
+            return None
+        session.dedicated = True
+        if session.waiting_for != a.request.participant:
+            session.waiting_for = a.request.participant
+            try:
+                async with session.io:
+                    await session.conn.execute(
+                        "SELECT set_config('application_name', $1, false)",
+                        a.request.participant[:63],
+                    )
+            except _TRANSIENT as exc:
+                raise _unavailable(exc, "set application_name", self._describe) from exc
+        return session
+
+    async def _send(
+        self,
+        a: _PgAttempt,
+        session: _Session,
+        lock: LockId,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,
+    ) -> Any:
+        """Run one lock call for ``lock`` on ``session``; the row when granted, else ``None``."""
+        session.reserved.add(lock)
+        entry = (session, lock)
+        a.pending.append(entry)
+        try:
+            async with session.io:
+                row = await session.conn.fetchrow(query, *args, timeout=timeout)
+        except TimeoutError:
+            raise
+        except _TRANSIENT as exc:
+            raise _unavailable(exc, "lock call", self._describe) from exc
+        # Answered: from here to the return, no await.
+        a.pending.remove(entry)
+        if row is None:
+            session.reserved.discard(lock)
+        return row
+
+    def _grant(self, a: _PgAttempt, session: _Session, lock: LockId, token: int) -> Grant:
+        grant = Grant(a.request, token, handle=_Handle(session, lock))
+        session.grants[grant] = lock
+        self._ensure_heartbeat()
+        return grant
+
+    async def _try_slots(self, a: _PgAttempt) -> list[Grant] | None:
+        request = a.request
+        primary = await self._get_primary()
+        grants: list[Grant] = []
+        while len(grants) < request.count:
+            free = [k for k in a.keys if (k, False) not in primary.reserved]
+            if not free:
+                break
+            # Reserve every candidate: the statement may take any one of them.
+            reserved = [(k, False) for k in free]
+            for lock in reserved:
+                primary.reserved.add(lock)
+                a.pending.append((primary, lock))
+            try:
+                async with primary.io:
+                    row = await primary.conn.fetchrow(
+                        self._queries.try_slot, free, _fencing_name(request)
+                    )
+            except _TRANSIENT as exc:
+                raise _unavailable(exc, "lock call", self._describe) from exc
+            taken = None if row is None else (free[int(row[0])], False)
+            for lock in reserved:
+                a.pending.remove((primary, lock))
+                if lock != taken:
+                    primary.reserved.discard(lock)
+            if row is None or taken is None:
+                break
+            grants.append(self._grant(a, primary, taken, int(row[1])))
+        if len(grants) == request.count:
+            return grants
+        # Not all of them: give back the ones taken (count > 1) and report "not now".
+        for grant in grants:
+            await self.release(grant)
+        return None
+
+    async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
+        """Block on ``pg_advisory_lock*`` on an extra session (semaphores: a NOTIFY)."""
+        a = cast(_PgAttempt, attempt)
+        request = a.request
+        if a.grants is not None:
+            return
+        if request.mode is Mode.LEASE or request.downgrade_of is not None:
+            await self._wait_local(bound, self._heartbeat)
+            return
+        shared = request.mode is Mode.READ
+        lock = (a.keys[0], shared)
+        if request.family is Family.LEADER:
+            session = await self._leader_session(a, lock, wait=True)
+        else:
+            session = await self._session_for(lock, wait=True)
+        if session is None:
+            await self._wait_local(bound, self._heartbeat)
+            return
+        query = self._queries.lock_shared if shared else self._queries.lock_exclusive
+        session.waiting = True
+        session.waiting_for = request.participant
+        a.wait_session = session
+        try:
+            row = await self._send(
+                a, session, lock, query, a.keys[0], _fencing_name(request), timeout=bound
+            )
+        except TimeoutError:
+            # The bound passed; the server may have granted just then.
+            session.waiting = False
+            await self._unlock_pending(a)
+            return
+        session.waiting = False
+        if row is not None:
+            a.grants = [self._grant(a, session, lock, int(row[0]))]
+
+    async def _wait_local(self, bound: float | None, cap: float) -> None:
+        limit = cap if bound is None else min(bound, cap)
+        await wait_done(self._change_future(), limit)
+
+    async def _unlock_pending(self, a: _PgAttempt) -> None:
+        """Check-and-unlock every call of ``a`` whose answer we did not get."""
+        while a.pending:
+            session, (key, shared) = a.pending[0]
+            if session.alive:
+                mode = "ShareLock" if shared else "ExclusiveLock"
+                try:
+                    async with session.io:
+                        await session.conn.fetch(self._queries.unlock_if_held, key, mode)
+                except _TRANSIENT as exc:
+                    # The session is gone: the server dropped its locks.
+                    self._session_ended(session, f"cleanup failed: {exc!r}")
+            a.pending.pop(0)
+            session.reserved.discard((key, shared))
+            session.waiting = False
+            self._maybe_retire(session)
+        self._wake()
+
+    async def abandon(self, attempt: Attempt) -> None:
+        """Unlock what an unanswered call may have won, and what a finished wait won."""
+        a = cast(_PgAttempt, attempt)
+        await self._unlock_pending(a)
+        granted, a.grants = a.grants, None
+        for grant in granted or ():
+            await self.release(grant)
+
+    def finish(self, attempt: Attempt) -> None:
+        """Nothing to drop locally beyond the attempt itself."""
+        a = cast(_PgAttempt, attempt)
+        session = a.wait_session
+        if session is not None and not a.pending:
+            session.waiting = False
+
+    async def release(self, grant: Grant) -> bool:
+        """``pg_advisory_unlock*`` on the session that holds it; ``False`` if it was not held."""
+        handle = grant.handle
+        assert isinstance(handle, _Handle)
+        session, (key, shared) = handle.session, handle.lock
+        if not session.alive:
+            return False
+        if grant not in session.grants:
+            return False  # released before (idempotent) or found lost
+        query = self._queries.unlock_shared if shared else self._queries.unlock_exclusive
+        notify = grant.request.family is Family.SEMAPHORE
+        try:
+            async with session.io:
+                held = await session.conn.fetchval(query, key)
+                if notify:
+                    await session.conn.execute(
+                        "SELECT pg_notify($1, $2)", self.channel, grant.request.name
+                    )
+        except _TRANSIENT as exc:
+            self._session_ended(session, f"release failed: {exc!r}")
+            return False
+        if session.grants.pop(grant, None) is not None:
+            session.reserved.discard((key, shared))
+        self._maybe_retire(session)
+        self._wake()
+        return bool(held)
+
+    async def participants(self, name: str, family: Family) -> list[Participant]:
+        """Holders, then waiters by ``pg_locks.waitstart``; our own holds carry their ids."""
+        primary = await self._get_primary()
+        ours: dict[tuple[int, int, bool], Grant] = {}
+        sessions = [s for s in [self._primary, *self._extra] if s is not None and s.alive]
+        waiting = {s.pid: s.waiting_for for s in sessions if s.waiting and s.waiting_for}
+        for session in sessions:
+            for held_grant, (key, shared) in session.grants.items():
+                if held_grant.request.family is family and held_grant.request.name == name:
+                    ours[(session.pid, key, shared)] = held_grant
+        if family is Family.SEMAPHORE:
+            key_list = slot_keys(name, self._slots.get(name, 1))
+            rows: list[tuple[int, Any]] = []
+            for key in key_list:
+                rows.extend((key, r) for r in await primary.fetch(self._queries.participants, key))
+        else:
+            key = advisory_key(family.value, name)
+            rows = [(key, r) for r in await primary.fetch(self._queries.participants, key)]
+        holders: list[Participant] = []
+        waiters: list[Participant] = []
+        for row_key, row in rows:
+            pid, mode, granted = int(row[0]), str(row[1]), bool(row[2])
+            shared = mode == "ShareLock"
+            kind = _mode_name(family, shared)
+            grant = ours.get((pid, row_key, shared))
+            other = f"pid:{pid}"
+            if family is Family.LEADER and row[3]:
+                other = str(row[3])
+            if granted:
+                holders.append(
+                    Participant(
+                        id=grant.request.participant if grant else other,
+                        is_holder=True,
+                        fencing_token=grant.token if grant else None,
+                        mode=grant.request.mode.value if grant else kind,
+                        node=f"pid:{pid}",
+                    )
+                )
+            else:
+                waiters.append(
+                    Participant(
+                        id=waiting.get(pid) or other,
+                        is_holder=False,
+                        mode=kind,
+                        node=f"pid:{pid}",
+                    )
+                )
+        return holders + waiters
+
+
+def _touches(session: _Session, key: int) -> bool:
+    """``session`` holds or asks for ``key`` in some mode (never send it there again)."""
+    return (key, False) in session.reserved or (key, True) in session.reserved
+
+
+def _mode_name(family: Family, shared: bool) -> str:
+    if family is Family.READ_WRITE:
+        return "read" if shared else "write"
+    if family is Family.SEMAPHORE:
+        return "lease"
+    return "exclusive"
+
+
+@final
+class _Timed:
+    """A connection whose queries carry a timeout (for the heartbeat)."""
+
+    __slots__ = ("_conn", "_timeout")
+
+    def __init__(self, conn: Any, timeout: float) -> None:
+        self._conn = conn
+        self._timeout = timeout
+
+    async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> list[Any]:
+        rows: list[Any] = await self._conn.fetch(query, *args, timeout=self._timeout)
+        return rows
