@@ -1,0 +1,248 @@
+"""The advisory-mode driver against a real PostgreSQL: loss, sessions, cancellation, poolers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+
+import asyncpg
+import pytest
+
+import aiolocks
+from aiolocks.postgres import PostgresBackend, PostgresPoolerError
+from aiolocks.postgres._sql import advisory_key, slot_keys
+from aiolocks.testing import PgBouncer, PostgresServer
+
+pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
+
+
+def _app() -> str:
+    return f"aiolocks-test-{uuid.uuid4().hex[:8]}"
+
+
+def _url(server: PostgresServer, **options: object) -> str:
+    query = "&".join(f"{k}={v}" for k, v in options.items())
+    return f"{server.url}?{query}" if query else server.url
+
+
+async def _our_locks(server: PostgresServer, app: str) -> list[tuple[int, int, str, bool]]:
+    pids = set(await asyncio.to_thread(server.backend_pids, application_name=app))
+    locks = await asyncio.to_thread(server.advisory_locks)
+    return [row for row in locks if row[0] in pids]
+
+
+async def test_terminated_session_cancels_the_body(postgres_server: PostgresServer) -> None:
+    app = _app()
+    url = _url(postgres_server, heartbeat=1, application_name=app)
+    async with aiolocks.connect(url) as backend:
+        lock = backend.mutex(f"driver/terminate/{app}")
+        async with asyncio.timeout(30):
+            with pytest.raises(aiolocks.LockLostError):
+                async with lock:
+                    ended = await asyncio.to_thread(
+                        postgres_server.terminate_backends, application_name=app
+                    )
+                    assert ended >= 1
+                    await asyncio.sleep(60)
+        # a fresh session takes over: the backend keeps working
+        async with lock:
+            assert lock.fencing_token is not None
+
+
+async def test_lock_dropped_behind_our_back_is_found_by_the_heartbeat(
+    postgres_server: PostgresServer,
+) -> None:
+    """A ``pg_advisory_unlock_all()`` on our session (a pool reset) is a loss, not silence."""
+    app = _app()
+    url = _url(postgres_server, heartbeat=0.5, application_name=app)
+    async with aiolocks.connect(url) as backend:
+        lock = backend.mutex(f"driver/unlock-all/{app}")
+        async with asyncio.timeout(30):
+            with pytest.raises(aiolocks.LockLostError):
+                async with lock:
+                    primary = backend._driver._primary
+                    async with primary.io:
+                        await primary.conn.execute("SELECT pg_advisory_unlock_all()")
+                    await asyncio.sleep(60)
+        assert await _our_locks(postgres_server, app) == []
+
+
+async def test_two_tasks_of_one_backend_exclude_each_other(
+    postgres_server: PostgresServer,
+) -> None:
+    """Advisory locks stack per session: the driver must not let a second task re-take one."""
+    app = _app()
+    name = f"driver/stack/{app}"
+    async with aiolocks.connect(_url(postgres_server, application_name=app)) as backend:
+        holder = backend.mutex(name)
+        await holder.acquire()
+        other = asyncio.create_task(backend.mutex(name).acquire(timeout=0.3))
+        assert await other is False
+        key = advisory_key("mutex", name)
+        held = [row for row in await _our_locks(postgres_server, app) if row[1] == key]
+        assert [(mode, granted) for _, _, mode, granted in held] == [("ExclusiveLock", True)]
+        await holder.release()
+        assert await _our_locks(postgres_server, app) == []
+
+
+async def test_waiters_use_a_bounded_number_of_connections(
+    postgres_server: PostgresServer,
+) -> None:
+    app = _app()
+    name = f"driver/bound/{app}"
+    state = {"inside": 0, "max": 0, "done": 0}
+    peak_connections = 0
+    backend = PostgresBackend(_url(postgres_server, application_name=app), max_sessions=3)
+    async with backend:
+        lock_name = name
+
+        async def worker() -> None:
+            nonlocal peak_connections
+            for _ in range(3):
+                async with backend.mutex(lock_name):
+                    state["inside"] += 1
+                    state["max"] = max(state["max"], state["inside"])
+                    pids = await asyncio.to_thread(
+                        postgres_server.backend_pids, application_name=app
+                    )
+                    peak_connections = max(peak_connections, len(pids))
+                    await asyncio.sleep(0.005)
+                    state["inside"] -= 1
+                    state["done"] += 1
+
+        async with asyncio.timeout(120):
+            await asyncio.gather(*(asyncio.create_task(worker()) for _ in range(12)))
+        assert state == {"inside": 0, "max": 1, "done": 36}
+        # the primary plus at most max_sessions extra ones
+        assert 1 <= peak_connections <= 4
+        assert await _our_locks(postgres_server, app) == []
+
+
+async def test_cancelled_waiters_leave_no_lock_behind(postgres_server: PostgresServer) -> None:
+    """Cancel blocked acquires at random moments (around the grant too): nothing stays held."""
+    app = _app()
+    name = f"driver/cancel/{app}"
+    rng = random.Random(1313)
+    async with (
+        aiolocks.connect(_url(postgres_server, application_name=app)) as backend,
+        aiolocks.connect(_url(postgres_server, application_name=app + "-b")) as other,
+    ):
+        tokens: list[int] = []
+        for _round in range(15):
+            # semaphore mutexes: the blocker is released from another task
+            blocker = other.semaphore_mutex(name)
+            await blocker.acquire()
+            waiter_lock = backend.semaphore_mutex(name)
+
+            async def wait_for_it(lock: aiolocks.SemaphoreMutex = waiter_lock) -> None:
+                async with lock:
+                    assert lock.fencing_token is not None
+                    tokens.append(lock.fencing_token)
+
+            waiter = asyncio.create_task(wait_for_it())
+            await asyncio.sleep(rng.uniform(0, 0.02))
+            release = asyncio.create_task(blocker.release())
+            await asyncio.sleep(rng.uniform(0, 0.01))
+            waiter.cancel()
+            await asyncio.gather(waiter, release, return_exceptions=True)
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+        # let the owned cleanups finish, then nothing of ours is held
+        async with asyncio.timeout(30):
+            while len(backend._tasks) or len(other._tasks):
+                await asyncio.sleep(0.01)
+        assert await _our_locks(postgres_server, app) == []
+        assert await _our_locks(postgres_server, app + "-b") == []
+        async with backend.semaphore_mutex(name):
+            pass
+
+
+async def test_semaphore_waiter_wakes_on_another_process_release(
+    postgres_server: PostgresServer,
+) -> None:
+    app = _app()
+    name = f"driver/sem/{app}"
+    async with (
+        aiolocks.connect(_url(postgres_server, application_name=app)) as backend,
+        aiolocks.connect(_url(postgres_server, application_name=app)) as other,
+    ):
+        first = await other.semaphore(name, 2).acquire()
+        second = await other.semaphore(name, 2).acquire()
+        assert first is not None and second is not None
+        waiting = asyncio.create_task(backend.semaphore(name, 2).acquire(timeout=30))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        await first.release()
+        lease = await waiting
+        assert lease is not None
+        held = {row[1] for row in await _our_locks(postgres_server, app)}
+        assert held <= set(slot_keys(name, 2)) and len(held) == 2
+        await lease.release()
+        await second.release()
+        assert await _our_locks(postgres_server, app) == []
+
+
+async def test_pool_wrapped_backend(postgres_server: PostgresServer) -> None:
+    app = _app()
+    pool = await asyncpg.create_pool(
+        postgres_server.url, min_size=1, max_size=6, server_settings={"application_name": app}
+    )
+    try:
+        async with PostgresBackend(pool, max_sessions=2) as backend:
+            rw = backend.read_write_lock(f"driver/pool/{app}")
+            inside = asyncio.Event()
+            leave = asyncio.Event()
+
+            async def reader() -> None:
+                async with rw.read:
+                    inside.set()
+                    await leave.wait()
+
+            other_reader = asyncio.create_task(reader())
+            async with rw.read:
+                await inside.wait()
+                # two readers of one backend: two sessions, one shared lock each
+                held = await _our_locks(postgres_server, app)
+                assert [(mode, granted) for _, _, mode, granted in held] == [
+                    ("ShareLock", True),
+                    ("ShareLock", True),
+                ]
+                assert len({pid for pid, _, _, _ in held}) == 2
+                leave.set()
+                await other_reader
+        assert await _our_locks(postgres_server, app) == []
+    finally:
+        await pool.close()
+
+
+async def test_advisory_mode_refuses_a_transaction_pooler(pgbouncer: PgBouncer) -> None:
+    with pytest.raises(PostgresPoolerError, match="mode=lease"):
+        async with aiolocks.connect(pgbouncer.url):
+            pass
+
+
+async def test_lease_mode_is_refused_before_io() -> None:
+    with pytest.raises(ValueError, match="mode=lease is not available yet"):
+        aiolocks.connect("postgresql://nobody@127.0.0.1:1/x?mode=lease")
+    with pytest.raises(TypeError, match=r"asyncpg\.Pool"):
+        PostgresBackend(42)
+
+
+async def test_fencing_survives_a_server_restart(postgres_restartable: PostgresServer) -> None:
+    url = _url(postgres_restartable, heartbeat=0.5, connect_timeout=5)
+    async with aiolocks.connect(url) as backend:
+        lock = backend.mutex("driver/restart")
+        async with lock:
+            before = lock.fencing_token
+        assert before is not None
+        restart: asyncio.Task[None] | None = None
+        async with asyncio.timeout(60):
+            with pytest.raises(aiolocks.LockLostError):
+                async with lock:
+                    restart = asyncio.create_task(asyncio.to_thread(postgres_restartable.restart))
+                    await asyncio.sleep(60)
+            assert restart is not None
+            await restart
+        async with lock:
+            after = lock.fencing_token
+        assert after is not None and after > before
