@@ -147,10 +147,18 @@ class _Session:
         self.alive = True
 
     def idle(self) -> bool:
-        if self.alive and not self.waiting and not self.reserved and not self.grants:
+        return (
+            self.alive
+            and not self.waiting
+            and not self.dedicated
+            and not self.reserved
+            and not self.grants
+        )
+
+    def settle(self) -> None:
+        """Drop the leader dedication once the session holds and asks for nothing."""
+        if not self.reserved and not self.grants and not self.waiting:
             self.dedicated = False
-            return True
-        return False
 
     async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> list[Any]:
         async with self.io:
@@ -367,6 +375,7 @@ class PostgresAdvisoryDriver:
 
     def _maybe_retire(self, session: _Session) -> None:
         """Close an extra session that holds nothing when others are idle too (keep one)."""
+        session.settle()
         if session.primary or not session.idle():
             return
         idle = [s for s in self._extra if s.idle()]
@@ -565,6 +574,7 @@ class PostgresAdvisoryDriver:
         a.pending.remove(entry)
         if row is None:
             session.reserved.discard(lock)
+            session.settle()
         return row
 
     def _grant(self, a: _PgAttempt, session: _Session, lock: LockId, token: int) -> Grant:
