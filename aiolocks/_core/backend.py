@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from .driver import Capabilities, Driver, Family, LegacyDriver
+from .driver import Capabilities, Driver, Family
 from .engine import Engine, Ledger
 from .events import EventHook
 from .hold import Hold
@@ -38,7 +38,7 @@ class Backend:
     running is marked lost, so that body gets :class:`LockLostError`.
     """
 
-    def __init__(self, driver: Driver | LegacyDriver) -> None:
+    def __init__(self, driver: Driver) -> None:
         self._engine = Engine(driver)
 
     @property

@@ -37,7 +37,8 @@ One ``acquire`` of the core is one :class:`Attempt`. The engine drives it::
     *before* the first command is sent, and stores them in the attempt
     (subclass :class:`Attempt`, with ``__slots__``). Whatever happens to a
     reply later, those ids identify what this attempt may own (Curator's
-    protected mode).
+    protected mode). The engine then sets ``attempt.deadline`` (monotonic
+    seconds, or ``None``), which a driver may use to bound its requests.
 
 ``await try_once(attempt) -> list[Grant] | None``
     One try, without waiting for other holders: create / compare / script.
@@ -316,10 +317,13 @@ class Attempt:
     it back to every later step of the same attempt.
     """
 
-    __slots__ = ("request",)
+    __slots__ = ("deadline", "request")
 
     def __init__(self, request: Request) -> None:
         self.request = request
+        #: set by the engine right after ``begin``: ``time.monotonic()`` seconds
+        #: by which the caller gives up (``None``: never); bound requests by it
+        self.deadline: float | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.request.family.value}:{self.request.name}>"
@@ -378,38 +382,3 @@ class Driver(Protocol):
         """Stop background work and disconnect (not the client the user gave us)."""
         ...
 
-
-class LegacyDriver(Protocol):
-    """Transitional: a driver that still runs its own acquire loop (being ported)."""
-
-    capabilities: Capabilities
-    isolates_acquire: bool
-    isolates_release: bool
-
-    def describe(self) -> str:
-        """See :class:`Driver`."""
-        ...
-
-    def lock_options(self, family: Family, options: Mapping[str, object]) -> Mapping[str, object]:
-        """See :class:`Driver`."""
-        ...
-
-    async def open(self) -> None:
-        """See :class:`Driver`."""
-        ...
-
-    async def acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
-        """Take ``request.count`` holds, or ``None`` once ``deadline`` passed."""
-        ...
-
-    async def release(self, grant: Grant) -> None:
-        """Give one hold back; idempotent."""
-        ...
-
-    async def participants(self, name: str, family: Family) -> list[Participant]:
-        """See :class:`Driver`."""
-        ...
-
-    async def close(self) -> None:
-        """See :class:`Driver`."""
-        ...

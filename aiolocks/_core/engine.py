@@ -28,9 +28,9 @@ import time
 import uuid
 import weakref
 from collections.abc import Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .driver import Attempt, Capabilities, Driver, Family, Grant, LegacyDriver, Request
+from .driver import Attempt, Capabilities, Driver, Family, Grant, Request
 from .errors import BackendUnavailableError
 from .events import EventHook, EventKind, LockEvent, lock_kind
 from .names import validate_name
@@ -53,10 +53,8 @@ Ledger = dict[asyncio.Task[object], "Hold"]
 class Engine:
     """Runs one driver for one backend: attempts, releases, holds, ledgers, owned tasks."""
 
-    def __init__(self, driver: Driver | LegacyDriver) -> None:
+    def __init__(self, driver: Driver) -> None:
         self.driver = driver
-        #: the driver still runs its own acquire loop (transitional)
-        self._legacy = not hasattr(driver, "begin")
         self.client_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.tasks = TaskSet()
         self.holds: set[Hold] = set()
@@ -193,10 +191,7 @@ class Engine:
             self._open_lock = asyncio.Lock()
         async with self._open_lock:
             if not self.opened:
-                if self._legacy:
-                    await cast(LegacyDriver, self.driver).open()
-                else:
-                    await cast(Driver, self.driver).open(self.tasks)
+                await self.driver.open(self.tasks)
                 self.opened = True
 
     async def close(self) -> None:
@@ -242,12 +237,8 @@ class Engine:
         self.check_open()
         started = time.monotonic()
         driver = self.driver
-        if self._legacy:
-            return await self._acquire_legacy(
-                cast(LegacyDriver, driver), request, deadline, started
-            )
-        driver = cast(Driver, driver)
         attempt = driver.begin(request)
+        attempt.deadline = deadline
         try:
             while True:
                 grants = await driver.try_once(attempt)
@@ -287,44 +278,6 @@ class Engine:
                 exc_info=task.exception(),
             )
         return cancelled
-
-    async def _acquire_legacy(
-        self, driver: LegacyDriver, request: Request, deadline: float | None, started: float
-    ) -> list[Grant] | None:
-        """Transitional: a driver that runs its own acquire loop."""
-        if driver.isolates_acquire:
-            try:
-                grants = await driver.acquire(request, deadline)
-            except asyncio.CancelledError:
-                if self.hooks:
-                    self.emit("cancelled", request, wait_time=time.monotonic() - started)
-                raise
-            self._emit_outcome(request, grants, started)
-            return grants
-        attempt = self.tasks.spawn(
-            driver.acquire(request, deadline),
-            name=f"aiolocks-acquire:{request.family.value}:{request.name}",
-            log_errors=False,
-        )
-        cancelled = await wait_finished(attempt, cancel_inner=True)
-        if cancelled is None:
-            grants = attempt.result()
-            self._emit_outcome(request, grants, started)
-            return grants
-        if self.hooks:
-            self.emit("cancelled", request, wait_time=time.monotonic() - started)
-        if not attempt.cancelled() and attempt.exception() is None:
-            won = attempt.result()
-            if won:
-                releases = asyncio.gather(
-                    *(
-                        self.tasks.spawn(self._release_again(g), name="aiolocks-release-unwanted")
-                        for g in won
-                    ),
-                    return_exceptions=True,
-                )
-                await wait_finished(releases)
-        raise cancelled
 
     # -- release --------------------------------------------------------------
 

@@ -27,21 +27,8 @@ def anyio_backend() -> str:
 
 
 def _background(backend: aiolocks.Backend) -> int:
-    """Background work still running: the core's, and the driver's cleanups.
-
-    A cancelled ZooKeeper acquire deletes its node (or sweeps for a node
-    whose create reply it did not wait for) in a task of the driver's, so
-    that the cancellation is not held up by a slow or absent server.
-    """
-    driver = backend._driver
-    pending = len(backend._tasks)
-    for owner in (driver, getattr(driver, "node", None)):
-        tasks = getattr(owner, "_tasks", None)
-        if tasks is not None:
-            pending += (
-                sum(1 for t in tasks if not t.done()) if isinstance(tasks, set) else len(tasks)
-            )
-    return pending
+    """Background work still running: the backend owns every task (one task set)."""
+    return len(backend._tasks)
 
 
 async def _settle(backend: aiolocks.Backend) -> None:
