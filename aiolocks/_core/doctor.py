@@ -21,6 +21,7 @@ import asyncio
 import enum
 import itertools
 import json
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -42,6 +43,8 @@ __all__ = [
     "round_trip_finding",
     "run_doctor",
 ]
+
+logger = logging.getLogger("aiolocks")
 
 #: version of the JSON document written by ``DoctorReport.to_dict()``
 SCHEMA_VERSION: Final = 1
@@ -446,11 +449,27 @@ def sort_findings(findings: Sequence[Finding]) -> list[Finding]:
 async def run_doctor(backend: Backend, driver: object, *, live: bool = True) -> DoctorReport:
     """Everything ``backend.doctor()`` does (see :meth:`aiolocks.Backend.doctor`)."""
     url = backend.url
+    diagnose: Callable[[], Awaitable[Diagnosis]] | None = getattr(driver, "diagnose", None)
     try:
         await backend.open()
     except (LockError, OSError, TimeoutError) as exc:
-        return DoctorReport(url=url, findings=[_unreachable(url, exc)], self_test=None)
-    diagnose: Callable[[], Awaitable[Diagnosis]] | None = getattr(driver, "diagnose", None)
+        findings = [_unreachable(url, exc)]
+        if diagnose is not None:
+            # Some of the service may answer (a Cluster or Redlock with one
+            # master down): say which part is missing where the driver can.
+            try:
+                findings.extend((await diagnose()).findings)
+            except Exception:
+                logger.debug("doctor: no diagnosis of %s after a failed open", url, exc_info=True)
+        # A failed open may leave connections behind (the masters that did
+        # answer); the backend never opened, so its close() will not close them.
+        close: Callable[[], Awaitable[None]] | None = getattr(driver, "close", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:
+                logger.debug("doctor: closing %s after a failed open", url, exc_info=True)
+        return DoctorReport(url=url, findings=sort_findings(findings), self_test=None)
     try:
         diagnosis = Diagnosis() if diagnose is None else await diagnose()
     except (LockError, OSError, TimeoutError) as exc:
