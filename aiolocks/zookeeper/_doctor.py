@@ -10,8 +10,11 @@ What is read, and from where:
 * the ensemble's voting members: the ``/zookeeper/config`` znode (3.5+),
   read in the session, so no four-letter word is needed for it;
 * leftovers under the lock root: a bounded walk of ``/aiolocks`` that finds
-  persistent lock nodes (they block their lock forever) and persistent empty
-  parents (never reaped, unlike the container nodes aiolocks creates).
+  lock nodes that are not ephemeral (they block their lock forever) and
+  empty lock parents that never had a child. The server hides whether a node
+  is a container (its ``ephemeralOwner`` reads 0 like a persistent node's),
+  so the second check relies on what is true of both: ZooKeeper reaps a
+  container only once a child has come and gone, and a persistent node never.
 """
 
 from __future__ import annotations
@@ -39,9 +42,6 @@ __all__ = [
     "session_timeout_finding",
     "version_finding",
 ]
-
-#: ``ephemeralOwner`` of a container node (``EphemeralType.CONTAINER``: ``Long.MIN_VALUE``)
-CONTAINER_OWNER: Final = -(1 << 63)
 
 #: the lock root walk stops after this many znodes (a huge tree is a finding itself)
 WALK_LIMIT: Final = 5000
@@ -265,7 +265,11 @@ async def walk_lock_root(driver: ZooKeeperDriver, root: str) -> Leftovers:
         if path != root and persistent:
             if _is_lock_node(name):
                 found.stale_lock_nodes.append(path)
-            elif not reply.children and path.count("/") > root.count("/") + 1:
+            elif (
+                not reply.children
+                and int(stat.child_version) == 0
+                and path.count("/") > root.count("/") + 1
+            ):
                 found.empty_parents.append(path)
         queue.extend(f"{path}/{child}" for child in sorted(reply.children))
     return found
@@ -300,16 +304,17 @@ def leftover_findings(found: Leftovers, root: str) -> list[Finding]:
                 code="zk-empty-lock-parents",
                 severity=Severity.WARNING,
                 title=(
-                    f"{len(found.empty_parents)} empty persistent lock parent(s) under {root}, "
-                    f"e.g. {found.empty_parents[0]}"
+                    f"{len(found.empty_parents)} empty lock parent(s) that never had a child "
+                    f"under {root}, e.g. {found.empty_parents[0]}"
                 ),
                 breaks=(
-                    "lock parents that are not container nodes are never reaped: one per lock "
-                    "name ever used, growing memory, snapshots and startup time without bound"
+                    "ZooKeeper never reaps such nodes (a container only after its last child "
+                    "is gone, a persistent node never): they pile up, one per name, growing "
+                    "memory, snapshots and restart time"
                 ),
                 fix=(
-                    "delete them (zkCli.sh deleteall is safe on empty ones); whatever creates "
-                    "them (an old version, another tool) should create container nodes"
+                    "delete them (zkCli.sh delete <path>; a lock being set up at this instant "
+                    "shows up here too, so run doctor again first); find what creates them"
                 ),
                 details={"paths": found.empty_parents[:50]},
             )

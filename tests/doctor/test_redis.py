@@ -13,7 +13,7 @@ from aiolocks import DoctorReport, Severity
 from aiolocks._connect import backend_from_url
 from aiolocks.testing.servers import RedisCluster, RedisSentinelSet, RedisServer
 
-pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
+pytestmark = pytest.mark.redis
 
 #: every per-server setting wrong: evicting, no persistence, no notifications;
 #: and a user that may not run CONFIG (a managed Redis)
@@ -131,6 +131,7 @@ SERVER_CODES = (
 )
 
 
+@pytest.mark.asyncio
 async def test_misconfigured_server(bad_redis: RedisServer) -> None:
     report = await _doctor(bad_redis.url)
     eviction = report.get("redis-eviction-policy")
@@ -148,6 +149,7 @@ async def test_misconfigured_server(bad_redis: RedisServer) -> None:
     _assert_self_test_ok(report)
 
 
+@pytest.mark.asyncio
 async def test_well_configured_server(good_redis: RedisServer) -> None:
     report = await _doctor(good_redis.url)
     for code in SERVER_CODES:
@@ -156,6 +158,7 @@ async def test_well_configured_server(good_redis: RedisServer) -> None:
     _assert_self_test_ok(report)
 
 
+@pytest.mark.asyncio
 async def test_volatile_policy_and_everysec(volatile_redis: RedisServer) -> None:
     report = await _doctor(volatile_redis.url)
     eviction = report.get("redis-eviction-policy")
@@ -171,6 +174,7 @@ async def test_volatile_policy_and_everysec(volatile_redis: RedisServer) -> None
     assert "redis-keyspace-notifications" not in report.codes()
 
 
+@pytest.mark.asyncio
 async def test_config_refused_is_reported_not_raised(bad_redis: RedisServer) -> None:
     url = f"redis://doctor:secret@{bad_redis.host}:{bad_redis.port}/0"
     report = await _doctor(url)
@@ -183,6 +187,7 @@ async def test_config_refused_is_reported_not_raised(bad_redis: RedisServer) -> 
     _assert_self_test_ok(report)
 
 
+@pytest.mark.asyncio
 async def test_replicas_without_write_acknowledgement(
     replicated_redis: tuple[RedisServer, RedisServer],
 ) -> None:
@@ -205,6 +210,7 @@ async def test_replicas_without_write_acknowledgement(
         master.command("CONFIG", "SET", "min-replicas-to-write", "0")
 
 
+@pytest.mark.asyncio
 async def test_sentinel_settings_against_lease(redis_sentinel: RedisSentinelSet) -> None:
     # 3 sentinels, quorum 2, down-after 1 s: fine for the default 30 s lease
     report = await _doctor(redis_sentinel.url)
@@ -220,6 +226,7 @@ async def test_sentinel_settings_against_lease(redis_sentinel: RedisSentinelSet)
     assert "sentinel-too-few" not in report.codes()
 
 
+@pytest.mark.asyncio
 async def test_sentinel_quorum_and_count() -> None:
     with RedisSentinelSet(sentinels=2, quorum=1) as weak:
         report = await _doctor(weak.url)
@@ -229,6 +236,7 @@ async def test_sentinel_quorum_and_count() -> None:
     assert "sentinel-down-after-vs-lease" not in report.codes()
 
 
+@pytest.mark.asyncio
 async def test_cluster_master_down() -> None:
     with RedisCluster() as cluster:
         report = await _doctor(cluster.url)
@@ -248,6 +256,7 @@ async def test_cluster_master_down() -> None:
     assert len([f for f in report.findings if f.code == "redis-persistence"]) == 2
 
 
+@pytest.mark.asyncio
 async def test_redlock_master_down() -> None:
     with RedisServer() as a, RedisServer() as b, RedisServer() as c:
         url = f"redlock://{a.host}:{a.port},{b.host}:{b.port},{c.host}:{c.port}"
