@@ -237,6 +237,25 @@ def tracking_finding(label: str, version: str) -> Finding | None:
     )
 
 
+def replica_finding(label: str, role: str, replication: Mapping[str, str]) -> Finding:
+    """Critical: the URL points at a replica, which refuses every lock write."""
+    upstream = f"{replication.get('master_host', '?')}:{replication.get('master_port', '?')}"
+    return Finding(
+        code="redis-role-replica",
+        severity=Severity.CRITICAL,
+        title=f"{label} is a {role} of {upstream}, not a master",
+        breaks=(
+            "a replica refuses writes (READONLY), so no lock can be taken; one configured "
+            "to accept writes would hold locks that its master never sees"
+        ),
+        fix=(
+            "point the URL at the master, or use redis+sentinel:// so the client always "
+            "finds the current master"
+        ),
+        details={"server": label, "role": role, "master": upstream},
+    )
+
+
 def config_refused_finding(label: str, error: str) -> Finding:
     """Info: ``CONFIG GET`` refused (ACL, managed Redis): the settings could not be checked."""
     return Finding(
@@ -283,6 +302,9 @@ async def check_server(server: Server, client_min_replicas: int) -> list[Finding
                 raise
             findings.append(config_refused_finding(label, str(exc)))
             config = {}
+    role = replication.get("role", "master")
+    if role != "master":
+        findings.append(replica_finding(label, role, replication))
     version = info.get("redis_version", "")
     tracking = tracking_finding(label, version)
     if tracking is not None:

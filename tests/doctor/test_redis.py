@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ import redis.asyncio
 
 from aiolocks import DoctorReport, Severity
 from aiolocks._connect import backend_from_url
+from aiolocks.cli import main
 from aiolocks.testing.servers import RedisCluster, RedisSentinelSet, RedisServer
 
 pytestmark = pytest.mark.redis
@@ -208,6 +210,30 @@ async def test_replicas_without_write_acknowledgement(
         assert "redis-replication-unsafe" not in report.codes()
     finally:
         master.command("CONFIG", "SET", "min-replicas-to-write", "0")
+
+
+@pytest.mark.asyncio
+async def test_url_pointing_at_a_replica(
+    replicated_redis: tuple[RedisServer, RedisServer],
+) -> None:
+    master, replica = replicated_redis
+    report = await _doctor(replica.url)
+    wrong = report.get("redis-role-replica")
+    assert wrong is not None and wrong.severity is Severity.CRITICAL
+    assert wrong.details["master"] == f"{master.host}:{master.port}"
+    assert report.exit_status == 1
+    assert "redis-role-replica" not in (await _doctor(master.url)).codes()
+
+
+def test_cli_on_a_misconfigured_server(
+    bad_redis: RedisServer, good_redis: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["doctor", bad_redis.url, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["findings"][0]["code"] == "redis-eviction-policy"
+    assert doc["self_test"]["ok"] is True
+    assert main(["doctor", good_redis.url]) == 0
+    assert "findings: none" in capsys.readouterr().out
 
 
 @pytest.mark.asyncio
