@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 from redis.exceptions import RedisError
 
 from .._core.doctor import Diagnosis, Finding, Severity
+from .._core.errors import BackendUnavailableError
 
 if TYPE_CHECKING:
     from ._driver import RedisDriver
@@ -533,6 +534,9 @@ async def diagnose_redis(driver: RedisDriver) -> Diagnosis:
         try:
             findings.extend(await check_server(server, node.min_replicas))
         except (RedisError, OSError, TimeoutError) as exc:
+            if not node.cluster:
+                # the one server is the whole backend: doctor reports it as unreachable
+                raise BackendUnavailableError(f"{server.label} did not answer: {exc}") from exc
             findings.append(
                 unreachable_finding(
                     server.label,
