@@ -20,6 +20,7 @@ What is read, and from where:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Sequence
@@ -78,7 +79,8 @@ async def four_letter(host: str, port: int, word: str) -> FourLetter:
                 data = await reader.read()
             finally:
                 writer.close()
-                await asyncio.wait([asyncio.ensure_future(writer.wait_closed())])
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
     except (OSError, TimeoutError) as exc:
         return FourLetter(server, error=f"{type(exc).__name__}: {exc}")
     text = data.decode("utf-8", "replace")

@@ -13,7 +13,8 @@ import redis.asyncio
 from aiolocks import DoctorReport, Severity
 from aiolocks._connect import backend_from_url
 from aiolocks.cli import main
-from aiolocks.testing.servers import RedisCluster, RedisSentinelSet, RedisServer
+from aiolocks.redis._doctor import tracking_finding
+from aiolocks.testing.servers import RedisCluster, RedisSentinelSet, RedisServer, free_port
 
 pytestmark = pytest.mark.redis
 
@@ -250,6 +251,15 @@ async def test_sentinel_settings_against_lease(redis_sentinel: RedisSentinelSet)
     assert slow.details["down_after_ms"] == 1000
     assert "sentinel-quorum" not in report.codes()
     assert "sentinel-too-few" not in report.codes()
+    assert "sentinel-unreachable" not in report.codes()
+    # a Sentinel in the URL that does not answer
+    dead = f"127.0.0.1:{free_port()}"
+    scheme, _, rest = redis_sentinel.url.partition("://")
+    hosts, _, path = rest.partition("/")
+    report = await _doctor(f"{scheme}://{hosts},{dead}/{path}")
+    silent = report.get("sentinel-unreachable")
+    assert silent is not None and silent.details["sentinel"] == dead
+    _assert_self_test_ok(report)
 
 
 @pytest.mark.asyncio
@@ -274,6 +284,16 @@ async def test_cluster_master_down() -> None:
         _assert_self_test_ok(report)
         cluster.nodes[2].kill()
         report = await _doctor(cluster.url)
+        down = report.get("redis-server-unreachable")
+        assert down is not None and down.severity is Severity.CRITICAL
+        # once the others have marked it failed, the cluster refuses commands
+        deadline = time.monotonic() + 30
+        while "cluster_state:fail" not in str(cluster.nodes[0].command("CLUSTER", "INFO")):
+            assert time.monotonic() < deadline, "the cluster never noticed the dead master"
+            time.sleep(0.1)
+        report = await _doctor(cluster.url)
+        state = report.get("cluster-state")
+        assert state is not None and state.details == {"cluster_state": "fail"}
     down = report.get("redis-server-unreachable")
     assert down is not None and down.severity is Severity.CRITICAL
     assert str(cluster.nodes[2].port) in down.title
@@ -308,3 +328,10 @@ async def test_redlock_master_down() -> None:
         )
         assert all(f.severity is Severity.CRITICAL for f in both_down)
         assert report.exit_status == 1
+
+
+def test_client_tracking_needs_redis_6() -> None:
+    old = tracking_finding("r", "5.0.14")
+    assert old is not None and old.code == "redis-client-tracking"
+    assert old.severity is Severity.INFO
+    assert tracking_finding("r", "6.2.0") is None and tracking_finding("r", "7.0.15") is None

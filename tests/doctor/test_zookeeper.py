@@ -10,8 +10,13 @@ import pytest
 
 from aiolocks import DoctorReport, Severity
 from aiolocks._connect import backend_from_url
-from aiolocks.testing.servers import ZooKeeperEnsemble, ZooKeeperServer
-from aiolocks.zookeeper._doctor import parse_dynamic_config, parse_version, version_finding
+from aiolocks.testing.servers import ZooKeeperEnsemble, ZooKeeperServer, free_port
+from aiolocks.zookeeper._doctor import (
+    ensemble_findings,
+    parse_dynamic_config,
+    parse_version,
+    version_finding,
+)
 
 pytestmark = pytest.mark.zookeeper
 
@@ -151,3 +156,25 @@ def test_dynamic_config_counts_voters_only() -> None:
     )
     assert parse_dynamic_config(config) == ["server.1", "server.2"]
     assert parse_dynamic_config("") == []
+
+
+@pytest.mark.asyncio
+async def test_a_listed_server_that_does_not_answer(zookeeper_server: ZooKeeperServer) -> None:
+    report = await _doctor(zookeeper_server.url)
+    assert "zk-server-unreachable" not in report.codes()
+    dead = f"127.0.0.1:{free_port()}"
+    report = await _doctor(f"zk://{zookeeper_server.hosts},{dead}")
+    down = report.get("zk-server-unreachable")
+    assert down is not None and down.severity is Severity.WARNING
+    assert down.details["server"] == dead
+    _assert_self_test_ok(report)
+
+
+def test_ensemble_size_rules() -> None:
+    assert [f.code for f in ensemble_findings(1, 1)] == ["zk-single-server"]
+    assert ensemble_findings(3, 3) == [] and ensemble_findings(5, 5) == []
+    assert [f.code for f in ensemble_findings(4, 4)] == ["zk-even-ensemble"]
+    assert [f.code for f in ensemble_findings(2, 1)] == [
+        "zk-even-ensemble",
+        "zk-connect-string-partial",
+    ]
