@@ -17,7 +17,6 @@ Diagnosis`` on its driver; nothing here changes.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import itertools
 import json
@@ -485,11 +484,3 @@ async def run_doctor(backend: Backend, driver: object, *, live: bool = True) -> 
         test, more = await self_test(backend, diagnosis)
         findings.extend(more)
     return DoctorReport(url=url, findings=sort_findings(findings), self_test=test)
-
-
-async def gather_findings(
-    checks: Sequence[Awaitable[list[Finding]]],
-) -> list[Finding]:
-    """Run independent checks concurrently; concatenate their findings in order."""
-    results = await asyncio.gather(*checks)
-    return [finding for found in results for finding in found]
