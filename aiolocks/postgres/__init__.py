@@ -1,10 +1,9 @@
-"""PostgreSQL backend (``postgresql://``, ``postgres://``): session advisory locks on asyncpg.
+"""PostgreSQL backend (``postgresql://``, ``postgres://``) on asyncpg.
 
 ``mode=advisory`` (the default) holds session-level advisory locks on
-connections of its own; see ``docs/postgres.md``. ``mode=lease`` (the lease
-table, for transaction-pooling proxies) is not available yet: its SQL layer
-exists (:mod:`aiolocks.postgres._sql`) but no driver runs it, and the URL is
-refused with a :class:`ValueError` before any I/O.
+connections of its own; ``mode=lease`` keeps a row per hold in the lease
+table, renewed in the background, and works through transaction-pooling
+proxies. See ``docs/postgres.md``.
 
 Importing this package loads asyncpg only when a backend is built.
 """
@@ -38,7 +37,7 @@ def _describe(options: PostgresOptions) -> str:
 
 @final
 class PostgresBackend(Backend):
-    """The PostgreSQL backend, ``mode=advisory``.
+    """The PostgreSQL backend (``mode=advisory``, or ``mode=lease`` from a URL).
 
     Built from a URL (what :func:`aiolocks.connect` does), or around an
     ``asyncpg.Pool`` you already have::
@@ -56,6 +55,10 @@ class PostgresBackend(Backend):
         1 s of its session's end.
     :param max_sessions: extra connections for blocking waits and the locks
         they win (besides the primary one); see ``docs/postgres.md``.
+    :param listen_url: ``mode=lease``: a direct ``postgresql://`` URL for the
+        connection that ``LISTEN``s for releases, when the main URL goes
+        through a transaction pooler (default: the main URL).
+    :param pool_size: ``mode=lease``: connections of the statement pool.
     """
 
     def __init__(
@@ -66,19 +69,45 @@ class PostgresBackend(Backend):
         max_sessions: int | None = None,
         tables: TableNames | None = None,
         create_tables: bool | None = None,
+        listen_url: str | None = None,
+        pool_size: int = 10,
     ) -> None:
         from ._driver import DEFAULT_MAX_SESSIONS, PostgresAdvisoryDriver
 
         if isinstance(target, str):
             options = parse_postgres_url(target)
-            if options.mode == "lease":
-                raise ValueError(
-                    "mode=lease is not available yet in this version of aiolocks "
-                    "(use mode=advisory on a direct, unpooled connection)"
-                )
             import asyncpg
 
             kwargs = options.connect_kwargs()
+            if options.mode == "lease":
+                from ._lease import PostgresLeaseDriver
+
+                listen_kwargs = (
+                    dict(kwargs)
+                    if listen_url is None
+                    else parse_postgres_url(listen_url).connect_kwargs()
+                )
+                listen_kwargs.pop("statement_cache_size", None)
+
+                async def make_pool() -> Any:
+                    return await asyncpg.create_pool(min_size=1, max_size=pool_size, **kwargs)
+
+                async def listen() -> Any:
+                    return await asyncpg.connect(**listen_kwargs)
+
+                super().__init__(
+                    PostgresLeaseDriver(
+                        make_pool,
+                        describe=_describe(options),
+                        lease_time=options.lease_time,
+                        tables=tables or options.tables,
+                        create_tables=(
+                            options.create_tables if create_tables is None else create_tables
+                        ),
+                        listen=listen,
+                    )
+                )
+                return
 
             async def connect() -> Any:
                 return await asyncpg.connect(**kwargs)

@@ -24,13 +24,17 @@ BACKENDS: dict[str, str | None] = {
     "redis": "redis_server",
     "zookeeper": "zookeeper_server",
     "postgres": "postgres_server",
+    "postgres-lease": "postgres_server",
 }
 
 #: query options appended to each backend's URL for the suite
 #: (postgres: the test server has no TLS; with the default sslmode=prefer a connect
 #: cancelled mid-negotiation leaves an unretrieved future inside asyncpg, which
 #: the anyio tests report as an error)
-URL_OPTIONS: dict[str, str] = {"postgres": "heartbeat=1&sslmode=disable"}
+URL_OPTIONS: dict[str, str] = {
+    "postgres": "heartbeat=1&sslmode=disable",
+    "postgres-lease": "mode=lease&lease_time=5&sslmode=disable",
+}
 
 
 @pytest.fixture(params=list(BACKENDS))

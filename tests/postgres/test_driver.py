@@ -221,11 +221,97 @@ async def test_advisory_mode_refuses_a_transaction_pooler(pgbouncer: PgBouncer) 
             pass
 
 
-async def test_lease_mode_is_refused_before_io() -> None:
-    with pytest.raises(ValueError, match="mode=lease is not available yet"):
-        aiolocks.connect("postgresql://nobody@127.0.0.1:1/x?mode=lease")
+async def test_bad_input_is_refused_before_io() -> None:
+    with pytest.raises(ValueError, match="lease_time applies to mode=lease only"):
+        aiolocks.connect("postgresql://nobody@127.0.0.1:1/x?lease_time=3")
     with pytest.raises(TypeError, match=r"asyncpg\.Pool"):
         PostgresBackend(42)
+    with pytest.raises(ValueError, match="max_sessions"):
+        PostgresBackend("postgresql://nobody@127.0.0.1:1/x", max_sessions=0)
+
+
+async def _lease_rows(server: PostgresServer, name: str) -> list[tuple[str | None, ...]]:
+    literal = name.replace("'", "''")
+    return await asyncio.to_thread(
+        server.query, f"SELECT owner FROM aiolocks_leases WHERE name LIKE '%{literal}'"
+    )
+
+
+async def test_lease_mode_through_pgbouncer(
+    pgbouncer: PgBouncer, postgres_server: PostgresServer
+) -> None:
+    """Transaction pooling: exclusion holds, waiters wake on NOTIFY via a direct listener."""
+    name = f"driver/lease/{uuid.uuid4().hex[:8]}"
+    url = f"{pgbouncer.url}?mode=lease&lease_time=5&sslmode=disable"
+    state = {"inside": 0, "max": 0, "done": 0}
+    async with (
+        PostgresBackend(url, listen_url=postgres_server.url) as one,
+        PostgresBackend(url, listen_url=postgres_server.url) as two,
+    ):
+
+        async def worker(backend: aiolocks.Backend) -> None:
+            for _ in range(5):
+                async with backend.mutex(name):
+                    state["inside"] += 1
+                    state["max"] = max(state["max"], state["inside"])
+                    await asyncio.sleep(0.002)
+                    state["inside"] -= 1
+                    state["done"] += 1
+
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(worker(b) for b in (one, two, one, two)))
+        assert state == {"inside": 0, "max": 1, "done": 20}
+        assert await _lease_rows(postgres_server, name) == []
+
+
+async def test_lease_row_deleted_behind_our_back_is_a_loss(
+    postgres_server: PostgresServer,
+) -> None:
+    name = f"driver/lease-delete/{uuid.uuid4().hex[:8]}"
+    url = f"{postgres_server.url}?mode=lease&lease_time=1&sslmode=disable"
+    async with aiolocks.connect(url) as backend:
+        lock = backend.mutex(name)
+        async with asyncio.timeout(30):
+            with pytest.raises(aiolocks.LockLostError):
+                async with lock:
+                    assert len(await _lease_rows(postgres_server, name)) == 1
+                    literal = name.replace("'", "''")
+                    await asyncio.to_thread(
+                        postgres_server.query,
+                        f"DELETE FROM aiolocks_leases WHERE name LIKE '%{literal}'",
+                    )
+                    await asyncio.sleep(60)
+        async with lock:
+            assert lock.fencing_token is not None
+
+
+async def test_lease_cancelled_waiters_leave_no_rows(postgres_server: PostgresServer) -> None:
+    name = f"driver/lease-cancel/{uuid.uuid4().hex[:8]}"
+    url = f"{postgres_server.url}?mode=lease&lease_time=5&sslmode=disable"
+    rng = random.Random(1314)
+    tokens: list[int | None] = []
+    async with aiolocks.connect(url) as backend, aiolocks.connect(url) as other:
+        for _round in range(15):
+            blocker = other.semaphore_mutex(name)
+            await blocker.acquire()
+            waiter_lock = backend.semaphore_mutex(name)
+
+            async def wait_for_it(lock: aiolocks.SemaphoreMutex = waiter_lock) -> None:
+                async with lock:
+                    tokens.append(lock.fencing_token)
+
+            waiter = asyncio.create_task(wait_for_it())
+            await asyncio.sleep(rng.uniform(0, 0.02))
+            release = asyncio.create_task(blocker.release())
+            await asyncio.sleep(rng.uniform(0, 0.01))
+            waiter.cancel()
+            await asyncio.gather(waiter, release, return_exceptions=True)
+        assert all(t is not None for t in tokens)
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)  # type: ignore[type-var]
+        async with asyncio.timeout(30):
+            while len(backend._tasks) or len(other._tasks):
+                await asyncio.sleep(0.01)
+        assert await _lease_rows(postgres_server, name) == []
 
 
 async def test_fencing_survives_a_server_restart(postgres_restartable: PostgresServer) -> None:

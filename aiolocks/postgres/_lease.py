@@ -1,0 +1,401 @@
+"""The PostgreSQL driver, ``mode=lease``: a row per hold in the lease table.
+
+Design note
+-----------
+Every statement is one short transaction on a pooled connection (an asyncpg
+pool, which may sit behind a transaction-pooling proxy: nothing depends on
+the server session). ``begin`` mints the owner id of the attempt
+(``<participant>#<random>``); the acquire function takes a hold in one round
+trip (serialized per name by a transaction-level advisory lock, expired rows
+purged, the mode's rule checked, the fencing row bumped, the row inserted).
+
+* **Cancellation.** The connection of an unanswered acquire stays with the
+  attempt; ``abandon`` deletes every row of the attempt's owner on that same
+  connection, after the cancelled statement (one client connection keeps its
+  order, through a proxy too), so a late grant cannot survive the cleanup.
+* **Renewal.** A timer per hold fires every third of ``lease_time`` and
+  renews in a short owned task; the renewal matches owner and epoch, so a
+  row deleted or taken over behind our back is a loss at the next renewal.
+  ``Grant.valid_until`` follows the last successful renewal.
+* **Waiting.** A listener connection ``LISTEN``s on the release channel (each
+  release and abandon sends ``NOTIFY`` with the name in its own statement); a
+  waiter wakes on a notification for its name. A holder that crashed sends
+  nothing and its row lapses after at most ``lease_time``: a waiter also
+  tries again after ``lease_time`` (the longest a live row can have left).
+  ``LISTEN`` needs a real session: behind a transaction pooler the listener
+  must connect to the server directly (``listen_url``); without one, waits
+  end only at that ``lease_time`` bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, cast, final
+
+import asyncpg
+
+from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
+from .._core.errors import BackendUnavailableError
+from .._core.options import check_portable_options
+from .._core.participants import Participant
+from .._core.tasks import TaskSet, wait_done
+from ._sql import LeaseQueries, TableNames, advisory_key, ensure_schema, probe_session
+
+__all__ = ["PostgresLeaseDriver"]
+
+logger = logging.getLogger("aiolocks.postgres")
+
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.CrashShutdownError,
+)
+
+_MODES = {Mode.EXCLUSIVE: "exclusive", Mode.WRITE: "exclusive", Mode.READ: "shared"}
+
+
+def _fencing_name(request: Request) -> str:
+    return f"{request.family.value}/{request.name}"
+
+
+class _LeaseAttempt(Attempt):
+    __slots__ = ("conn", "grants", "owner", "unanswered")
+
+    def __init__(self, request: Request, owner: str) -> None:
+        super().__init__(request)
+        self.owner = owner
+        self.conn: Any = None
+        self.unanswered = False
+        self.grants: list[Grant] | None = None
+
+
+@final
+class _LeaseHold:
+    """``Grant.handle``: the row of one hold and its renewal timer."""
+
+    __slots__ = ("name", "owner", "released", "slot", "timer")
+
+    def __init__(self, name: str, slot: int, owner: str) -> None:
+        self.name = name
+        self.slot = slot
+        self.owner = owner
+        self.released = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def stop(self) -> None:
+        self.released = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+@final
+class PostgresLeaseDriver:
+    """Lease-table driver (see the module docstring)."""
+
+    capabilities = Capabilities(fair=False, queue_visible=False, can_lose=True)
+
+    def __init__(
+        self,
+        make_pool: Callable[[], Awaitable[Any]],
+        *,
+        describe: str,
+        lease_time: float,
+        tables: TableNames,
+        create_tables: bool,
+        listen: Callable[[], Awaitable[Any]] | None,
+    ) -> None:
+        self._make_pool = make_pool
+        self._describe = describe
+        self._lease_time = float(lease_time)
+        self._tables = tables
+        self._create_tables = create_tables
+        self._listen = listen
+        self._queries = LeaseQueries.build(tables)
+        self._pool: Any = None
+        self._listener: Any = None
+        self._owned: TaskSet | None = None
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._closed = False
+
+    def describe(self) -> str:
+        """``postgresql://host:port/db`` without credentials."""
+        return self._describe
+
+    def lock_options(self, family: Family, options: Mapping[str, object]) -> Mapping[str, object]:
+        """The portable ``fair``/``lease_time``/``watchdog``; ``lease_time`` sets the row's TTL."""
+        return check_portable_options(family, options, self._describe)
+
+    def _unavailable(self, exc: BaseException, what: str) -> BackendUnavailableError:
+        return BackendUnavailableError(f"PostgreSQL {self._describe}: {what} failed: {exc!r}")
+
+    async def open(self, tasks: TaskSet) -> None:
+        """Create the pool, make sure the tables exist, start listening for releases."""
+        self._owned = tasks
+        try:
+            self._pool = await self._make_pool()
+            async with self._pool.acquire() as conn:
+                await ensure_schema(conn, self._tables, create=self._create_tables)
+            if self._listen is not None:
+                listener = await self._listen()
+                probe = await probe_session(listener, statements=2)
+                if probe.pooled:
+                    # LISTEN needs a session of its own: waits end at lease_time.
+                    logger.warning(
+                        "%s: %s; not listening for releases (waiters retry every "
+                        "lease_time); give listen_url= a direct connection",
+                        self._describe,
+                        probe.describe(),
+                    )
+                    listener.terminate()
+                else:
+                    self._listener = listener
+                    await listener.add_listener(self._tables.channel, self._on_notify)
+        except _TRANSIENT as exc:
+            raise self._unavailable(exc, "connect") from exc
+
+    async def close(self) -> None:
+        """Close the listener and the pool (rows of released holds are gone already)."""
+        self._closed = True
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.terminate()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.terminate()
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        waiter = self._waiters.pop(payload, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- attempts ---------------------------------------------------------
+
+    def _ttl(self, request: Request) -> float:
+        value = request.options.get("lease_time")
+        return float(value) if isinstance(value, int | float) else self._lease_time
+
+    def begin(self, request: Request) -> Attempt:
+        """Mint the owner id of every row this attempt may write."""
+        owner = f"{request.participant}#{secrets.token_hex(8)}"
+        return _LeaseAttempt(request, owner)
+
+    async def try_once(self, attempt: Attempt) -> list[Grant] | None:
+        """One call of the acquire function per wanted hold (all or nothing)."""
+        a = cast(_LeaseAttempt, attempt)
+        if a.grants is not None:
+            return a.grants
+        request = a.request
+        name = _fencing_name(request)
+        key = advisory_key("lease", name)
+        ttl = self._ttl(request)
+        if request.mode is Mode.LEASE:
+            mode, slots = "slots", request.max_leases
+        else:
+            mode, slots = _MODES[request.mode], 1
+        downgrade = request.downgrade_of
+        if downgrade is not None and isinstance(downgrade.handle, _LeaseHold):
+            return await self._downgrade(a, downgrade, key, ttl)
+        rows: list[Any] = []
+        if self._pool is None:
+            raise BackendUnavailableError(f"backend {self._describe} is closed")
+        try:
+            if a.conn is None:
+                a.conn = await self._pool.acquire()
+            sent = time.monotonic()
+            for _ in range(request.count):
+                a.unanswered = True
+                row = await a.conn.fetchrow(
+                    self._queries.acquire, name, key, a.owner, mode, slots, ttl
+                )
+                a.unanswered = False
+                if row is None:
+                    break
+                rows.append(row)
+        except _TRANSIENT as exc:
+            raise self._unavailable(exc, "lease acquire") from exc
+        if len(rows) < request.count:
+            if rows:
+                await self._abandon_rows(a)
+            await self._give_back(a)
+            return None
+        # Answered: no await from here to the return (finish() returns the
+        # connection to the pool).
+        grants = []
+        for row in rows:
+            hold = _LeaseHold(name, int(row[0]), a.owner)
+            grant = Grant(request, int(row[1]), handle=hold)
+            grant.valid_until = sent + ttl
+            self._schedule(grant, ttl)
+            grants.append(grant)
+        a.grants = grants
+        return grants
+
+    async def _downgrade(
+        self, a: _LeaseAttempt, write: Grant, key: int, ttl: float
+    ) -> list[Grant] | None:
+        """A reader row next to our live writer row, ahead of any waiting writer."""
+        hold = cast(_LeaseHold, write.handle)
+        leases, fencing = self._tables.leases, self._tables.fencing
+        query = (
+            f"WITH w AS (SELECT 1 FROM {leases} WHERE name = $1 AND slot = 0 AND owner = $2 "
+            "AND epoch = $3 AND expires_at > clock_timestamp()), "
+            f"f AS (INSERT INTO {fencing} AS f (name, epoch) SELECT $1, 1 FROM w "
+            "ON CONFLICT (name) DO UPDATE SET epoch = f.epoch + 1 RETURNING f.epoch), "
+            f"ins AS (INSERT INTO {leases} (name, slot, owner, epoch, expires_at) "
+            f"SELECT $1, (SELECT coalesce(max(l.slot), 0) + 1 FROM {leases} AS l "
+            "WHERE l.name = $1), $4, f.epoch, clock_timestamp() + make_interval(secs => $5) "
+            "FROM f RETURNING slot, epoch) SELECT slot, epoch FROM ins"
+        )
+        if self._pool is None:
+            raise BackendUnavailableError(f"backend {self._describe} is closed")
+        try:
+            if a.conn is None:
+                a.conn = await self._pool.acquire()
+            sent = time.monotonic()
+            a.unanswered = True
+            async with a.conn.transaction():
+                await a.conn.execute("SELECT pg_advisory_xact_lock($1)", key)
+                row = await a.conn.fetchrow(query, hold.name, hold.owner, write.token, a.owner, ttl)
+            a.unanswered = False
+        except _TRANSIENT as exc:
+            raise self._unavailable(exc, "lease downgrade") from exc
+        if row is None:
+            await self._give_back(a)
+            return None
+        grant = Grant(a.request, int(row[1]), handle=_LeaseHold(hold.name, int(row[0]), a.owner))
+        grant.valid_until = sent + ttl
+        self._schedule(grant, ttl)
+        a.grants = [grant]
+        return a.grants
+
+    async def _give_back(self, a: _LeaseAttempt) -> None:
+        conn, a.conn = a.conn, None
+        if conn is not None:
+            await self._pool.release(conn)
+
+    async def _abandon_rows(self, a: _LeaseAttempt) -> None:
+        await a.conn.fetchrow(self._queries.abandon, _fencing_name(a.request), a.owner)
+
+    async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
+        """Wait for a release NOTIFY of this name, at most ``lease_time`` (a crashed holder)."""
+        a = cast(_LeaseAttempt, attempt)
+        name = _fencing_name(a.request)
+        waiter = self._waiters.get(name)
+        if waiter is None or waiter.done():
+            waiter = self._waiters[name] = asyncio.get_running_loop().create_future()
+        cap = self._ttl(a.request)
+        await wait_done(waiter, cap if bound is None else min(bound, cap))
+
+    async def abandon(self, attempt: Attempt) -> None:
+        """Delete every row of the attempt's owner, on the connection of its last call."""
+        a = cast(_LeaseAttempt, attempt)
+        granted, a.grants = a.grants, None
+        for grant in granted or ():
+            await self.release(grant)
+        try:
+            if a.conn is None:
+                a.conn = await self._pool.acquire()
+            await self._abandon_rows(a)
+        except _TRANSIENT as exc:
+            logger.warning(
+                "could not clean up lease rows of %s (they lapse within %s s): %r",
+                a.owner,
+                self._ttl(a.request),
+                exc,
+            )
+            conn, a.conn = a.conn, None
+            if conn is not None:
+                conn.terminate()
+                await self._pool.release(conn)
+            return
+        await self._give_back(a)
+
+    def finish(self, attempt: Attempt) -> None:
+        """Return a connection the attempt still has (no I/O: the pool resets it later)."""
+        a = cast(_LeaseAttempt, attempt)
+        conn, a.conn = a.conn, None
+        if conn is not None and self._owned is not None and self._pool is not None:
+            self._owned.spawn(self._pool.release(conn), name="aiolocks-pg-release-conn")
+
+    # -- renewal ----------------------------------------------------------
+
+    def _schedule(self, grant: Grant, ttl: float) -> None:
+        hold = cast(_LeaseHold, grant.handle)
+        if hold.released or self._closed:
+            return
+        hold.timer = asyncio.get_running_loop().call_later(ttl / 3, self._fire, grant, ttl)
+
+    def _fire(self, grant: Grant, ttl: float) -> None:
+        hold = cast(_LeaseHold, grant.handle)
+        hold.timer = None
+        if hold.released or self._closed or self._owned is None:
+            return
+        self._owned.spawn(self._renew(grant, ttl), name="aiolocks-pg-renew")
+
+    async def _renew(self, grant: Grant, ttl: float) -> None:
+        hold = cast(_LeaseHold, grant.handle)
+        sent = time.monotonic()
+        try:
+            row = await self._pool.fetchrow(
+                self._queries.renew, hold.name, hold.slot, hold.owner, grant.token, ttl
+            )
+        except _TRANSIENT as exc:
+            logger.warning("lease renewal of %r failed, retrying: %r", grant, exc)
+            row = False
+        if hold.released:
+            return
+        if row is None:
+            grant.mark_lost("its lease row is gone (deleted, taken over or expired) at the renewal")
+            return
+        if row is not False:
+            grant.valid_until = sent + ttl
+            grant.note_renewed()
+        if grant.verify():
+            self._schedule(grant, ttl)
+
+    async def release(self, grant: Grant) -> bool:
+        """Delete our row (owner and epoch); ``False`` when it was gone or had expired."""
+        hold = cast(_LeaseHold, grant.handle)
+        hold.stop()
+        try:
+            row = await self._pool.fetchrow(
+                self._queries.release, hold.name, hold.slot, hold.owner, grant.token
+            )
+        except _TRANSIENT as exc:
+            raise self._unavailable(exc, "lease release") from exc
+        return bool(row is not None and row[0])
+
+    async def participants(self, name: str, family: Family) -> list[Participant]:
+        """The live rows of the name (holders only: waiters leave no row)."""
+        fencing = f"{family.value}/{name}"
+        try:
+            rows = await self._pool.fetch(self._queries.holders, fencing)
+        except _TRANSIENT as exc:
+            raise self._unavailable(exc, "participants") from exc
+        out = []
+        for row in rows:
+            slot, owner, epoch = int(row[0]), str(row[1]), int(row[2])
+            if family is Family.READ_WRITE:
+                mode = "write" if slot == 0 else "read"
+            elif family is Family.SEMAPHORE:
+                mode = "lease"
+            else:
+                mode = "exclusive"
+            out.append(
+                Participant(
+                    id=owner.rsplit("#", 1)[0],
+                    is_holder=True,
+                    fencing_token=epoch,
+                    mode=mode,
+                    node=f"{fencing}#{slot}",
+                )
+            )
+        return out
