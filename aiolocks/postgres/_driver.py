@@ -169,7 +169,7 @@ class _Session:
 class _PgAttempt(Attempt):
     """One acquire: where its calls went and what the wait won."""
 
-    __slots__ = ("grants", "keys", "lock_ids", "pending", "wait_session")
+    __slots__ = ("change", "grants", "keys", "lock_ids", "pending", "wait_session")
 
     def __init__(self, request: Request, keys: list[int]) -> None:
         super().__init__(request)
@@ -179,6 +179,8 @@ class _PgAttempt(Attempt):
         self.lock_ids: list[LockId] = []
         self.grants: list[Grant] | None = None
         self.wait_session: _Session | None = None
+        #: set by the next local release or semaphore NOTIFY (armed before each try)
+        self.change: asyncio.Future[None] | None = None
 
 
 @final
@@ -486,6 +488,8 @@ class PostgresAdvisoryDriver:
         a = cast(_PgAttempt, attempt)
         if a.grants is not None:
             return a.grants
+        # Armed before the try: a release between our "no" and the wait is not missed.
+        a.change = self._change_future()
         request = a.request
         if request.mode is Mode.LEASE:
             return await self._try_slots(a)
@@ -625,7 +629,7 @@ class PostgresAdvisoryDriver:
         if a.grants is not None:
             return
         if request.mode is Mode.LEASE or request.downgrade_of is not None:
-            await self._wait_local(bound, self._heartbeat)
+            await self._wait_local(a, bound, self._heartbeat)
             return
         shared = request.mode is Mode.READ
         lock = (a.keys[0], shared)
@@ -634,7 +638,7 @@ class PostgresAdvisoryDriver:
         else:
             session = await self._session_for(lock, wait=True)
         if session is None:
-            await self._wait_local(bound, self._heartbeat)
+            await self._wait_local(a, bound, self._heartbeat)
             return
         query = self._queries.lock_shared if shared else self._queries.lock_exclusive
         session.waiting = True
@@ -653,9 +657,10 @@ class PostgresAdvisoryDriver:
         if row is not None:
             a.grants = [self._grant(a, session, lock, int(row[0]))]
 
-    async def _wait_local(self, bound: float | None, cap: float) -> None:
+    async def _wait_local(self, a: _PgAttempt, bound: float | None, cap: float) -> None:
         limit = cap if bound is None else min(bound, cap)
-        await wait_done(self._change_future(), limit)
+        change = a.change if a.change is not None else self._change_future()
+        await wait_done(change, limit)
 
     async def _unlock_pending(self, a: _PgAttempt) -> None:
         """Check-and-unlock every call of ``a`` whose answer we did not get."""

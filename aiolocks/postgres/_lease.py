@@ -66,7 +66,7 @@ def _fencing_name(request: Request) -> str:
 
 
 class _LeaseAttempt(Attempt):
-    __slots__ = ("conn", "grants", "owner", "unanswered")
+    __slots__ = ("conn", "grants", "owner", "unanswered", "waiter")
 
     def __init__(self, request: Request, owner: str) -> None:
         super().__init__(request)
@@ -74,6 +74,8 @@ class _LeaseAttempt(Attempt):
         self.conn: Any = None
         self.unanswered = False
         self.grants: list[Grant] | None = None
+        #: set by the next release NOTIFY of the name (armed before each try)
+        self.waiter: asyncio.Future[None] | None = None
 
 
 @final
@@ -171,6 +173,13 @@ class PostgresLeaseDriver:
         if pool is not None:
             pool.terminate()
 
+    def _arm(self, name: str) -> asyncio.Future[None]:
+        """The future the next release NOTIFY of ``name`` sets (shared by its waiters)."""
+        waiter = self._waiters.get(name)
+        if waiter is None or waiter.done():
+            waiter = self._waiters[name] = asyncio.get_running_loop().create_future()
+        return waiter
+
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         waiter = self._waiters.pop(payload, None)
         if waiter is not None and not waiter.done():
@@ -206,6 +215,8 @@ class PostgresLeaseDriver:
         rows: list[Any] = []
         if self._pool is None:
             raise BackendUnavailableError(f"backend {self._describe} is closed")
+        # Armed before the try: a release between our "no" and the wait is not missed.
+        a.waiter = self._arm(name)
         try:
             if a.conn is None:
                 a.conn = await self._pool.acquire()
@@ -287,10 +298,9 @@ class PostgresLeaseDriver:
     async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
         """Wait for a release NOTIFY of this name, at most ``lease_time`` (a crashed holder)."""
         a = cast(_LeaseAttempt, attempt)
-        name = _fencing_name(a.request)
-        waiter = self._waiters.get(name)
-        if waiter is None or waiter.done():
-            waiter = self._waiters[name] = asyncio.get_running_loop().create_future()
+        waiter = a.waiter
+        if waiter is None:
+            waiter = a.waiter = self._arm(_fencing_name(a.request))
         cap = self._ttl(a.request)
         await wait_done(waiter, cap if bound is None else min(bound, cap))
 
@@ -321,6 +331,13 @@ class PostgresLeaseDriver:
     def finish(self, attempt: Attempt) -> None:
         """Return a connection the attempt still has (no I/O: the pool resets it later)."""
         a = cast(_LeaseAttempt, attempt)
+        waiter, a.waiter = a.waiter, None
+        name = _fencing_name(a.request)
+        if waiter is not None and self._waiters.get(name) is waiter and not waiter.done():
+            # Drop it; an attempt that shares it wakes (early wakes are allowed),
+            # tries again and arms a new one.
+            waiter.set_result(None)
+            del self._waiters[name]
         conn, a.conn = a.conn, None
         if conn is not None and self._owned is not None and self._pool is not None:
             self._owned.spawn(self._pool.release(conn), name="aiolocks-pg-release-conn")
