@@ -12,7 +12,7 @@ import pytest
 import aiolocks
 from aiolocks.postgres import PostgresBackend, PostgresPoolerError
 from aiolocks.postgres._sql import advisory_key, slot_keys
-from aiolocks.testing import PgBouncer, PostgresServer
+from aiolocks.testing import PgBouncer, PostgresServer, TcpProxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
 
@@ -332,3 +332,25 @@ async def test_fencing_survives_a_server_restart(postgres_restartable: PostgresS
         async with lock:
             after = lock.fencing_token
         assert after is not None and after > before
+
+
+async def test_stalled_link_is_a_loss(postgres_server: PostgresServer) -> None:
+    """No byte gets through, the session is not ended: the heartbeat's timeout declares the loss."""
+    app = _app()
+    async with TcpProxy(postgres_server.host, postgres_server.port) as proxy:
+        url = (
+            f"postgresql://{postgres_server.user}@{proxy.netloc}/{postgres_server.database}"
+            f"?heartbeat=0.5&sslmode=disable&application_name={app}"
+        )
+        async with aiolocks.connect(url) as backend:
+            lock = backend.mutex(f"driver/stall/{app}")
+            async with asyncio.timeout(30):
+                with pytest.raises(aiolocks.LockLostError):
+                    async with lock:
+                        proxy.stall()
+                        await asyncio.sleep(60)
+            proxy.heal()
+            # the old session may still hold the server lock: end it as an operator would
+            await asyncio.to_thread(postgres_server.terminate_backends, application_name=app)
+            async with asyncio.timeout(30), lock:
+                assert lock.fencing_token is not None
