@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .driver import Capabilities, Driver, Family
 from .engine import Engine, Ledger
@@ -20,6 +20,9 @@ from .leader import LeaderLatch
 from .locks import Mutex, ReadWriteLock, SemaphoreMutex
 from .semaphore import Semaphore
 from .tasks import TaskSet
+
+if TYPE_CHECKING:
+    from .doctor import DoctorReport
 
 __all__ = ["Backend"]
 
@@ -110,6 +113,25 @@ class Backend:
     def remove_event_hook(self, hook: EventHook) -> None:
         """Stop calling ``hook``; a hook that is not registered is ignored."""
         self._engine.remove_hook(hook)
+
+    # -- operations -------------------------------------------------------
+
+    async def doctor(self, *, self_test: bool = True) -> DoctorReport:
+        """Check the lock service's settings and run a live self-test; never raises for findings.
+
+        >>> report = await backend.doctor()  # doctest: +SKIP
+        >>> report.ok, report.codes()  # doctest: +SKIP
+        (False, ['redis-eviction-policy', 'redis-persistence'])
+
+        Returns a :class:`aiolocks.DoctorReport`: configuration findings (each
+        with a severity, what it breaks and the fix) and, with ``self_test``,
+        the outcome of taking and releasing a scratch lock. An unreachable
+        server is a critical finding, not an exception. ``aiolocks doctor URL``
+        prints the same report; ``docs/operations.md`` explains each finding.
+        """
+        from .doctor import run_doctor
+
+        return await run_doctor(self, self._driver, live=self_test)
 
     # -- lifecycle --------------------------------------------------------
 

@@ -49,6 +49,7 @@ from redis.exceptions import NoScriptError, ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.backoff import Backoff
+from .._core.doctor import Diagnosis
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError, LockError
 from .._core.participants import Participant
@@ -537,6 +538,12 @@ class RedisDriver:
         if self._tasks is None:
             self._tasks = TaskSet()
         return self._tasks.spawn(coro, name=name)
+
+    async def diagnose(self) -> Diagnosis:
+        """``backend.doctor()``'s findings for this server (see :mod:`._doctor`)."""
+        from ._doctor import diagnose_redis
+
+        return await diagnose_redis(self)
 
     async def close(self) -> None:
         self._closed = True
