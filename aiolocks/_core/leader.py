@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, final
 from .driver import Family, Grant, Mode, Request
 from .errors import BackendUnavailableError
 from .hold import Hold
+from .names import has_control_character
 from .participants import Participant
 from .tasks import wait_finished
 from .timeouts import check_timeout
@@ -63,7 +64,7 @@ class LeaderLatch:
             not isinstance(participant_id, str)
             or not participant_id
             or len(participant_id.encode("utf-8", "surrogatepass")) > 1024
-            or any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in participant_id)
+            or has_control_character(participant_id)
         ):
             raise ValueError(
                 f"leader latch {name!r}: participant_id must be a non-empty str of at most "

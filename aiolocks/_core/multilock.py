@@ -3,9 +3,10 @@
 The components are taken one after the other in the calling task, in a
 canonical order (backend, then name, then mode), so two MultiLocks over the
 same locks listed in opposite orders cannot deadlock each other. One
-deadline covers the whole acquisition (not one timeout per lock, CHECKLIST
-R14). On timeout, error or cancellation, whatever was taken is released
-before the call returns or raises.
+deadline covers the whole acquisition (not one timeout per lock, which
+would let N locks take N times the timeout). On timeout, error or
+cancellation, whatever was taken is released before the call returns or
+raises.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Redisson's idea, asyncio-shaped: a waiter that lost the first try asks the
 hub for a subscription to its lock's channel, *waits until the server has
 confirmed the SUBSCRIBE* (so an unlock published between its next try and
-its wait cannot be missed: R6), tries again, then waits on a :class:`Wake`
+its wait cannot be missed), tries again, then waits on a :class:`Wake`
 for a message or for the holder's remaining TTL, whichever comes first.
 
 * Subscriptions are ref-counted per channel; the last waiter to leave sends
@@ -40,7 +40,7 @@ class Wake:
 
     An ``exclusive`` waiter (an unfair mutex: one release frees one slot) is
     rung one at a time per message, so N local waiters do not all retry on
-    every release (Redisson's "wake one per process", R8). Set ``won`` before
+    every release (Redisson's "wake one per process"). Set ``won`` before
     leaving with the lock; a waiter leaving without it passes its turn on.
     """
 

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Final, final
 
 from .._core.backend import Backend
+from .._core.names import has_control_character
 from .._core.urls import parse_bool, parse_positive_float, parse_url
 from ._driver import ZooKeeperDriver, lock_path
 from ._session import ConnectionState
@@ -182,7 +183,7 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
         for segment in body.split("/"):
             if segment in ("", ".", ".."):
                 raise ValueError(f"chroot {chroot!r} in {url!r} has an invalid segment {segment!r}")
-            if any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in segment):
+            if has_control_character(segment):
                 raise ValueError(f"chroot {chroot!r} in {url!r} contains a control character")
     values: dict[str, object] = dict(parsed.options)
     for key, value in options.items():
