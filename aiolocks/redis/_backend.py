@@ -108,6 +108,11 @@ def _client_kwargs(url: ParsedURL, connect_timeout: float, retries: int) -> dict
     }
 
 
+_CLUSTER_NEEDS = (
+    "a Redis Cluster needs redis-py 8.0 or later (its asyncio cluster client has pub/sub "
+    "from 8.0 on; waiters are woken by pub/sub)"
+)
+
 #: connections per Redis client built from a URL; more commands wait for one
 POOL_SIZE = 100
 
@@ -294,6 +299,9 @@ def _waiting_pool_class() -> type[Any]:
             #: connections handed out before and given back, ready for reuse
             self.idle: list[Any] = []
             self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+            # redis-py before 7.0 has no reconnect marks, before 5.3 no re-auth
+            self.has_reconnect_marks = hasattr(self.connection_class, "should_reconnect")
+            self.has_re_auth = hasattr(self.connection_class, "re_auth")
 
         def can_get_connection(self) -> bool:
             """True if a connection is idle here or redis-py's pool may still make one."""
@@ -311,7 +319,7 @@ def _waiting_pool_class() -> type[Any]:
                         continue  # another task took the last one meanwhile
                 connection = self.idle.pop()
                 try:
-                    if connection.should_reconnect():
+                    if self.has_reconnect_marks and connection.should_reconnect():
                         await connection.disconnect()
                     await self.ensure_connection(connection)
                 except BaseException:
@@ -323,7 +331,8 @@ def _waiting_pool_class() -> type[Any]:
             """Take ``connection`` back for the next command and wake the oldest waiter."""
             self.idle.append(connection)
             self._wake_one()
-            await connection.re_auth()  # what redis-py's release listener does
+            if self.has_re_auth:
+                await connection.re_auth()  # what redis-py's release listener does
 
         async def _wait_for_release(self) -> None:
             waiter = asyncio.get_running_loop().create_future()
@@ -433,6 +442,8 @@ class RedisBackend(Backend):
             }
         )
         cluster = hasattr(client, "get_nodes")
+        if cluster and not hasattr(client, "pubsub"):
+            raise ValueError(_CLUSTER_NEEDS)
         if cluster and opts["min_replicas"]:
             raise ValueError("min_replicas is not supported on a Redis Cluster client")
         node = RedisNode(
@@ -589,6 +600,10 @@ def from_url(url: str, **options: object) -> Backend:
             )
         if min_replicas:
             raise ValueError("min_replicas is not supported on redis+cluster://")
+        from redis.asyncio.cluster import RedisCluster
+
+        if not hasattr(RedisCluster, "pubsub"):
+            raise ValueError(_CLUSTER_NEEDS)
         describe = f"redis+cluster://{','.join(map(str, hosts))}"
 
         def make_cluster() -> Any:

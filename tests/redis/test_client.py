@@ -10,6 +10,7 @@ operations, and a cancelled command never handing a half-used connection on.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from typing import Any
 
@@ -59,7 +60,11 @@ async def test_commands_are_packed_byte_for_byte_as_redis_py_packs_them(
             ours = _client(backend).connection_pool.make_connection()
             theirs = plain.connection_pool.make_connection()  # type: ignore[no-untyped-call]
             assert type(ours) is not type(theirs)  # the fast class is in use
-            assert b"".join(ours.pack_command(*args)) == b"".join(theirs.pack_command(*args))
+            try:
+                expected = b"".join(theirs.pack_command(*args))
+            except DataError:  # redis-py before 6 refuses bytearray; nothing to compare
+                pytest.skip(f"this redis-py {redis.__version__} does not pack {args!r}")
+            assert b"".join(ours.pack_command(*args)) == expected
     finally:
         await plain.aclose()
 
@@ -133,7 +138,10 @@ async def test_a_command_waiting_for_a_connection_times_out_and_can_be_cancelled
     ):
         client = _client(backend)
         pool = client.connection_pool
-        taken = [await pool.get_connection() for _ in range(POOL_SIZE)]
+        # redis-py before 5.3 wants a command name here; later ones warn about it
+        legacy = inspect.signature(redis.asyncio.ConnectionPool.get_connection).parameters
+        name = ("PING",) if legacy["command_name"].default is inspect.Parameter.empty else ()
+        taken = [await pool.get_connection(*name) for _ in range(POOL_SIZE)]
         with pytest.raises(RedisConnectionError, match="No connection available"):
             await client.ping()
         waiting = asyncio.create_task(client.ping())
@@ -163,12 +171,13 @@ async def test_disconnect_and_reconnect_marks_reach_idle_connections(
         await asyncio.gather(*(client.ping() for _ in range(3)))
         before = await _our_connections(raw)
         assert len(before) == 3 == len(pool.idle)
-        # marked for reconnect (what redis-py does on a maintenance event):
-        # the next use of each connection reconnects it first
-        await pool.update_active_connections_for_reconnect()
-        await asyncio.gather(*(client.ping() for _ in range(3)))
-        after = await _our_connections(raw)
-        assert len(after) == 3 and not after & before
+        if pool.has_reconnect_marks:  # redis-py 7.0 and later
+            # marked for reconnect (what redis-py does on a maintenance
+            # event): the next use of each connection reconnects it first
+            await pool.update_active_connections_for_reconnect()
+            await asyncio.gather(*(client.ping() for _ in range(3)))
+            after = await _our_connections(raw)
+            assert len(after) == 3 and not after & before
         # disconnect() closes idle connections too; they reconnect on use
         await pool.disconnect()
         await eventually_empty(raw)
@@ -210,5 +219,7 @@ async def test_a_cancelled_command_never_returns_its_connection_half_used(
         await client.set("k", "second")
         for i in range(20):
             assert await client.echo(f"e{i}") == f"e{i}".encode()
-        assert await client.get("k") == b"second"
+        # (the cancelled write may still reach the server later: closing a
+        # stream sends what it had buffered, as redis-py before 6 does)
+        assert await client.get("k") in ((b"second", big) if where == "write" else (b"second",))
         assert len(client.connection_pool.idle) == 1
