@@ -1,11 +1,14 @@
-"""Real servers for tests, demos and benchmarks, a TCP fault proxy and pytest fixtures.
+"""Real servers for tests, demos and benchmarks, a TCP fault proxy, pytest fixtures and
+:func:`lose` to test loss handlers.
 
 The launchers start ZooKeeper and Redis from the installed binaries on free
 ports in temporary folders (see :mod:`aiolocks.testing.servers`); the pytest
-fixtures live in :mod:`aiolocks.testing.pytest_plugin`, which pytest loads
-through the ``aiolocks`` entry point.
+fixtures live in :mod:`aiolocks.testing.pytest_plugin` (load it with
+``-p aiolocks.testing.pytest_plugin`` or
+``pytest_plugins = ["aiolocks.testing.pytest_plugin"]``).
 """
 
+from .loss import lose as lose
 from .proxy import TcpProxy as TcpProxy
 from .servers import RedisCluster as RedisCluster
 from .servers import RedisSentinel as RedisSentinel
@@ -40,4 +43,5 @@ __all__ = [
     "ZooKeeperEnsembleMember",
     "ZooKeeperServer",
     "free_port",
+    "lose",
 ]
