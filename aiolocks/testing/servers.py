@@ -2,8 +2,8 @@
 
 Design note
 -----------
-Backend tests talk to real servers (DESIGN.md, "Servers for tests and
-demos"). Every launcher here follows one recipe:
+Backend tests talk to real servers, never to fakes or mocked clients.
+Every launcher here follows one recipe:
 
 1. Pick a free port *below* the kernel's ephemeral range (so that a client
    socket can never grab it while a server is stopped for a restart test), and
