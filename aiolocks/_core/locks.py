@@ -79,6 +79,9 @@ class Lock:
         # The last hold of this object that ended lost; keeps ``is_lost`` true
         # until the next successful acquire.
         self._ended_lost: Hold | None = None
+        # The hold whose loss an ``async with`` of this object already raised
+        # (a reentrant block inside the explicit pattern): not raised twice.
+        self._loss_reported: Hold | None = None
 
     @property
     def name(self) -> str:
@@ -150,7 +153,7 @@ class Lock:
         # No await between the grant and recording it.
         hold = Hold(self._backend, grants[0], kind=self._kind, owner=request.owner)
         self._record(task, hold)
-        self._ended_lost = None
+        self._ended_lost = self._loss_reported = None
         return True
 
     async def release(self) -> None:
@@ -161,13 +164,17 @@ class Lock:
         was held, the release still cleans up (the hold is gone either way)
         and then raises :class:`LockLostError`, like Redisson's ``unlock()``:
         the work done under the lock may have overlapped another holder's.
+        A loss that an ``async with`` block of this lock object has already
+        raised (a reentrant block inside the explicit pattern) is not raised
+        a second time.
 
         :raises LockNotOwnedError: the lock is not held (by the current task,
             for a Mutex or a read/write half).
         :raises LockLostError: the hold was lost while it was held.
         """
         lost = await self._release_noting_loss()
-        if lost is not None:
+        if lost is not None and lost is not self._loss_reported:
+            self._loss_reported = lost
             raise LockLostError(
                 f"{lost.kind} {lost.name!r} was lost while it was held "
                 f"({lost.grant.lost_reason}; fencing token {lost.token}); it is released now"
@@ -268,7 +275,12 @@ class HoldContext:
             raise LockTimeoutError(
                 f"{lock._kind} {lock.name!r} was not acquired within {self._timeout} s"
             )
-        await enter_hold_body(lock._current_hold(), lock._release_noting_loss)
+        hold = lock._current_hold()
+        try:
+            await enter_hold_body(hold, lock._release_noting_loss)
+        except LockLostError:
+            lock._loss_reported = hold
+            raise
         return lock
 
     async def __aexit__(
@@ -277,7 +289,12 @@ class HoldContext:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await exit_hold_body(self._lock._current_hold(), exc, self._lock._release_noting_loss)
+        hold = self._lock._current_hold()
+        try:
+            await exit_hold_body(hold, exc, self._lock._release_noting_loss)
+        except LockLostError:
+            self._lock._loss_reported = hold
+            raise
 
 
 async def enter_hold_body(hold: Hold | None, release: Callable[[], Awaitable[object]]) -> None:

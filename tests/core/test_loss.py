@@ -138,7 +138,7 @@ async def test_manual_release_after_loss_cleans_up_then_raises(
     await backend.close()
 
 
-async def test_reentrant_release_of_a_lost_hold_raises_at_each_level(
+async def test_reentrant_release_of_a_lost_hold_raises_once(
     backend: aiolocks.Backend,
 ) -> None:
     lock = backend.mutex("loss/manual-reentrant")
@@ -148,10 +148,31 @@ async def test_reentrant_release_of_a_lost_hold_raises_at_each_level(
     with pytest.raises(aiolocks.LockLostError):
         await lock.release()  # inner level: still owned afterwards
     assert lock.is_owned_by_current_task() and lock.is_lost
-    with pytest.raises(aiolocks.LockLostError):
-        await lock.release()
+    await lock.release()  # the loss of this hold was reported already
     assert not lock.is_owned_by_current_task() and lock.is_lost
     assert not backend._holds
+    # a later hold that is lost is reported again
+    await lock.acquire()
+    grant_of(lock).grant.mark_lost("test again")
+    with pytest.raises(aiolocks.LockLostError, match="test again"):
+        await lock.release()
+    await backend.close()
+
+
+async def test_loss_raised_by_a_reentrant_block_is_not_raised_again_at_release(
+    backend: aiolocks.Backend,
+) -> None:
+    """acquire / async with lock.hold() / release (``aiolocks run`` does this): one error."""
+    lock = backend.mutex("loss/reentrant-block")
+    assert await lock.acquire(timeout=0)
+    try:
+        with pytest.raises(aiolocks.LockLostError, match="while the block ran"):
+            async with lock.hold():
+                grant_of(lock).grant.mark_lost("test")
+                await asyncio.sleep(3600)
+    finally:
+        await lock.release()
+    assert lock.is_lost and not backend._holds
     await backend.close()
 
 
