@@ -190,12 +190,15 @@ class Lock:
         if hold is not None:
             hold.grant.verify()  # a lease that ran out while the loop was busy counts as lost
         ended = self._take_for_release(task)
-        if ended is not None:
-            await self._backend._release(ended)
+        try:
+            if ended is not None:
+                await self._backend._release(ended)
+        finally:
+            # Also when cancelled meanwhile: is_lost must not forget the loss.
+            if ended is not None and hold is not None and hold.lost:
+                self._ended_lost = hold
         if hold is None or not hold.lost:
             return None
-        if ended is not None:
-            self._ended_lost = hold
         return hold
 
     def hold(self, timeout: float | None = None) -> HoldContext:

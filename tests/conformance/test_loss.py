@@ -143,6 +143,33 @@ async def test_lose_from_another_task_cancels_the_holder(
         pass
 
 
+@pytest.mark.parametrize("cancel_after", [1, 2, 3])
+async def test_cancelled_release_of_a_lost_hold_still_cleans_up(
+    backend: aiolocks.Backend,
+    other_backend: aiolocks.Backend,
+    names: Callable[[], str],
+    cancel_after: int,
+) -> None:
+    """Cancel release() at its first await points: nothing leaks, is_lost stays true."""
+    name = names()
+    lock = backend.semaphore_mutex(name)  # any task may release it
+    assert await lock.acquire(timeout=10)
+    await lose(lock)
+    releasing = asyncio.create_task(lock.release())
+    for _ in range(cancel_after):
+        await asyncio.sleep(0)
+    releasing.cancel()
+    outcome = await asyncio.gather(releasing, return_exceptions=True)
+    assert isinstance(outcome[0], (asyncio.CancelledError, aiolocks.LockLostError)), outcome
+    assert lock.is_lost
+    assert not lock.is_owned_by_current_task()
+    await settle(backend)
+    assert not backend._holds
+    rival = other_backend.semaphore_mutex(name)
+    assert await rival.acquire(timeout=10)
+    await rival.release()
+
+
 async def test_lease_explicit_release_raises_once(
     backend: aiolocks.Backend, other_backend: aiolocks.Backend, names: Callable[[], str]
 ) -> None:
