@@ -128,8 +128,9 @@ class ServerError(RuntimeError):
 #: How to install the servers, for error messages (pip installs ship no install script).
 INSTALL_HINT = (
     "install the servers with the system package manager: "
-    "'apt-get install zookeeper redis-server redis-sentinel default-jre-headless' "
-    "on Debian/Ubuntu, 'brew install zookeeper redis' on macOS"
+    "'apt-get install zookeeper redis-server redis-sentinel default-jre-headless "
+    "postgresql pgbouncer' on Debian/Ubuntu, 'brew install zookeeper redis postgresql "
+    "pgbouncer' on macOS"
 )
 
 
