@@ -1,4 +1,4 @@
-"""pytest fixtures that provide real ZooKeeper and Redis servers.
+"""pytest fixtures that provide real ZooKeeper, Redis and PostgreSQL servers.
 
 pytest loads this module in every run through the ``aiolocks`` ``pytest11``
 entry point, so it imports only the standard library and the launchers
@@ -16,14 +16,18 @@ fixture                gives                           external servers instead
 ``redis_sentinel``     :class:`RedisSentinelSet`       ``AIOLOCKS_REDIS_SENTINEL_URL=redis+sentinel://...``
 ``redis_cluster``      :class:`RedisCluster` (3)       ``AIOLOCKS_REDIS_CLUSTER_URL=redis+cluster://...``
 ``redis_servers5``     :class:`RedisServerGroup` (5)   ``AIOLOCKS_REDLOCK_URLS=redis://a,redis://b,...``
+``postgres_server``    :class:`PostgresServer`         ``AIOLOCKS_POSTGRES_URL=postgresql://u:p@h:p/db``
+``pgbouncer``          :class:`PgBouncer` (transaction ``AIOLOCKS_PGBOUNCER_URL=postgresql://u:p@h:p/db``
+                       pooling, in front of it)
 =====================  ==============================  ==============================
 
-Function fixtures ``zookeeper_restartable`` and ``redis_restartable`` give a
+Function fixtures ``zookeeper_restartable``, ``redis_restartable`` and
+``postgres_restartable`` give a
 fresh private server that the test may stop, kill and restart. They skip
 when the matching environment variable above points at external servers.
 
 When a binary is missing (and no environment variable is set) the fixture
-*fails* and says how to install it (``scripts/install-servers.sh``); with
+*fails* and says how to install it (``apt-get`` or ``brew``); with
 ``AIOLOCKS_SKIP_MISSING_SERVERS=1`` it skips instead. A fixture given an
 external server yields an object with ``managed == False``; call
 :func:`require_managed` in a test that needs to control the processes.
@@ -37,7 +41,9 @@ from typing import Protocol, TypeVar
 
 import pytest
 
+from ._postgres import PgBouncer, PostgresServer
 from .servers import (
+    INSTALL_HINT,
     RedisCluster,
     RedisSentinelSet,
     RedisServer,
@@ -48,6 +54,9 @@ from .servers import (
 )
 
 __all__ = [
+    "pgbouncer",
+    "postgres_restartable",
+    "postgres_server",
     "redis_cluster",
     "redis_restartable",
     "redis_sentinel",
@@ -92,8 +101,9 @@ def _launch(factory: Callable[[], _L], env_var: str) -> _L:
         return launcher
     # Outside the except block, so the report is the message alone.
     message = (
-        f"{missing}.\nInstall ZooKeeper, Redis and Java with scripts/install-servers.sh "
-        f"(as root), or point the tests at running servers with {env_var}=..., "
+        f"{missing}.\n"
+        + ("" if INSTALL_HINT in missing else f"To run the servers, {INSTALL_HINT}; ")
+        + f"or point the tests at running servers with {env_var}=..., "
         f"or set {SKIP_MISSING_ENV}=1 to skip the tests that need this server."
     )
     if _skip_missing():
@@ -216,3 +226,43 @@ def redis_restartable() -> Iterator[RedisServer]:
     """A private Redis server for this test only: stop, kill and restart it freely."""
     _skip_if_external("AIOLOCKS_REDIS_URL")
     yield from _serve(RedisServer, "AIOLOCKS_REDIS_URL")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server shared by the session (or ``AIOLOCKS_POSTGRES_URL``).
+
+    Tests share its ``postgres`` database: use names of your own (a random
+    suffix) and clean up what you create.
+    """
+    url = _external("AIOLOCKS_POSTGRES_URL")
+    if url is not None:
+        yield PostgresServer.external(url)
+        return
+    yield from _serve(PostgresServer, "AIOLOCKS_POSTGRES_URL")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
+    """A pgbouncer in transaction pooling mode in front of ``postgres_server``.
+
+    With ``AIOLOCKS_PGBOUNCER_URL`` set, that (external) bouncer is used instead;
+    it must pool in transaction mode in front of the same server.
+    """
+    url = _external("AIOLOCKS_PGBOUNCER_URL")
+    if url is not None:
+        yield PgBouncer.external(url, postgres_server)
+        return
+    if not postgres_server.managed:
+        pytest.skip(
+            "AIOLOCKS_POSTGRES_URL points at an external server; set AIOLOCKS_PGBOUNCER_URL "
+            "to a pgbouncer (transaction pooling) in front of it"
+        )
+    yield from _serve(lambda: PgBouncer(postgres_server), "AIOLOCKS_PGBOUNCER_URL")
+
+
+@pytest.fixture
+def postgres_restartable() -> Iterator[PostgresServer]:
+    """A private PostgreSQL for this test only: stop, kill and restart it freely."""
+    _skip_if_external("AIOLOCKS_POSTGRES_URL")
+    yield from _serve(PostgresServer, "AIOLOCKS_POSTGRES_URL")
