@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
 from . import _connect
+from ._core.admin import KINDS as ADMIN_KINDS
 from ._core.backend import Backend
 from ._core.driver import Grant
 from ._core.errors import BackendUnavailableError, LockError, LockLostError, LockTimeoutError
@@ -544,6 +545,47 @@ async def _status(url: str, name: str, as_json: bool) -> int:
     return 0
 
 
+# -- list and break -------------------------------------------------------------------
+
+
+async def _list(url: str, prefix: str, as_json: bool) -> int:
+    async with _connect.connect(url) as backend:
+        locks = await backend.list_locks(prefix)
+    if as_json:
+        report = {
+            "url": backend.url,
+            "prefix": prefix,
+            "locks": [
+                {
+                    "name": info.name,
+                    "kind": info.kind,
+                    "participants": [asdict(p) for p in info.participants],
+                }
+                for info in locks
+            ],
+        }
+        print(json.dumps(report, indent=2))
+        return 0
+    if not locks:
+        print(f"no lock in use under {prefix!r} on {backend.url}")
+        return 0
+    print(f"{'kind':<16} {'holders':>7} {'waiting':>7} {'tokens':<16} name")
+    for info in locks:
+        holders = [p for p in info.participants if p.is_holder]
+        tokens = ",".join(str(p.fencing_token) for p in holders if p.fencing_token is not None)
+        waiting = len(info.participants) - len(holders)
+        print(f"{info.kind:<16} {len(holders):>7} {waiting:>7} {tokens or '-':<16} {info.name}")
+    return 0
+
+
+async def _break(url: str, name: str, kind: str | None) -> int:
+    async with _connect.connect(url) as backend:
+        removed = await backend.force_release(name, kind)
+    what = "every kind" if kind is None else kind
+    print(f"{name!r} ({what}) on {backend.url}: {removed} hold(s) removed")
+    return 0
+
+
 # -- entry point ------------------------------------------------------------------
 
 _MAIN_EPILOG = """\
@@ -741,6 +783,46 @@ def _cmd_status(args: argparse.Namespace, command: list[str]) -> int:
     return asyncio.run(_status(url, name, args.json))
 
 
+def _setup_list(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "positionals",
+        nargs="*",
+        metavar="[URL] [PREFIX]",
+        help=f"backend URL (or set {URL_ENV}), then a name prefix such as jobs/ (default: all)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _cmd_list(args: argparse.Namespace, command: list[str]) -> int:
+    url, prefix = _url_and("list", args.positionals, "PREFIX", optional_second=True)
+    return asyncio.run(_list(url, prefix or "", args.json))
+
+
+def _setup_break(parser: argparse.ArgumentParser) -> None:
+    _add_url_name(parser, "NAME", "the lock name")
+    parser.add_argument(
+        "--yes", action="store_true", help="really remove the holds (required: no undo)"
+    )
+    parser.add_argument(
+        "-k",
+        "--kind",
+        choices=list(ADMIN_KINDS),
+        default=None,
+        help="only this kind of lock (default: every kind of NAME)",
+    )
+
+
+def _cmd_break(args: argparse.Namespace, command: list[str]) -> int:
+    url, name = _url_and("break", args.positionals, "NAME")
+    assert name is not None
+    name = validate_name(name)
+    if not args.yes:
+        raise UsageError(
+            f"this removes every hold of {name!r}; the holders lose the lock. Add --yes to do it."
+        )
+    return asyncio.run(_break(url, name, args.kind))
+
+
 def _setup_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="memory://", help="backend URL (default: memory://)")
     parser.add_argument("--workers", type=_positive_int, default=8, help="worker tasks (default 8)")
@@ -793,6 +875,27 @@ SUBCOMMANDS: list[Subcommand] = [
         _cmd_status,
         "Holders, waiters, fencing tokens and lease TTLs of every lock kind of NAME.",
         "example:\n  aiolocks status --json redis://127.0.0.1:6379/0 jobs/backup\n",
+    ),
+    Subcommand(
+        "list",
+        "every lock in use under a prefix",
+        _setup_list,
+        _cmd_list,
+        "Every lock under PREFIX that has holders or waiters, with its kind.",
+        "examples:\n  aiolocks list redis://127.0.0.1:6379/0 jobs/\n"
+        "  aiolocks list --json zk://127.0.0.1:2181\n",
+    ),
+    Subcommand(
+        "break",
+        "force-release a lock (administrative)",
+        _setup_break,
+        _cmd_break,
+        "Remove every hold of NAME (Redisson's forceUnlock). The former holders see\n"
+        "LockLostError: on memory:// at once, on Redis at their next lease renewal\n"
+        "(within a third of lease_time), on ZooKeeper when they release. An\n"
+        "'aiolocks run' holding it then exits 76 (on Redis its command is stopped\n"
+        "at that renewal; on ZooKeeper only when the command ends by itself).",
+        "example:\n  aiolocks break redis://127.0.0.1:6379/0 jobs/backup --yes\n",
     ),
     Subcommand(
         "demo",

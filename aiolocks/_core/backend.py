@@ -29,6 +29,7 @@ from .participants import Participant
 from .tasks import TaskSet, wait_finished
 
 if TYPE_CHECKING:
+    from .admin import LockInfo
     from .hold import Hold
     from .leader import LeaderLatch
     from .locks import Mutex, ReadWriteLock, SemaphoreMutex
@@ -399,3 +400,32 @@ class Backend:
         await self.open()
         self._check_open()
         return await self._driver.participants(name, family)
+
+    # -- administration ---------------------------------------------------
+
+    async def list_locks(self, prefix: str = "") -> list[LockInfo]:
+        """Every lock whose name starts with ``prefix`` that has holders or waiters.
+
+        >>> for info in await backend.list_locks("jobs/"):  # doctest: +SKIP
+        ...     print(info.kind, info.name, len(info.participants))
+
+        ``prefix`` is a plain string prefix of the canonical name. Meant for
+        operators (``aiolocks list``): it scans the backend's lock space.
+        """
+        from .admin import list_locks
+
+        return await list_locks(self, prefix)
+
+    async def force_release(self, name: str, kind: str | None = None) -> int:
+        """Remove every hold of ``name`` (of one ``kind``, or of every kind); the number removed.
+
+        An administrative tool (Redisson's ``forceUnlock``, ``aiolocks break``)
+        for a lock whose holder is stuck. The former holders see the loss as
+        :class:`LockLostError`: on ``memory://`` at once, on Redis at the next
+        lease renewal (within a third of ``lease_time``), on ZooKeeper when
+        they release. ``kind``: ``"mutex"``, ``"semaphore-mutex"``,
+        ``"semaphore"``, ``"rwlock"`` or ``"leader"``.
+        """
+        from .admin import force_release
+
+        return await force_release(self, name, kind)
