@@ -293,6 +293,8 @@ class Backend:
         )
         cancelled = await wait_finished(attempt, cancel_inner=True)
         if cancelled is None:
+            if self._hooks and not attempt.cancelled() and attempt.exception() is not None:
+                self._emit_failed(request, attempt.exception(), started)
             grants = attempt.result()
             self._emit_outcome(request, grants, started)
             return grants
@@ -326,6 +328,10 @@ class Backend:
             if self._hooks:
                 self._emit("cancelled", request, wait_time=time.monotonic() - started)
             raise
+        except Exception as exc:
+            if self._hooks:
+                self._emit_failed(request, exc, started)
+            raise
         self._emit_outcome(request, grants, started)
         return grants
 
@@ -339,6 +345,15 @@ class Backend:
                 self._emit("acquired", request, token=grant.token, wait_time=waited)
         else:
             self._emit("timeout", request, wait_time=waited)
+
+    def _emit_failed(self, request: Request, exc: BaseException | None, started: float) -> None:
+        """A ``failed`` event: the acquire raised ``exc`` (its class name is the reason)."""
+        self._emit(
+            "failed",
+            request,
+            wait_time=time.monotonic() - started,
+            reason=type(exc).__name__,
+        )
 
     async def _release_grant(self, grant: Grant) -> None:
         await self._driver.release(grant)
