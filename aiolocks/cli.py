@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import signal
@@ -944,6 +945,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (64)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     spec: Subcommand = args._spec
+    if not logging.getLogger().handlers:  # the library's warnings, e.g. a lost hold
+        logging.basicConfig(format=f"aiolocks {spec.name}: %(message)s", level=logging.WARNING)
     if command and not spec.takes_command:
         print(f"aiolocks {spec.name}: unexpected arguments after '--'", file=sys.stderr)
         return EXIT_USAGE
@@ -959,6 +962,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
         return EXIT_NOT_ACQUIRED
     except LockError as exc:
+        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
+        return EXIT_LOCK_ERROR
+    except NotImplementedError as exc:  # list/break on a backend without admin support
         print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
         return EXIT_LOCK_ERROR
     except KeyboardInterrupt:

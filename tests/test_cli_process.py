@@ -24,9 +24,14 @@ from aiolocks.testing import RedisServer, ZooKeeperServer
 CLI = [sys.executable, "-m", "aiolocks"]
 
 # A grandchild that ignores TERM: only KILL ends it.
+# A grandchild that ignores TERM (only KILL ends it) and forks a child of its
+# own that ignores TERM too; both write their pids.
 IGNORES_TERM = (
     "import os, signal, sys, time\n"
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "if os.fork() == 0:\n"
+    "    open(sys.argv[1] + '-child', 'w').write(str(os.getpid()))\n"
+    "    while True: time.sleep(1)\n"
     "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
     "while True: time.sleep(1)\n"
 )
@@ -107,7 +112,7 @@ def forking_command(tmp_path: Path) -> list[str]:
 
 def assert_all_gone(tmp_path: Path) -> None:
     leader = int((tmp_path / "leader").read_text())
-    for name in ("stubborn", "orphan"):
+    for name in ("stubborn", "stubborn-child", "orphan"):
         path = tmp_path / name
         if path.exists() and path.read_text().strip():
             pid = int(path.read_text())
@@ -116,8 +121,13 @@ def assert_all_gone(tmp_path: Path) -> None:
     assert not group_alive(leader), "a process of the command's group is still running"
 
 
-def wait_all_started(tmp_path: Path, proc: subprocess.Popen[str], reaper: list[int]) -> None:
-    for name in ("leader", "stubborn", "orphan"):
+def wait_all_started(
+    tmp_path: Path,
+    proc: subprocess.Popen[str],
+    reaper: list[int],
+    names: tuple[str, ...] = ("leader", "stubborn", "stubborn-child", "orphan"),
+) -> None:
+    for name in names:
         reaper.append(int(wait_for_file(tmp_path / name, proc)))
 
 
@@ -187,7 +197,7 @@ def test_signals_reach_the_whole_group(tmp_path: Path, reaper: list[int], sig: i
         "wait"
     )
     proc = start("run", "memory://", "cli/signals", "--", "sh", "-c", script)
-    wait_all_started(tmp_path, proc, reaper)
+    wait_all_started(tmp_path, proc, reaper, ("leader", "stubborn", "orphan"))
     proc.send_signal(sig)
     code, err = finish(proc)
     # sh dies of the signal it got (it was waiting in `wait`)
