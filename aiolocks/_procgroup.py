@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import errno
 import logging
+import math
 import os
 import signal
 import sys
@@ -142,8 +143,10 @@ class ProcessGroup:
         return code
 
     async def terminate(self, kill_after: float) -> int:
-        """TERM the group, KILL it after ``kill_after`` seconds; wait until it is gone."""
+        """TERM the group, KILL it ``kill_after`` seconds later (if finite); wait until gone."""
         self.signal(signal.SIGTERM)
+        if math.isinf(kill_after):
+            return await self.wait()
         try:
             async with asyncio.timeout(kill_after):
                 return await self.wait()
