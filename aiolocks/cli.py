@@ -940,8 +940,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
+    parser = _parser()
     try:
-        args = _parser().parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        # options may come between URL and NAME: argparse leaves what follows them over
+        if extras and all(not e.startswith("-") for e in extras) and "positionals" in args:
+            args.positionals = [*args.positionals, *extras]
+        elif extras:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
     except SystemExit as exc:  # --help (0) or a usage error (64)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     spec: Subcommand = args._spec

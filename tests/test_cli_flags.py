@@ -209,3 +209,11 @@ def test_help_describes_every_argument() -> None:
         assert "examples:" in result.stdout or "example:" in result.stdout or command == "demo"
     top = run("--help")
     assert "exit status" in top.stdout and "AIOLOCKS_URL" in top.stdout
+
+
+def test_options_may_come_between_url_and_name() -> None:
+    result = run("run", "memory://", "-n", "cli/mixed", "-E", "9", "--", "sh", "-c", "exit 4")
+    assert result.returncode == 4, result.stderr
+    result = run("list", "memory://", "--json", "cli/")
+    assert result.returncode == 0, result.stderr
+    assert '"prefix": "cli/"' in result.stdout
