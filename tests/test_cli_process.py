@@ -318,3 +318,19 @@ def test_elect_leadership_lost_stops_the_group(
     code, err = finish(proc)
     assert code == 76, err
     assert_all_gone(tmp_path)
+
+
+@pytest.mark.zookeeper
+def test_elect_zookeeper_session_lost_stops_the_group(
+    zookeeper_restartable: ZooKeeperServer, tmp_path: Path, reaper: list[int]
+) -> None:
+    url = zookeeper_restartable.url + "?session_timeout=4"
+    proc = start(
+        "elect", "--kill-after", "1", url, "cli/zkleader", "--", *forking_command(tmp_path)
+    )
+    wait_all_started(tmp_path, proc, reaper)
+    zookeeper_restartable.stop()
+    code, err = finish(proc)
+    assert code == 76, err
+    assert "leadership" in err
+    assert_all_gone(tmp_path)
