@@ -16,6 +16,9 @@
     Force-release every hold of NAME (administrative).
 ``aiolocks demo [--url URL]``
     The flash-sale demo.
+``aiolocks doctor [URL] [--json]``
+    Settings of the lock service that break lock guarantees, and a live
+    self-test; exit 1 when something is critical (see ``aiolocks._doctor_cli``).
 
 ``URL`` may be left out when ``AIOLOCKS_URL`` is set. Exit codes are listed
 in :data:`EXIT_CODES` and in ``docs/cli.md``.
@@ -38,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
-from . import _connect
+from . import _connect, _doctor_cli
 from ._core.admin import KINDS as ADMIN_KINDS
 from ._core.backend import Backend
 from ._core.driver import Grant
@@ -847,6 +850,8 @@ class Subcommand:
     epilog: str | None = None
     #: takes ``-- CMD ARGS...``
     takes_command: bool = False
+    #: builds its own parser on the subparsers (instead of ``setup``)
+    register: Callable[[Any], argparse.ArgumentParser] | None = None
 
 
 #: The subcommands, in ``--help`` order. Add a row to add one.
@@ -905,6 +910,13 @@ SUBCOMMANDS: list[Subcommand] = [
         _cmd_demo,
         "The flash sale: without a lock it oversells, with a mutex it never does.",
     ),
+    Subcommand(
+        "doctor",
+        "check the lock service's settings",
+        lambda parser: None,
+        lambda args, command: _doctor_cli.run(args),
+        register=_doctor_cli.add_parser,
+    ),
 ]
 
 
@@ -917,18 +929,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
     for spec in SUBCOMMANDS:
-        usage = None
-        if spec.takes_command:
-            usage = f"aiolocks {spec.name} [options] [URL] NAME -- CMD [ARGS...]"
-        child = sub.add_parser(
-            spec.name,
-            help=spec.help,
-            description=spec.description,
-            epilog=spec.epilog,
-            usage=usage,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        spec.setup(child)
+        if spec.register is not None:  # a command that builds its own parser
+            child = spec.register(sub)
+        else:
+            usage = None
+            if spec.takes_command:
+                usage = f"aiolocks {spec.name} [options] [URL] NAME -- CMD [ARGS...]"
+            child = sub.add_parser(
+                spec.name,
+                help=spec.help,
+                description=spec.description,
+                epilog=spec.epilog,
+                usage=usage,
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+            spec.setup(child)
         child.set_defaults(_spec=spec)
     return parser
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, final
 
 from .._core.backend import Backend
+from .._core.doctor import Diagnosis
 from .._core.driver import Capabilities, Family, Grant, Mode, Request
 from .._core.options import check_portable_options
 from .._core.participants import Participant
@@ -238,6 +239,12 @@ class MemoryDriver:
         from ._admin import MemoryAdmin
 
         return MemoryAdmin(self)
+
+    async def diagnose(self) -> Diagnosis:
+        """``backend.doctor()``'s findings: one reminder that this lock is process-local."""
+        from ._doctor import diagnose
+
+        return diagnose(self.describe())
 
 
 @final
