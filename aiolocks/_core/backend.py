@@ -29,6 +29,7 @@ from .participants import Participant
 from .tasks import TaskSet, wait_finished
 
 if TYPE_CHECKING:
+    from .admin import LockInfo
     from .doctor import DoctorReport
     from .hold import Hold
     from .leader import LeaderLatch
@@ -312,6 +313,8 @@ class Backend:
         )
         cancelled = await wait_finished(attempt, cancel_inner=True)
         if cancelled is None:
+            if self._hooks and not attempt.cancelled() and attempt.exception() is not None:
+                self._emit_failed(request, attempt.exception(), started)
             grants = attempt.result()
             self._emit_outcome(request, grants, started)
             return grants
@@ -345,6 +348,10 @@ class Backend:
             if self._hooks:
                 self._emit("cancelled", request, wait_time=time.monotonic() - started)
             raise
+        except Exception as exc:
+            if self._hooks:
+                self._emit_failed(request, exc, started)
+            raise
         self._emit_outcome(request, grants, started)
         return grants
 
@@ -358,6 +365,15 @@ class Backend:
                 self._emit("acquired", request, token=grant.token, wait_time=waited)
         else:
             self._emit("timeout", request, wait_time=waited)
+
+    def _emit_failed(self, request: Request, exc: BaseException | None, started: float) -> None:
+        """A ``failed`` event: the acquire raised ``exc`` (its class name is the reason)."""
+        self._emit(
+            "failed",
+            request,
+            wait_time=time.monotonic() - started,
+            reason=type(exc).__name__,
+        )
 
     async def _release_grant(self, grant: Grant) -> None:
         await self._driver.release(grant)
@@ -419,3 +435,32 @@ class Backend:
         await self.open()
         self._check_open()
         return await self._driver.participants(name, family)
+
+    # -- administration ---------------------------------------------------
+
+    async def list_locks(self, prefix: str = "") -> list[LockInfo]:
+        """Every lock whose name starts with ``prefix`` that has holders or waiters.
+
+        >>> for info in await backend.list_locks("jobs/"):  # doctest: +SKIP
+        ...     print(info.kind, info.name, len(info.participants))
+
+        ``prefix`` is a plain string prefix of the canonical name. Meant for
+        operators (``aiolocks list``): it scans the backend's lock space.
+        """
+        from .admin import list_locks
+
+        return await list_locks(self, prefix)
+
+    async def force_release(self, name: str, kind: str | None = None) -> int:
+        """Remove every hold of ``name`` (of one ``kind``, or of every kind); the number removed.
+
+        An administrative tool (Redisson's ``forceUnlock``, ``aiolocks break``)
+        for a lock whose holder is stuck. The former holders see the loss as
+        :class:`LockLostError`: on ``memory://`` at once, on Redis at the next
+        lease renewal (within a third of ``lease_time``), on ZooKeeper when
+        they release. ``kind``: ``"mutex"``, ``"semaphore-mutex"``,
+        ``"semaphore"``, ``"rwlock"`` or ``"leader"``.
+        """
+        from .admin import force_release
+
+        return await force_release(self, name, kind)

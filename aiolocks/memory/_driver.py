@@ -15,13 +15,16 @@ import re
 import time
 import weakref
 from collections.abc import Mapping
-from typing import final
+from typing import TYPE_CHECKING, final
 
 from .._core.backend import Backend
 from .._core.doctor import Diagnosis
 from .._core.driver import Capabilities, Family, Grant, Mode, Request
 from .._core.options import check_portable_options
 from .._core.participants import Participant
+
+if TYPE_CHECKING:
+    from ._admin import MemoryAdmin
 
 __all__ = ["MemoryBackend", "MemoryDriver", "from_url"]
 
@@ -230,6 +233,12 @@ class MemoryDriver:
 
     async def close(self) -> None:
         """Nothing to disconnect; the core has released every hold."""
+
+    def admin(self) -> MemoryAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import MemoryAdmin
+
+        return MemoryAdmin(self)
 
     async def diagnose(self) -> Diagnosis:
         """``backend.doctor()``'s findings: one reminder that this lock is process-local."""

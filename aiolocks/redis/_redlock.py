@@ -41,7 +41,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import final
+from typing import TYPE_CHECKING, final
 
 from redis.exceptions import RedisError
 
@@ -64,6 +64,9 @@ from ._driver import (
 )
 from ._pubsub import Wake
 from ._watchdog import Renewal, RenewResult, Watchdog
+
+if TYPE_CHECKING:
+    from ._admin import RedisAdmin
 
 __all__ = ["RedlockDriver"]
 
@@ -323,6 +326,12 @@ class RedlockDriver:
         self._holds.discard(hold)
         attempts = [_Attempt(hold.keys, [hold.field], "", hold.lease) for _ in self.nodes]
         await self._cleanup(attempts, [True] * len(attempts))
+
+    def admin(self) -> RedisAdmin:
+        """Listing and force-release (``aiolocks list``/``break``) on every master."""
+        from ._admin import RedisAdmin
+
+        return RedisAdmin(self.nodes, self.key_prefix, self.describe())
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         keys = lock_keys(self.key_prefix, family, name)

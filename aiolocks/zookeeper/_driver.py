@@ -33,7 +33,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import aiozk
 from aiozk import exc as zk_exc
@@ -49,6 +49,9 @@ from .._core.tasks import TaskSet, wait_done
 from ._internals import LockInternals, Node, exclusive_predicate, read_predicate, sort_nodes
 from ._protocol import BufferedConnection
 from ._session import ConnectionState, SessionChanged, SessionMonitor, next_xid, wait_future
+
+if TYPE_CHECKING:
+    from ._admin import ZooKeeperAdmin
 
 __all__ = ["ZooKeeperDriver", "lock_path"]
 
@@ -435,6 +438,12 @@ class ZooKeeperDriver:
             grant.mark_lost("its lock node was already gone when it was released")
 
     # -- inspection -----------------------------------------------------------------------
+
+    def admin(self) -> ZooKeeperAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import ZooKeeperAdmin
+
+        return ZooKeeperAdmin(self, self._connect_timeout)
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         """Holders first, then waiters in queue order, each with its node's data."""
