@@ -132,12 +132,12 @@ async def test_a_listing_answered_session_expired_is_sent_again(
     from aiozk import exc as zk_exc
     from aiozk import protocol
 
-    from aiolocks.zookeeper._protocol import BufferedConnection
+    from aiolocks.zookeeper._connection import Connection
 
     name = f"expired-reply/{uuid.uuid4().hex}"
     a = await _connect(zk_url)
     b = await _connect(zk_url)
-    original = BufferedConnection.send
+    original = Connection.send
     answered: list[str] = []
 
     def send(self: Any, request: Any, xid: int | None = None) -> Any:
@@ -152,7 +152,7 @@ async def test_a_listing_answered_session_expired_is_sent_again(
         assert await holder.wait()
         waiting = Held(a.mutex(name))
         await until(lambda: _count(b, name, 2), what="waiter queued")
-        monkeypatch.setattr(BufferedConnection, "send", send)
+        monkeypatch.setattr(Connection, "send", send)
         a._driver._monitor.wake_all()  # type: ignore[attr-defined]  # the waiter lists again
         await until(lambda: bool(answered), what="listing answered SESSION_EXPIRED")
         monkeypatch.undo()
@@ -168,13 +168,12 @@ async def test_a_listing_answered_session_expired_is_sent_again(
 async def test_connection_dropped_while_rearming_watches_reconnects(
     zk_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """aiozk's repair loop re-arms watches with a request that waits for a
-    connection, so a connection dropped right then deadlocked it: the backend
-    never reconnected (an intermittent failure of the expiry test above)."""
+    """Watches are re-armed (SetWatches) first thing on a new connection of
+    the same session; a drop right then must not stall reconnection (with
+    aiozk's repair loop it did: the backend never reconnected)."""
     from aiozk import protocol
-    from aiozk.states import States
 
-    from aiolocks.zookeeper._protocol import BufferedConnection as Connection
+    from aiolocks.zookeeper._connection import Connection
 
     name = f"rearm/{uuid.uuid4().hex}"
     a = await _connect(zk_url)
@@ -188,7 +187,7 @@ async def test_connection_dropped_while_rearming_watches_reconnects(
         fut = original(self, request, xid=xid)
         if isinstance(request, protocol.SetWatchesRequest) and not dropped:
             dropped.append(type(request).__name__)
-            self.writer.transport.abort()  # the connection drops before the reply
+            self.transport.abort()  # the connection drops before the reply
         return fut
 
     try:
@@ -198,13 +197,13 @@ async def test_connection_dropped_while_rearming_watches_reconnects(
         await until(lambda: _count(b, name, 2), what="waiter queued")
         sid = a.session_id
         monkeypatch.setattr(Connection, "send", send)
-        a.client.session.conn.writer.transport.abort()
+        a.client.session.conn.transport.abort()
         await until(lambda: bool(dropped), what="SetWatches sent on the new connection")
         # suspended twice (the cut, then the drop), reconnected twice
         await until(
             lambda: (
                 states.count(ConnectionState.RECONNECTED) >= 2
-                and a.client.session.state == States.CONNECTED
+                and a.client.session.connected
             ),
             what="reconnected after the drop",
         )
@@ -244,7 +243,7 @@ async def test_server_restart_mid_hold_and_mid_wait(
             (False, None),
         ]
         assert not waiting.acquired.is_set()
-        # ... and the waiter, whose watch aiozk would not re-arm, still wakes up
+        # ... and the waiter, whose watch was re-armed, still wakes up
         await holder.release()
         assert holder.was_lost is False
         assert await waiting.wait()
@@ -260,7 +259,7 @@ async def test_partition_declares_loss_client_side(
     zookeeper_server: ZooKeeperServer, chroot: str, zk_url: str
 ) -> None:
     """While partitioned, the hold is declared lost after a session timeout, before
-    aiozk could learn of the expiry (Curator's simulated expiry)."""
+    the session could learn of the expiry (Curator's simulated expiry)."""
     name = f"partition/{uuid.uuid4().hex}"
     async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
         a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout={SESSION_TIMEOUT}")
