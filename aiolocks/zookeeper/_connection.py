@@ -148,14 +148,16 @@ class Connection(asyncio.Protocol):
                 handshake.set_result(frame)
             return
         xid, zxid, error = _REPLY_HEADER.unpack_from(frame)
+        if xid == _PING_XID:
+            return
         session = self._session
-        if zxid > 0:
-            session.last_zxid = zxid
         if xid == _WATCH_XID:
             session.dispatch(decode_watch_event(frame[_REPLY_HEADER.size :]))
             return
-        if xid == _PING_XID:
-            return
+        # As the Java client: only replies move the zxid we have seen (it is
+        # the point from which SetWatches asks for missed changes).
+        if zxid > 0:
+            session.last_zxid = zxid
         entry = self.pending.pop(xid, None)
         if entry is None:
             return  # its caller gave up; nothing waits for this reply
@@ -423,6 +425,15 @@ class Session:
         except (OSError, TimeoutError) as exc:
             logger.debug("cannot connect to ZooKeeper %s:%s: %r", host, port, exc)
             return None
+        try:
+            return await self._handshake_with(conn, host, port, per_server)
+        except BaseException:
+            conn.abort()  # cancelled (closing) or failed mid-handshake: no stray socket
+            raise
+
+    async def _handshake_with(
+        self, conn: Connection, host: str, port: int, per_server: float
+    ) -> Connection | None:
         asked_for = self.session_id or 0
         request = protocol.ConnectRequest(
             protocol_version=0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -201,10 +202,7 @@ async def test_connection_dropped_while_rearming_watches_reconnects(
         await until(lambda: bool(dropped), what="SetWatches sent on the new connection")
         # suspended twice (the cut, then the drop), reconnected twice
         await until(
-            lambda: (
-                states.count(ConnectionState.RECONNECTED) >= 2
-                and a.client.session.connected
-            ),
+            lambda: states.count(ConnectionState.RECONNECTED) >= 2 and a.client.session.connected,
             what="reconnected after the drop",
         )
         assert a.session_id == sid  # the same session all along: nothing lost
@@ -370,3 +368,55 @@ async def test_ensemble_leader_kill_keeps_holds(zookeeper_ensemble: ZooKeeperEns
         await b.close()
         await asyncio.to_thread(leader.start)
         await asyncio.to_thread(zookeeper_ensemble.wait_for_leader)
+
+
+@pytest.mark.asyncio
+async def test_a_server_closing_the_handshake_is_skipped_and_the_session_kept(
+    zookeeper_server: ZooKeeperServer, chroot: str
+) -> None:
+    """A server that closes the handshake without an answer (ZooKeeper does so
+    while electing a leader, when it is behind our zxid, or when it is
+    read-only) is not an expiry: the next server resumes the same session."""
+    refused = 0
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal refused
+        if await reader.read(4096):  # the ConnectRequest
+            refused += 1
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"zk://127.0.0.1:{port},{zookeeper_server.hosts}{chroot}?session_timeout=10"
+    a = await _connect(url)
+    states: list[ConnectionState] = []
+    a.add_connection_listener(states.append)
+    try:
+        sid = a.session_id
+        lock = a.mutex(f"refused/{uuid.uuid4().hex}")
+        await lock.acquire()
+        drops = 0
+        # the server order is random: drop the connection until the refusing
+        # server has been tried a few times
+        while refused < 3 and drops < 100:
+            session = a.client.session
+            conn = session.conn
+            conn.abort()
+            drops += 1
+            await until(functools.partial(_reconnected, session, conn), what="reconnected")
+        assert refused >= 3
+        assert a.session_id == sid
+        assert ConnectionState.LOST not in states
+        assert states.count(ConnectionState.RECONNECTED) == drops
+        assert not lock.is_lost
+        parts = await lock.participants()
+        assert [p.fencing_token for p in parts] == [lock.fencing_token]
+        await lock.release()
+    finally:
+        await a.close()
+        server.close()
+        await server.wait_closed()
+
+
+def _reconnected(session: Any, old: Any) -> bool:
+    return bool(session.connected and session.conn is not old)
