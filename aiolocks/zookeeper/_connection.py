@@ -104,27 +104,34 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         """Cut complete frames out of the stream and handle each one."""
         self.last_received = time.monotonic()
-        buf = self._buf
-        buf += data
+        buffered = bool(self._buf)
+        if buffered:
+            self._buf += data
+            view: bytes | bytearray = self._buf
+        else:
+            view = data  # the usual case: whole replies, no copy into the buffer
         pos = 0
-        end = len(buf)
+        end = len(view)
         while end - pos >= 4:
-            (size,) = _SIZE.unpack_from(buf, pos)
-            if size < 0 or end - pos - 4 < size:
-                if size < 0:
-                    self.abort()
-                    return
+            (size,) = _SIZE.unpack_from(view, pos)
+            stop = pos + 4 + size
+            if size < 0:
+                self.abort()
+                return
+            if stop > end:
                 break
-            frame = bytes(buf[pos + 4 : pos + 4 + size])
-            pos += 4 + size
+            frame = bytes(view[pos + 4 : stop])
+            pos = stop
             try:
                 self._frame(frame)
             except Exception:
                 logger.exception("bad reply from ZooKeeper %s:%s", self.host, self.port)
                 self.abort()
                 return
-        if pos:
-            del buf[:pos]
+        if buffered:
+            del self._buf[:pos]
+        elif pos < end:
+            self._buf += view[pos:]
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Fail every pending request; resolve :attr:`closed`; tell the session."""
