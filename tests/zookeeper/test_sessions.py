@@ -420,3 +420,66 @@ async def test_a_server_closing_the_handshake_is_skipped_and_the_session_kept(
 
 def _reconnected(session: Any, old: Any) -> bool:
     return bool(session.connected and session.conn is not old)
+
+
+@pytest.mark.asyncio
+async def test_a_silent_connection_is_dropped_and_the_session_resumed(
+    zookeeper_server: ZooKeeperServer, chroot: str
+) -> None:
+    """A partition that keeps the socket open sends nothing back: after two
+    thirds of the session timeout without a byte the connection is dropped
+    (SUSPENDED) and, once the network heals, the same session resumes with
+    its holds (RECONNECTED, no LOST)."""
+    name = f"silent/{uuid.uuid4().hex}"
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout=15")
+        states: list[ConnectionState] = []
+        a.add_connection_listener(states.append)
+        try:
+            sid = a.session_id
+            lock = a.mutex(name)
+            await lock.acquire()
+            proxy.stall()  # nothing forwarded; no socket closed
+            await until(
+                lambda: ConnectionState.SUSPENDED in states, timeout=30, what="silence noticed"
+            )
+            proxy.heal()
+            await until(lambda: states[-1] is ConnectionState.RECONNECTED, timeout=30, what="back")
+            assert ConnectionState.LOST not in states
+            assert a.session_id == sid
+            assert not lock.is_lost
+            parts = await lock.participants()
+            assert [p.fencing_token for p in parts] == [lock.fencing_token]
+            await lock.release()
+        finally:
+            proxy.heal()
+            await a.close()
+
+
+@pytest.mark.asyncio
+async def test_closing_leaves_no_task_or_socket_behind(
+    zookeeper_server: ZooKeeperServer, chroot: str
+) -> None:
+    """Open and close backends, one of them while its server is unreachable
+    (its reconnect loop running): no task of ours and no connection stay."""
+    before = set(asyncio.all_tasks())
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        url = f"zk://{proxy.netloc}{chroot}?session_timeout=10&connect_timeout=2"
+        reachable = await _connect(url)
+        async with reachable.mutex(f"leak/{uuid.uuid4().hex}"):
+            pass
+        await reachable.close()
+        cut_off = await _connect(url)
+        lock = cut_off.mutex(f"leak/{uuid.uuid4().hex}")
+        await lock.acquire()
+        proxy.refuse()
+        proxy.cut()
+        await until(lambda: not cut_off.client.session.connected, what="disconnected")
+        await cut_off.close()
+        assert lock.is_lost  # closing the backend ends its holds
+        await until(lambda: proxy.active_connections == 0, what="sockets closed")
+    await asyncio.sleep(0)
+    left = [
+        t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()
+    ]
+    assert not [t.get_name() for t in left if t.get_name().startswith("aiolocks")]
