@@ -59,6 +59,10 @@ _EMPTY_PASSWORD: Final = b"\x00" * 16
 #: first pause between two rounds over the server list (doubles up to a cap)
 _FIRST_DELAY: Final = 0.05
 
+#: paths per SetWatches request, in bytes (the Java client's limit: far below
+#: the server's packet limit, so re-arming many watches cannot be refused)
+_SET_WATCHES_BYTES: Final = 128 * 1024
+
 
 class SessionEvents(Protocol):
     """What a :class:`Session` reports (implemented by the session monitor)."""
@@ -325,23 +329,36 @@ class Session:
             except Exception:
                 logger.exception("watch callback for %s failed", event.path)
 
-    def _set_watches_request(self) -> Any:
-        data: list[str] = []
-        exist: list[str] = []
-        child: list[str] = []
-        for event_type, path in self.watch_callbacks:
-            if event_type in (protocol.WatchEvent.DATA_CHANGED, protocol.WatchEvent.DELETED):
-                data.append(path)
-            elif event_type == protocol.WatchEvent.CREATED:
-                exist.append(path)
-            elif event_type == protocol.WatchEvent.CHILDREN_CHANGED:
-                child.append(path)
-        return protocol.SetWatchesRequest(
-            relative_zxid=self.last_zxid,
-            data_watches=sorted(set(data)),
-            exist_watches=sorted(set(exist)),
-            child_watches=sorted(set(child)),
-        )
+    def set_watches_requests(self) -> list[Any]:
+        """SetWatches requests re-arming every watched path, each under ``_SET_WATCHES_BYTES``.
+
+        Data watches also fire on deletion, so DELETED callbacks are re-armed
+        as data watches (the server fires NodeDeleted for a path gone meanwhile).
+        """
+        kinds: dict[int, str] = {
+            protocol.WatchEvent.DATA_CHANGED: "data_watches",
+            protocol.WatchEvent.DELETED: "data_watches",
+            protocol.WatchEvent.CREATED: "exist_watches",
+            protocol.WatchEvent.CHILDREN_CHANGED: "child_watches",
+        }
+        wanted = sorted({(kinds[t], path) for t, path in self.watch_callbacks if t in kinds})
+        requests: list[Any] = []
+        size = _SET_WATCHES_BYTES
+        for kind, path in wanted:
+            length = len(path.encode("utf-8")) + 4
+            if size + length > _SET_WATCHES_BYTES:
+                requests.append(
+                    protocol.SetWatchesRequest(
+                        relative_zxid=self.last_zxid,
+                        data_watches=[],
+                        exist_watches=[],
+                        child_watches=[],
+                    )
+                )
+                size = 0
+            getattr(requests[-1], kind).append(path)
+            size += length
+        return requests
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -400,7 +417,11 @@ class Session:
     async def _run(self) -> None:
         delay = _FIRST_DELAY
         while not self.closing:
-            conn = await self._connect_round()
+            try:
+                conn = await self._connect_round()
+            except Exception:  # a bug or a malformed answer must not end reconnection
+                logger.exception("connecting to ZooKeeper failed")
+                conn = None
             if conn is None:
                 cap = min(2.0, max(0.1, self.timeout / 4))
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
@@ -458,8 +479,13 @@ class Session:
             logger.debug("ZooKeeper %s:%s closed the handshake", host, port)
             conn.abort()
             return None
-        _version, timeout_ms, session_id = _CONNECT_HEAD.unpack_from(reply)
-        (size,) = _SIZE.unpack_from(reply, _CONNECT_HEAD.size)
+        try:
+            _version, timeout_ms, session_id = _CONNECT_HEAD.unpack_from(reply)
+            (size,) = _SIZE.unpack_from(reply, _CONNECT_HEAD.size)
+        except struct.error:
+            logger.warning("ZooKeeper %s:%s sent a malformed handshake answer", host, port)
+            conn.abort()
+            return None
         offset = _CONNECT_HEAD.size + 4
         password = reply[offset : offset + max(size, 0)]
         if session_id == 0:
@@ -475,12 +501,15 @@ class Session:
         self.password = bytes(password)
         self.timeout = timeout_ms / 1000
         self.conn = conn
-        if same and self.watch_callbacks:
+        if same:
             # Written before anything else on this connection: the server
             # re-arms the watches (and fires those that a change meanwhile
-            # triggered) before it runs any later request. Not awaited: a
-            # failure drops the connection and the loop reconnects.
-            conn.send(self._set_watches_request()).add_done_callback(_drop_on_failure(conn))
+            # triggered) before it runs any later request. Never awaited, so
+            # a drop right now only means another reconnection; waiters
+            # re-list after every reconnection anyway, which is what they
+            # rely on (re-arming serves watches set through the client API).
+            for request in self.set_watches_requests():
+                conn.send(request).add_done_callback(_log_failure(conn))
         self._schedule_tick(conn)
         fut = self.connected_future()
         if not fut.done():
@@ -522,16 +551,15 @@ class Session:
         self._schedule_tick(conn)
 
 
-def _drop_on_failure(conn: Connection) -> Callable[[asyncio.Future[Any]], None]:
-    """A done-callback that drops ``conn`` when the re-arming request failed."""
+def _log_failure(conn: Connection) -> Callable[[asyncio.Future[Any]], None]:
+    """A done-callback reporting a SetWatches the server refused."""
 
     def done(fut: asyncio.Future[Any]) -> None:
         if fut.cancelled():
             return
-        error = fut.exception()
+        error = fut.exception()  # retrieved either way
         if error is not None and not isinstance(error, zk_exc.ConnectError):
-            logger.debug("re-arming watches on %s:%s failed: %r", conn.host, conn.port, error)
-            conn.abort()
+            logger.warning("re-arming watches on %s:%s failed: %r", conn.host, conn.port, error)
 
     return done
 

@@ -483,3 +483,72 @@ async def test_closing_leaves_no_task_or_socket_behind(
         t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()
     ]
     assert not [t.get_name() for t in left if t.get_name().startswith("aiolocks")]
+
+
+@pytest.mark.asyncio
+async def test_watches_are_rearmed_and_fire_for_changes_made_while_away(
+    zookeeper_server: ZooKeeperServer, chroot: str, observer: Any
+) -> None:
+    """A watch set through the backend's client (no waiter re-lists for it)
+    fires for a deletion that happened while the connection was down: the
+    reconnection re-arms it with SetWatches from the last zxid seen."""
+    from aiozk import protocol
+
+    path = f"/rearm-{uuid.uuid4().hex}"
+    await observer.create(path, b"x")
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout=10")
+        states: list[ConnectionState] = []
+        a.add_connection_listener(states.append)
+        try:
+            sid = a.session_id
+            deleted = a.client.wait_for_events([protocol.WatchEvent.DELETED], path)
+            assert await a.client.exists(path, watch=True) is True
+            proxy.refuse()
+            proxy.cut()
+            await until(lambda: ConnectionState.SUSPENDED in states, what="disconnected")
+            await observer.delete(path)
+            assert not deleted.done()
+            proxy.heal()
+            await asyncio.wait_for(deleted, 20)
+            assert a.session_id == sid
+            assert ConnectionState.LOST not in states
+        finally:
+            proxy.heal()
+            await a.close()
+
+
+def test_set_watches_are_split_below_the_packet_limit() -> None:
+    from aiozk import protocol
+
+    from aiolocks.zookeeper._connection import _SET_WATCHES_BYTES, Session
+
+    session = Session([("127.0.0.1", 2181)], timeout=10.0, events=None)
+    session.last_zxid = 0x1234
+    kinds = {
+        protocol.WatchEvent.DELETED: "data_watches",
+        protocol.WatchEvent.DATA_CHANGED: "data_watches",
+        protocol.WatchEvent.CREATED: "exist_watches",
+        protocol.WatchEvent.CHILDREN_CHANGED: "child_watches",
+    }
+    expected: dict[str, set[str]] = {
+        "data_watches": set(),
+        "exist_watches": set(),
+        "child_watches": set(),
+    }
+    for i in range(12_000):
+        event_type = list(kinds)[i % 4]
+        path = f"/aiolocks/mutex/name-{i:05d}/_c_{uuid.uuid4()}-lock-{i:010d}"
+        session.add_watch_callback(event_type, path, print)
+        expected[kinds[event_type]].add(path)
+    requests = session.set_watches_requests()
+    assert len(requests) > 1
+    seen: dict[str, list[str]] = {kind: [] for kind in expected}
+    for request in requests:
+        assert request.relative_zxid == 0x1234
+        paths = request.data_watches + request.exist_watches + request.child_watches
+        assert sum(len(p.encode()) + 4 for p in paths) <= _SET_WATCHES_BYTES
+        for kind in expected:
+            seen[kind] += getattr(request, kind)
+    for kind, paths in expected.items():
+        assert sorted(seen[kind]) == sorted(paths)  # each path once, in its kind
