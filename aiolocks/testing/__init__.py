@@ -1,11 +1,16 @@
 """Real servers for tests, demos and benchmarks, a TCP fault proxy and pytest fixtures.
 
-The launchers start ZooKeeper and Redis from the installed binaries on free
-ports in temporary folders (see :mod:`aiolocks.testing.servers`); the pytest
+The launchers start ZooKeeper, Redis, PostgreSQL and pgbouncer from the
+installed binaries on free ports in temporary folders (see
+:mod:`aiolocks.testing.servers`; PostgreSQL in ``aiolocks.testing._postgres``); the pytest
 fixtures live in :mod:`aiolocks.testing.pytest_plugin`, which pytest loads
 through the ``aiolocks`` entry point.
 """
 
+from ._postgres import PgBouncer as PgBouncer
+from ._postgres import PgWireConnection as PgWireConnection
+from ._postgres import PostgresCommandError as PostgresCommandError
+from ._postgres import PostgresServer as PostgresServer
 from .proxy import TcpProxy as TcpProxy
 from .servers import RedisCluster as RedisCluster
 from .servers import RedisSentinel as RedisSentinel
@@ -24,6 +29,10 @@ from .servers import ZooKeeperServer as ZooKeeperServer
 from .servers import free_port as free_port
 
 __all__ = [
+    "PgBouncer",
+    "PgWireConnection",
+    "PostgresCommandError",
+    "PostgresServer",
     "RedisCluster",
     "RedisSentinel",
     "RedisSentinelSet",

@@ -36,6 +36,7 @@ from typing import Any, Final
 
 from aiozk import protocol
 
+from .._core.doctor import Diagnosis
 from .._core.driver import Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
 from .._core.options import check_portable_options
@@ -260,6 +261,12 @@ class ZooKeeperDriver:
             except Exception:
                 logger.warning("closing the ZooKeeper session failed", exc_info=True)
                 await client.session.abort()
+
+    async def diagnose(self) -> Diagnosis:
+        """``backend.doctor()``'s findings for this ensemble (see :mod:`._doctor`)."""
+        from ._doctor import diagnose_zookeeper
+
+        return await diagnose_zookeeper(self, ROOT)
 
     # -- loss -------------------------------------------------------------------------
 
