@@ -1,4 +1,4 @@
-"""The ZooKeeper backend (``zk://``): Apache Curator's lock recipes on asyncio, over aiozk.
+"""The ZooKeeper backend (``zk://``): Apache Curator's lock recipes on asyncio.
 
 >>> url = "zk://127.0.0.1:2181/myapp?session_timeout=10"
 >>> async with aiolocks.connect(url) as backend:  # doctest: +SKIP
@@ -16,8 +16,10 @@ One ZooKeeper session per backend, shared by every lock and task. Holds live
 as long as the session: when it expires (or when we have been disconnected for
 a whole session timeout), every hold is lost (``LockLostError`` in its
 ``async with`` body) while tasks still waiting keep waiting and queue again in
-the new session. See ``docs/zookeeper.md`` for the recipe, the node layout
-and the connection-state policy.
+the new session. The session and its connections are aiolocks' own
+(``_connection.py``); aiozk supplies the wire types and serializers. See
+``docs/zookeeper.md`` for the recipe, the node layout, the connection-state
+policy and the session layer.
 """
 
 from __future__ import annotations
