@@ -78,7 +78,12 @@ REDLOCK_FAMILIES = (Family.MUTEX, Family.SEMAPHORE_MUTEX, Family.LEADER)
 class RedlockDriver:
     """The :class:`~aiolocks._core.driver.Driver` over N independent masters."""
 
-    capabilities = Capabilities(fair=False, queue_visible=False, can_lose=True)
+    capabilities = Capabilities(
+        fair=False,
+        queue_visible=False,
+        can_lose=True,
+        primitives=frozenset({"mutex", "semaphore_mutex", "leader_latch"}),
+    )
 
     def __init__(
         self,
