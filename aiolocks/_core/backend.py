@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from .driver import Capabilities, Driver, Family
 from .engine import Engine, Ledger
@@ -43,6 +43,18 @@ class Backend:
 
     def __init__(self, driver: Driver) -> None:
         self._engine = Engine(driver)
+
+    @classmethod
+    def _around(cls, driver: Driver) -> Self:
+        """An instance of this backend class around a ready driver (``from_url`` uses it).
+
+        The one way to build a backend around a driver: a subclass whose
+        public ``__init__`` takes a client builds its driver and calls
+        ``super().__init__(driver)``; a URL builds the driver and calls this.
+        """
+        backend = cls.__new__(cls)
+        Backend.__init__(backend, driver)
+        return backend
 
     @property
     def client_id(self) -> str:

@@ -23,7 +23,7 @@ and the connection-state policy.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final, final
+from typing import Any, Final, cast, final
 
 from .._core.backend import Backend
 from .._core.names import has_control_character
@@ -71,7 +71,6 @@ class ZooKeeperBackend(Backend):
     Build one from a URL with :func:`aiolocks.connect` (``zk://...``).
     """
 
-    _zk: ZooKeeperDriver
 
     def __init__(
         self,
@@ -94,17 +93,11 @@ class ZooKeeperBackend(Backend):
             suspended_is_lost=bool(suspended_is_lost),
             description=f"zk://{hosts}{chroot}",
         )
-        self._init_driver(driver)
-
-    def _init_driver(self, driver: ZooKeeperDriver) -> None:
-        self._zk = driver
         super().__init__(driver)
 
-    @classmethod
-    def _from_driver(cls, driver: ZooKeeperDriver) -> ZooKeeperBackend:
-        backend = cls.__new__(cls)
-        backend._init_driver(driver)
-        return backend
+    @property
+    def _zk(self) -> ZooKeeperDriver:
+        return cast(ZooKeeperDriver, self._engine.driver)
 
     @property
     def client(self) -> Any:
@@ -209,4 +202,4 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
         suspended_is_lost=suspended_is_lost,
         description=f"zk://{servers}{chroot}",
     )
-    return ZooKeeperBackend._from_driver(driver)
+    return ZooKeeperBackend._around(driver)
