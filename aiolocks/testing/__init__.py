@@ -1,16 +1,19 @@
-"""Real servers for tests, demos and benchmarks, a TCP fault proxy and pytest fixtures.
+"""Real servers for tests, demos and benchmarks, a TCP fault proxy, pytest fixtures and
+:func:`lose` to test loss handlers.
 
 The launchers start ZooKeeper, Redis, PostgreSQL and pgbouncer from the
 installed binaries on free ports in temporary folders (see
 :mod:`aiolocks.testing.servers`; PostgreSQL in ``aiolocks.testing._postgres``); the pytest
-fixtures live in :mod:`aiolocks.testing.pytest_plugin`, which pytest loads
-through the ``aiolocks`` entry point.
+fixtures live in :mod:`aiolocks.testing.pytest_plugin` (load it with
+``-p aiolocks.testing.pytest_plugin`` or
+``pytest_plugins = ["aiolocks.testing.pytest_plugin"]``).
 """
 
 from ._postgres import PgBouncer as PgBouncer
 from ._postgres import PgWireConnection as PgWireConnection
 from ._postgres import PostgresCommandError as PostgresCommandError
 from ._postgres import PostgresServer as PostgresServer
+from .loss import lose as lose
 from .proxy import TcpProxy as TcpProxy
 from .servers import RedisCluster as RedisCluster
 from .servers import RedisSentinel as RedisSentinel
@@ -49,4 +52,5 @@ __all__ = [
     "ZooKeeperEnsembleMember",
     "ZooKeeperServer",
     "free_port",
+    "lose",
 ]
