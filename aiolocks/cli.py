@@ -472,8 +472,9 @@ async def _elect(opts: _RunOptions, participant_id: str | None) -> int:
                     file=sys.stderr,
                 )
                 return opts.conflict_exit_code
-            grant = latch._grant
-            assert grant is not None
+            hold = latch._hold
+            assert hold is not None
+            grant = hold.grant
             env = _child_env(opts.name, "leader", latch.fencing_token)
             runner = asyncio.ensure_future(
                 _run_in_group(signals, opts.command, env, opts.kill_after)

@@ -83,7 +83,7 @@ async def list_locks(backend: Backend, prefix: str) -> list[LockInfo]:
     if not isinstance(prefix, str):
         raise ValueError(f"prefix must be a str, got {type(prefix).__name__}")
     await backend.open()
-    backend._check_open()
+    backend._engine.check_open()
     admin = _admin(backend)
     found: list[LockInfo] = []
     for family, name in sorted(
@@ -98,9 +98,9 @@ async def list_locks(backend: Backend, prefix: str) -> list[LockInfo]:
 async def force_release(backend: Backend, name: str, kind: str | None) -> int:
     """See :meth:`Backend.force_release`."""
     families = _check_kind(kind)
-    key = backend._validate_name(name)
+    key = backend._engine.validate_name(name)
     await backend.open()
-    backend._check_open()
+    backend._engine.check_open()
     admin = _admin(backend)
     removed = 0
     for family in families:

@@ -25,9 +25,10 @@ policy and the session layer.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final, final
+from typing import Any, Final, cast, final
 
 from .._core.backend import Backend
+from .._core.names import has_control_character
 from .._core.urls import parse_bool, parse_positive_float, parse_url
 from ._driver import ZooKeeperDriver, lock_path
 from ._session import ConnectionState
@@ -77,7 +78,6 @@ class ZooKeeperBackend(Backend):
     Build one from a URL with :func:`aiolocks.connect` (``zk://...``).
     """
 
-    _zk: ZooKeeperDriver
 
     def __init__(
         self,
@@ -100,17 +100,11 @@ class ZooKeeperBackend(Backend):
             suspended_is_lost=bool(suspended_is_lost),
             description=f"zk://{hosts}{chroot}",
         )
-        self._init_driver(driver)
-
-    def _init_driver(self, driver: ZooKeeperDriver) -> None:
-        self._zk = driver
         super().__init__(driver)
 
-    @classmethod
-    def _from_driver(cls, driver: ZooKeeperDriver) -> ZooKeeperBackend:
-        backend = cls.__new__(cls)
-        backend._init_driver(driver)
-        return backend
+    @property
+    def _zk(self) -> ZooKeeperDriver:
+        return cast(ZooKeeperDriver, self._engine.driver)
 
     @property
     def client(self) -> Any:
@@ -193,7 +187,7 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
         for segment in body.split("/"):
             if segment in ("", ".", ".."):
                 raise ValueError(f"chroot {chroot!r} in {url!r} has an invalid segment {segment!r}")
-            if any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in segment):
+            if has_control_character(segment):
                 raise ValueError(f"chroot {chroot!r} in {url!r} contains a control character")
     values: dict[str, object] = dict(parsed.options)
     for key, value in options.items():
@@ -219,4 +213,4 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
         suspended_is_lost=suspended_is_lost,
         description=f"zk://{servers}{chroot}",
     )
-    return ZooKeeperBackend._from_driver(driver)
+    return ZooKeeperBackend._around(driver)

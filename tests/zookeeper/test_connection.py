@@ -207,7 +207,7 @@ async def test_watch_callbacks_run_as_the_event_is_read(
     for callback in (failing, recording):
         session.add_watch_callback(protocol.WatchEvent.DELETED, full, callback)
     try:
-        monitor = backend._driver.monitor  # type: ignore[attr-defined]
+        monitor = backend._driver.monitor
         await monitor.call(protocol.ExistsRequest(path=full, watch=True), None, retry=True)
         await observer.delete(path)
         await asyncio.wait_for(delivered.wait(), 10)

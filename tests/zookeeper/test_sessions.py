@@ -154,10 +154,10 @@ async def test_a_listing_answered_session_expired_is_sent_again(
         waiting = Held(a.mutex(name))
         await until(lambda: _count(b, name, 2), what="waiter queued")
         monkeypatch.setattr(Connection, "send", send)
-        a._driver._monitor.wake_all()  # type: ignore[attr-defined]  # the waiter lists again
+        a._driver._monitor.wake_all()  # the waiter lists again
         await until(lambda: bool(answered), what="listing answered SESSION_EXPIRED")
         monkeypatch.undo()
-        a._driver._monitor.wake_all()  # type: ignore[attr-defined]  # as a new session would
+        a._driver._monitor.wake_all()  # as a new session would
         await _hand_over(holder, waiting)
     finally:
         monkeypatch.undo()
