@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from .driver import Capabilities, Driver, Family
 from .engine import Engine, Ledger
@@ -22,6 +22,7 @@ from .semaphore import Semaphore
 from .tasks import TaskSet
 
 if TYPE_CHECKING:
+    from .admin import LockInfo
     from .doctor import DoctorReport
 
 __all__ = ["Backend"]
@@ -43,6 +44,18 @@ class Backend:
 
     def __init__(self, driver: Driver) -> None:
         self._engine = Engine(driver)
+
+    @classmethod
+    def _around(cls, driver: Driver) -> Self:
+        """An instance of this backend class around a ready driver (``from_url`` uses it).
+
+        The one way to build a backend around a driver: a subclass whose
+        public ``__init__`` takes a client builds its driver and calls
+        ``super().__init__(driver)``; a URL builds the driver and calls this.
+        """
+        backend = cls.__new__(cls)
+        Backend.__init__(backend, driver)
+        return backend
 
     @property
     def client_id(self) -> str:
@@ -178,3 +191,31 @@ class Backend:
         return self._engine.ledgers
 
 
+    # -- administration ---------------------------------------------------
+
+    async def list_locks(self, prefix: str = "") -> list[LockInfo]:
+        """Every lock whose name starts with ``prefix`` that has holders or waiters.
+
+        >>> for info in await backend.list_locks("jobs/"):  # doctest: +SKIP
+        ...     print(info.kind, info.name, len(info.participants))
+
+        ``prefix`` is a plain string prefix of the canonical name. Meant for
+        operators (``aiolocks list``): it scans the backend's lock space.
+        """
+        from .admin import list_locks
+
+        return await list_locks(self, prefix)
+
+    async def force_release(self, name: str, kind: str | None = None) -> int:
+        """Remove every hold of ``name`` (of one ``kind``, or of every kind); the number removed.
+
+        An administrative tool (Redisson's ``forceUnlock``, ``aiolocks break``)
+        for a lock whose holder is stuck. The former holders see the loss as
+        :class:`LockLostError`: on ``memory://`` at once, on Redis at the next
+        lease renewal (within a third of ``lease_time``), on ZooKeeper when
+        they release. ``kind``: ``"mutex"``, ``"semaphore-mutex"``,
+        ``"semaphore"``, ``"rwlock"`` or ``"leader"``.
+        """
+        from .admin import force_release
+
+        return await force_release(self, name, kind)

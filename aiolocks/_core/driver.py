@@ -194,6 +194,12 @@ class Mode(enum.Enum):
     __hash__ = object.__hash__
 
 
+#: every primitive factory of ``Backend``
+ALL_PRIMITIVES: frozenset[str] = frozenset(
+    {"mutex", "semaphore_mutex", "semaphore", "read_write_lock", "leader_latch"}
+)
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class Capabilities:
@@ -205,6 +211,8 @@ class Capabilities:
     queue_visible: bool = True
     #: a hold can be lost while held (sessions, leases); False only for memory
     can_lose: bool = True
+    #: the lock primitives the backend offers (factory names of ``Backend``)
+    primitives: frozenset[str] = ALL_PRIMITIVES
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,8 @@ The components are taken one after the other in the calling task, in a
 canonical order (backend, then name, then mode), so two MultiLocks over the
 same locks listed in opposite orders cannot deadlock each other. One
 deadline covers the whole acquisition (not one timeout per lock, which
-would let N locks take N times the timeout). On timeout, error or
-cancellation, whatever was taken is released before the call returns or
-raises.
+could add up to n times the timeout). On timeout, error or cancellation,
+whatever was taken is released before the call returns or raises.
 """
 
 from __future__ import annotations

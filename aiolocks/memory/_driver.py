@@ -14,7 +14,7 @@ import asyncio
 import re
 import weakref
 from collections.abc import Mapping
-from typing import cast, final
+from typing import TYPE_CHECKING, cast, final
 
 from .._core.backend import Backend
 from .._core.doctor import Diagnosis
@@ -22,6 +22,9 @@ from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.options import check_portable_options
 from .._core.participants import Participant
 from .._core.tasks import TaskSet, wait_done
+
+if TYPE_CHECKING:
+    from ._admin import MemoryAdmin
 
 __all__ = ["MemoryBackend", "MemoryDriver", "from_url"]
 
@@ -251,6 +254,12 @@ class MemoryDriver:
 
     async def close(self) -> None:
         """Nothing to disconnect; the core has released every hold."""
+
+    def admin(self) -> MemoryAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import MemoryAdmin
+
+        return MemoryAdmin(self)
 
     async def diagnose(self) -> Diagnosis:
         """``backend.doctor()``'s findings: one reminder that this lock is process-local."""

@@ -42,7 +42,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast, final
+from typing import TYPE_CHECKING, Any, TypeVar, cast, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, RedisError
@@ -57,6 +57,9 @@ from .._core.tasks import TaskSet
 from ._pubsub import PubSubHub, Wake
 from ._scripts import Scripts, source
 from ._watchdog import Renewal, RenewResult, Watchdog
+
+if TYPE_CHECKING:
+    from ._admin import RedisAdmin
 
 __all__ = ["LockKeys", "RedisAttempt", "RedisDriver", "RedisHold", "RedisNode", "lock_keys"]
 
@@ -741,6 +744,12 @@ class RedisDriver:
             return bool(removed) or ambiguous
 
     # -- inspect -----------------------------------------------------------------
+
+    def admin(self) -> RedisAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import RedisAdmin
+
+        return RedisAdmin([self.node], self.key_prefix, self.describe())
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         keys = lock_keys(self.key_prefix, family, name)

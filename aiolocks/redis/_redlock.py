@@ -41,7 +41,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
-from typing import Any, cast, final
+from typing import TYPE_CHECKING, Any, cast, final
 
 from redis.exceptions import RedisError
 
@@ -67,6 +67,9 @@ from ._driver import (
 from ._pubsub import Wake
 from ._watchdog import Renewal, RenewResult, Watchdog
 
+if TYPE_CHECKING:
+    from ._admin import RedisAdmin
+
 __all__ = ["RedlockDriver"]
 
 logger = logging.getLogger("aiolocks.redis")
@@ -78,7 +81,12 @@ REDLOCK_FAMILIES = (Family.MUTEX, Family.SEMAPHORE_MUTEX, Family.LEADER)
 class RedlockDriver:
     """The :class:`~aiolocks._core.driver.Driver` over N independent masters."""
 
-    capabilities = Capabilities(fair=False, queue_visible=False, can_lose=True)
+    capabilities = Capabilities(
+        fair=False,
+        queue_visible=False,
+        can_lose=True,
+        primitives=frozenset({"mutex", "semaphore_mutex", "leader_latch"}),
+    )
 
     def __init__(
         self,
@@ -345,6 +353,12 @@ class RedlockDriver:
             return_exceptions=True,
         )
         return True
+
+    def admin(self) -> RedisAdmin:
+        """Listing and force-release (``aiolocks list``/``break``) on every master."""
+        from ._admin import RedisAdmin
+
+        return RedisAdmin(self.nodes, self.key_prefix, self.describe())
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         keys = lock_keys(self.key_prefix, family, name)

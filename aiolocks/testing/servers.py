@@ -246,7 +246,7 @@ class _RespConnection:
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
         self._sock = socket.create_connection((host, port), timeout=timeout)
-        self._buffer = bytearray()
+        self._received = bytearray()
 
     def close(self) -> None:
         self._sock.close()
@@ -265,20 +265,20 @@ class _RespConnection:
         chunk = self._sock.recv(65536)
         if not chunk:
             raise ConnectionError("the server closed the connection")
-        self._buffer += chunk
+        self._received += chunk
 
     def _read_line(self) -> bytes:
-        while (end := self._buffer.find(b"\r\n")) < 0:
+        while (end := self._received.find(b"\r\n")) < 0:
             self._fill()
-        line = bytes(self._buffer[:end])
-        del self._buffer[: end + 2]
+        line = bytes(self._received[:end])
+        del self._received[: end + 2]
         return line
 
     def _read_exact(self, size: int) -> bytes:
-        while len(self._buffer) < size + 2:
+        while len(self._received) < size + 2:
             self._fill()
-        data = bytes(self._buffer[:size])
-        del self._buffer[: size + 2]
+        data = bytes(self._received[:size])
+        del self._received[: size + 2]
         return data
 
     def _read_reply(self) -> RespValue:

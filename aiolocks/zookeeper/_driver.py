@@ -27,25 +27,21 @@ failure the partial leases are deleted (all or nothing).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
-import aiozk
-from aiozk import exc as zk_exc
 from aiozk import protocol
-from aiozk.states import States
 
 from .._core.doctor import Diagnosis
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
 from .._core.options import check_portable_options
 from .._core.participants import Participant
-from .._core.tasks import TaskSet, wait_done
+from .._core.tasks import TaskSet
+from ._connection import Session, SessionClient, parse_hosts
 from ._internals import (
     LockInternals,
     Node,
@@ -54,14 +50,10 @@ from ._internals import (
     read_predicate,
     sort_nodes,
 )
-from ._protocol import BufferedConnection
-from ._session import (
-    ConnectionState,
-    SessionChanged,
-    SessionMonitor,
-    next_xid,
-    wait_own,
-)
+from ._session import ConnectionState, SessionChanged, SessionMonitor, wait_own
+
+if TYPE_CHECKING:
+    from ._admin import ZooKeeperAdmin
 
 __all__ = ["ZooKeeperDriver", "lock_path"]
 
@@ -136,8 +128,10 @@ class ZooKeeperDriver:
         suspended_is_lost: bool,
         description: str,
     ) -> None:
-        self._owns_client = client is None
-        self._client = client
+        #: an ``aiozk.ZKClient`` the application gave us (configuration only)
+        self._given = client
+        #: our own session's client; set by ``open()``
+        self._client: SessionClient | None = None
         self._servers = servers
         self._chroot = chroot
         self._session_timeout = session_timeout
@@ -168,7 +162,12 @@ class ZooKeeperDriver:
 
     @property
     def client(self) -> Any:
-        """The ``aiozk.ZKClient`` (``None`` before ``open()`` for a URL-built backend)."""
+        """The ``aiozk.ZKClient`` given, else our session's client (``None`` before ``open()``)."""
+        return self._given if self._given is not None else self._client
+
+    @property
+    def session_client(self) -> SessionClient | None:
+        """The client of the backend's own session (``None`` before ``open()``)."""
         return self._client
 
     @property
@@ -187,31 +186,23 @@ class ZooKeeperDriver:
     # -- lifecycle ------------------------------------------------------------------
 
     async def open(self, tasks: TaskSet) -> None:
-        """Connect (URL-built) or adopt the given client; start watching the session."""
+        """Start the backend's own session; on a given client, with its configuration."""
         self._tasks = tasks
-        if self._client is None:
-            self._client = aiozk.ZKClient(
-                self._servers, chroot=self._chroot, session_timeout=self._session_timeout
-            )
-            _install_fast_reconnect(self._client, self._tasks)
-        client = self._client
-        session = client.session
-        if not session.started or session.state != "connected":
-            try:
-                await asyncio.wait_for(client.start(), self._connect_timeout)
-            except (TimeoutError, OSError, zk_exc.ZKError) as exc:
-                if self._owns_client:
-                    await _abort_client(client)
-                    self._client = None
-                raise BackendUnavailableError(
-                    f"cannot connect to ZooKeeper at {self._description} within "
-                    f"{self._connect_timeout:g} s (connect_timeout)"
-                ) from exc
-            except BaseException:
-                if self._owns_client:
-                    await _abort_client(client)
-                    self._client = None
-                raise
+        if self._client is not None:
+            return
+        default_acl = None
+        if self._given is not None:
+            default_acl = getattr(self._given, "default_acl", None)
+        session = Session(parse_hosts(self._servers), timeout=self._session_timeout, events=None)
+        client = SessionClient(session, chroot=self._chroot, default_acl=default_acl)
+        try:
+            await session.start(self._connect_timeout)
+        except TimeoutError as exc:
+            raise BackendUnavailableError(
+                f"cannot connect to ZooKeeper at {self._description} within "
+                f"{self._connect_timeout:g} s (connect_timeout)"
+            ) from exc
+        self._client = client
         monitor = SessionMonitor(
             client,
             connect_timeout=self._connect_timeout,
@@ -221,13 +212,14 @@ class ZooKeeperDriver:
         for listener in self._listeners:
             monitor.add_listener(listener)
         self._monitor = monitor
+        client.sender = functools.partial(_send, monitor)
         self._internals = LockInternals(monitor)
         monitor.start()
 
     def _horizon(self) -> float:
         """How long from now our holds are vouched for while the loop keeps running."""
         client = self._client
-        timeout = float(getattr(client.session, "timeout", 0) or 0) if client else 0.0
+        timeout = client.session.timeout if client else 0.0
         return time.monotonic() + STALL_FRACTION * (timeout or self._session_timeout)
 
     def _keep_grants_valid(self) -> None:
@@ -247,7 +239,7 @@ class ZooKeeperDriver:
         for grant in self._grants:
             grant.valid_until = horizon
         client = self._client
-        timeout = float(getattr(client.session, "timeout", 0) or 0) if client else 0.0
+        timeout = client.session.timeout if client else 0.0
         self._ticker = asyncio.get_running_loop().call_later(
             (timeout or self._session_timeout) / 8, self._keep_grants_valid
         )
@@ -262,17 +254,13 @@ class ZooKeeperDriver:
         # session's close removes every ephemeral node anyway.
         if monitor is not None:
             await monitor.stop()
-        client = self._client
-        if self._owns_client and client is not None:
-            self._client = None
-            if client.session.state == "connected":
-                try:
-                    await asyncio.wait_for(client.close(), self._connect_timeout)
-                except Exception:
-                    logger.warning("closing the ZooKeeper session failed", exc_info=True)
-                    await _abort_client(client)
-            else:
-                await _abort_client(client)
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await client.session.close(self._connect_timeout)
+            except Exception:
+                logger.warning("closing the ZooKeeper session failed", exc_info=True)
+                await client.session.abort()
 
     async def diagnose(self) -> Diagnosis:
         """``backend.doctor()``'s findings for this ensemble (see :mod:`._doctor`)."""
@@ -394,7 +382,9 @@ class ZooKeeperDriver:
                 waker.set_result(None)
 
         a.room = (waker, target, wake)
-        self.client.session.add_watch_callback(protocol.WatchEvent.CHILDREN_CHANGED, target, wake)
+        internals.client.session.add_watch_callback(
+            protocol.WatchEvent.CHILDREN_CHANGED, target, wake
+        )
         children = await internals.list_children(a.leases_dir, a.deadline, watch=True)
         if len(sort_nodes(a.leases_dir, children)) < max_leases:
             self._unwatch_room(a)
@@ -434,7 +424,7 @@ class ZooKeeperDriver:
         a = cast(_ZkAttempt, attempt)
         self._unwatch_room(a)
         client = self._client
-        if client is None or client.session.state != "connected":
+        if client is None or not client.session.connected:
             self._tasks.spawn(self._abandon_now(a), name=f"aiolocks-zk-abandon:{a.entry.parent}")
             return
         try:
@@ -485,6 +475,12 @@ class ZooKeeperDriver:
             return True
 
     # -- inspection -----------------------------------------------------------------------
+
+    def admin(self) -> ZooKeeperAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import ZooKeeperAdmin
+
+        return ZooKeeperAdmin(self, self._connect_timeout)
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         """Holders first, then waiters in queue order, each with its node's data."""
@@ -552,182 +548,9 @@ class ZooKeeperDriver:
         return self.monitor.states()
 
 
-def _install_fast_reconnect(client: Any, tasks: TaskSet) -> None:
-    """Replace aiozk's server search on a client we own with one that retries sooner.
-
-    aiozk waits ``2**n`` seconds (up to 60 s) between rounds over the server
-    list. During a leader election every server refuses clients for a few
-    seconds, so the next round can come after our session (or our
-    client-side expiry timer) has run out, and a hold that the ensemble kept
-    is lost. This version retries after 50 ms, doubling up to a quarter of
-    the session timeout (at most 2 s), with jitter; it also logs refused
-    connections at DEBUG instead of a traceback per attempt.
-
-    Its connections read replies with :class:`BufferedConnection` and run
-    the callbacks of a node watch event at once (aiozk schedules each with
-    ``call_soon``: one more event-loop pass between a release and the wake-up
-    of the next waiter; our callbacks only resolve futures). A client the
-    user gave us keeps aiozk's behaviour.
-    """
-    session = client.session
-
-    def dispatch(event: Any) -> None:
-        if not event.type:
-            session.event_dispatch(event)  # session state events: aiozk's handling
-            return
-        for callback in list(session.watch_callbacks.get((event.type, event.path), ())):
-            try:
-                callback(event.path)
-            except Exception:
-                logger.exception("watch callback for %s failed", event.path)
-
-    async def make_connection(host: str, port: Any) -> Any:
-        conn = BufferedConnection(
-            host, port, watch_handler=dispatch, read_timeout=session.read_timeout
-        )
-        try:
-            await conn.connect()
-        except Exception as exc:
-            logger.debug("cannot connect to ZooKeeper %s:%s: %r", host, port, exc)
-            return None
-        return conn
-
-    async def find_server(allow_read_only: bool) -> None:
-        delay = 0.05
-        cap = min(2.0, max(0.1, float(session.timeout or 10.0) / 4))
-        conn = None
-        while conn is None:
-            for host, port in random.sample(session.hosts, len(session.hosts)):
-                conn = await make_connection(host, port)
-                if conn is None:
-                    continue
-                if conn.start_read_only and not allow_read_only:
-                    conn.writer.close()  # a read-only server: not for locks
-                    conn = None
-                    continue
-                break
-            if conn is None:
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(cap, delay * 2)
-        old_conn, session.conn = session.conn, conn
-        if old_conn is not None:
-            # Closing the old connection fails its pending requests (our
-            # callers then retry or reconcile); owned by the driver's task set.
-            tasks.spawn(old_conn.close(session.timeout), name="aiolocks-zk-close-old-conn")
-
-    session.find_server = find_server
-
-    async def establish_session() -> None:
-        # aiozk declares the session LOST whenever the server closes the
-        # handshake without an answer, which a server does while its
-        # ensemble elects a leader (or when it is behind our zxid), and then
-        # abandons a session the ensemble still keeps: every hold of it is
-        # lost for nothing. Like the Java client, try the next server
-        # instead. repair_loop bounds this by the session timeout; a server
-        # that answers "no such session" (session id 0) still means LOST.
-        while True:
-            response = await session.conn.send_connect(
-                protocol.ConnectRequest(
-                    protocol_version=0,
-                    last_seen_zxid=session.last_zxid or 0,
-                    timeout=int((session.timeout or 0) * 1000),
-                    session_id=session.session_id or 0,
-                    password=session.password,
-                    read_only=session.allow_read_only,
-                )
-            )
-            if response is not None:
-                break
-            await asyncio.sleep(0.05 * random.uniform(0.8, 1.2))
-            await find_server(session.allow_read_only)
-        zxid, reply = response
-        session.last_zxid = zxid
-        if reply.session_id == 0:
-            if session.state.current_state != States.LOST:
-                session.state.transition_to(States.LOST)
-            raise zk_exc.SessionLost()
-        session.session_id = reply.session_id
-        session.password = reply.password
-        session.timeout = reply.timeout / 1000
-
-    session.establish_session = establish_session
-
-    async def set_existing_watches() -> None:
-        # aiozk re-arms watches with Session.send, which waits for CONNECTED
-        # without a bound. If the fresh connection drops before the reply
-        # (another client took the session over, the server restarted), the
-        # repair loop, the only thing that can reconnect, waits for itself
-        # forever and the backend never reconnects. Send on the connection
-        # itself, bounded; on failure suspend, so the loop repairs again.
-        # Our waiters re-list after every reconnect, so a lost SetWatches
-        # costs nothing.
-        if not session.watch_callbacks:
-            return
-        request = protocol.SetWatchesRequest(
-            relative_zxid=session.last_zxid or 0,
-            data_watches=[],
-            exist_watches=[],
-            child_watches=[],
-        )
-        for event_type, path in list(session.watch_callbacks):
-            if event_type == protocol.WatchEvent.CREATED:
-                request.exist_watches.append(path)
-            elif event_type == protocol.WatchEvent.DATA_CHANGED:
-                request.data_watches.append(path)
-            elif event_type == protocol.WatchEvent.CHILDREN_CHANGED:
-                request.child_watches.append(path)
-        conn = session.conn
-        reply = conn.send(request, xid=next_xid(session))
-        if (
-            await wait_done(reply, float(session.timeout or 10.0) / 2)
-            and not reply.cancelled()
-            and reply.exception() is None
-        ):
-            return
-        logger.debug("re-arming watches on %s:%s failed; reconnecting", conn.host, conn.port)
-        if session.conn is conn and not session.closing:
-            if session.state.current_state in (States.CONNECTED, States.READ_ONLY):
-                with contextlib.suppress(zk_exc.InvalidStateTransition):
-                    session.state.transition_to(States.SUSPENDED)
-            conn.abort(zk_exc.ConnectError)
-        if not reply.done():
-            reply.cancel()
-
-    session.set_existing_watches = set_existing_watches
-
-
-async def _abort_client(client: Any) -> None:
-    """Tear down an aiozk client that is not (or no longer) connected.
-
-    ``ZKClient.close()`` first sends a CloseRequest and waits up to a whole
-    session timeout for a connection; with no server that only delays and
-    then raises. Stop its tasks and sockets directly instead.
-    """
-    session = client.session
-    session.closing = True
-    tasks = []
-    if session.repair_loop_task is not None:
-        session.repair_loop_task.cancel()
-        tasks.append(session.repair_loop_task)
-    if session.heartbeat_handle is not None:
-        session.heartbeat_handle.cancel()
-        session.heartbeat_handle = None
-    if session.heartbeat_task is not None and not session.heartbeat_task.done():
-        session.heartbeat_task.cancel()
-        tasks.append(session.heartbeat_task)
-    if tasks:
-        await asyncio.gather(*tasks, return_exceptions=True)
-    conn = session.conn
-    if conn is not None:
-        conn.abort(zk_exc.ConnectError)
-        if conn.read_loop_task is not None and not conn.read_loop_task.done():
-            conn.read_loop_task.cancel()
-            await asyncio.gather(conn.read_loop_task, return_exceptions=True)
-        conn.closing = True
-        if conn.writer is not None:
-            conn.writer.close()
-    session.started = False
-    session.closing = False
+async def _send(monitor: SessionMonitor, request: Any) -> Any:
+    """What the backend's client sends with: reads retried, writes once."""
+    return await monitor.call(request, None, retry=not request.writes_data)
 
 
 class _ZkAttempt(Attempt):

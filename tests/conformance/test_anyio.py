@@ -196,6 +196,7 @@ async def test_second_native_cancel_during_release(
         assert await _is_free(backend, name), "release must complete despite two cancels"
 
 
+@pytest.mark.primitives("semaphore")
 async def test_semaphore_in_task_group_with_fail_after(
     backend_url: str, names: Callable[[], str]
 ) -> None:
