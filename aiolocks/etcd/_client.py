@@ -14,15 +14,15 @@ Rules of this layer:
 
 * **Deadlines everywhere.** Every unary request has a deadline
   (``request_timeout`` unless given); connecting has ``connect_timeout``.
-  Nothing retries without a bound: a request is tried at most once per
-  endpoint and never past its deadline.
+  Nothing retries without a bound: no request outlives its deadline.
 * **Endpoint failover.** A request that meets an unreachable or stalled
   member (``UNAVAILABLE`` or its deadline) marks the member bad and the
   client moves on to the next endpoint. Reads and the requests the caller
   marks ``retry=True`` (writes that are safe to repeat, such as a
-  transaction guarded by a compare) are tried again on the next endpoint
-  within the same deadline; other writes are tried again only when the
-  request cannot have left this process (no connection to the member).
+  transaction guarded by a compare) are tried again on the next endpoint,
+  round after round with a short pause, until their deadline; other writes
+  are tried again (once per endpoint) only when the request cannot have
+  left this process (no connection to the member).
 * **Errors** map to :class:`~aiolocks.BackendUnavailableError` (no member
   answered in time), :class:`LeaseNotFoundError`, :class:`CompactedError`
   and :class:`EtcdRequestError` (any other refusal). Cancellation is never
@@ -95,6 +95,10 @@ _DEFAULT_CHANNEL_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
     ("grpc.keepalive_timeout_ms", 5000),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    # Each client its own connections: gRPC otherwise shares them between
+    # channels to the same address, and one client would inherit another's
+    # reconnect backoff.
+    ("grpc.use_local_subchannel_pool", 1),
 )
 
 _TRANSPORT_CODES: Final = frozenset(
@@ -764,12 +768,25 @@ class EtcdClient:
         count = len(self._endpoints)
         errors: list[str] = []
         last: grpc.aio.AioRpcError | None = None
-        for attempt in range(count):
-            endpoint, stubs = self._current_stubs()
+        attempt = 0
+        while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            budget = remaining / (count - attempt) if retry else remaining
+            if attempt and attempt % count == 0:
+                if not retry:
+                    break  # a write that cannot be repeated: every endpoint once at most
+                # Every member failed once (a leader election, members
+                # restarting): pause a little, then another round, until the deadline.
+                await asyncio.sleep(min(0.05 * 2 ** (attempt // count), 0.5, remaining))
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+            endpoint, stubs = self._current_stubs()
+            # A stalled member must not eat the whole deadline of a request
+            # that the next member could answer.
+            budget = max(min(remaining, 1.0), remaining / count) if retry else remaining
+            attempt += 1
             try:
                 return await getattr(getattr(stubs, service), method)(request, timeout=budget)
             except grpc.aio.AioRpcError as exc:
@@ -781,7 +798,8 @@ class EtcdClient:
                 if not (retry or _not_sent(exc)):
                     break
         raise BackendUnavailableError(
-            f"etcd {method} got no answer within {total:g}s: " + "; ".join(errors or ["no time"])
+            f"etcd {method} got no answer within {total:g}s after {attempt} attempt(s): "
+            + "; ".join(errors[-count:] or ["no time"])
         ) from last
 
     # -- KV
@@ -1173,13 +1191,16 @@ class LeaseKeepAlive:
                         self._deadline = sent_at + ttl
                         self._arm_timer(loop)
                     await asyncio.sleep(max(sent_at + self._interval - loop.time(), 0))
-            except (grpc.aio.AioRpcError, _Stalled) as exc:
+            except Exception as exc:
+                # AioRpcError from the member, _Stalled, or gRPC refusing to
+                # write on a call that its transport has already finished.
                 failures += 1
-                detail = (
-                    f"{_code_name(exc)} {_details(exc)}"
-                    if isinstance(exc, grpc.aio.AioRpcError)
-                    else "no answer in time"
-                )
+                if isinstance(exc, grpc.aio.AioRpcError):
+                    detail = f"{_code_name(exc)} {_details(exc)}"
+                elif isinstance(exc, _Stalled):
+                    detail = "no answer in time"
+                else:
+                    detail = repr(exc)
                 if isinstance(exc, grpc.aio.AioRpcError) and not _is_transport(exc):
                     refusal = _map_refusal(exc)
                     if isinstance(refusal, LeaseNotFoundError):
@@ -1381,7 +1402,7 @@ class Watch:
                 if self.closed and task is not None and not task.cancelling():
                     raise StopAsyncIteration from None
                 raise
-            except (grpc.aio.AioRpcError, _Stalled) as exc:
+            except (grpc.aio.AioRpcError, _Stalled, asyncio.InvalidStateError) as exc:
                 if self._closed:
                     raise StopAsyncIteration from None
                 if isinstance(exc, grpc.aio.AioRpcError):
@@ -1424,6 +1445,8 @@ class Watch:
             raise BackendUnavailableError(
                 f"etcd watch stream failed: {_code_name(exc)} {_details(exc)}"
             ) from exc
+        except asyncio.InvalidStateError as exc:
+            raise BackendUnavailableError("etcd watch stream has ended") from exc
 
     def _close_call(self) -> None:
         call, self._call = self._call, None
