@@ -977,15 +977,20 @@ class EtcdClient:
         lease: LeaseGrant,
         *,
         on_expired: Callable[[str], object] | None = None,
+        on_refreshed: Callable[[float], object] | None = None,
         interval: float | None = None,
     ) -> LeaseKeepAlive:
         """Start keeping ``lease`` alive on one stream (every ``interval``, default TTL/3).
 
         ``on_expired(reason)`` is called once, in the event loop, when the
-        lease is known or presumed gone (see :class:`LeaseKeepAlive`).
+        lease is known or presumed gone (see :class:`LeaseKeepAlive`);
+        ``on_refreshed(deadline)`` after every answered refresh that moved
+        the deadline (event-loop time).
         """
         self._check_open()
-        keeper = LeaseKeepAlive(self, lease, on_expired=on_expired, interval=interval)
+        keeper = LeaseKeepAlive(
+            self, lease, on_expired=on_expired, on_refreshed=on_refreshed, interval=interval
+        )
         self._streams.add(keeper)
         keeper._start()
         return keeper
@@ -1071,6 +1076,7 @@ class LeaseKeepAlive:
         *,
         on_expired: Callable[[str], object] | None,
         interval: float | None,
+        on_refreshed: Callable[[float], object] | None = None,
     ) -> None:
         if lease.ttl < 1:
             raise ValueError(f"lease {lease.id:x} has no time left (TTL {lease.ttl})")
@@ -1081,6 +1087,7 @@ class LeaseKeepAlive:
         self._interval = lease.ttl / 3 if interval is None else _check_timeout("interval", interval)
         self._deadline = lease.granted_at + lease.ttl
         self._on_expired = on_expired
+        self._on_refreshed = on_refreshed
         self._expired_reason: str | None = None
         self._expired = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -1190,6 +1197,14 @@ class LeaseKeepAlive:
                     if sent_at + ttl > self._deadline:
                         self._deadline = sent_at + ttl
                         self._arm_timer(loop)
+                        refreshed = self._on_refreshed
+                        if refreshed is not None:
+                            try:
+                                refreshed(self._deadline)
+                            except Exception:
+                                _log.exception(
+                                    "on_refreshed callback of lease %x failed", self.lease_id
+                                )
                     await asyncio.sleep(max(sent_at + self._interval - loop.time(), 0))
             except Exception as exc:
                 # AioRpcError from the member, _Stalled, or gRPC refusing to
@@ -1226,6 +1241,7 @@ class LeaseKeepAlive:
     async def aclose(self) -> None:
         """Stop refreshing (the lease then ends at its deadline); ``on_expired`` is not called."""
         self._on_expired = None
+        self._on_refreshed = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

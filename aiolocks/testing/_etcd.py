@@ -673,9 +673,21 @@ class EtcdCluster(_Launcher):
         raise ServerError("no member of the etcd cluster is leader right now")
 
     def followers(self) -> list[EtcdMember]:
-        """The running members that are not leader."""
+        """The running members that answer and follow a leader other than themselves."""
         self._require_managed()
-        return [m for m in self._members if m.running and not m.paused and not m.is_leader()]
+        found: list[EtcdMember] = []
+        for member in self._members:
+            if not member.running or member.paused:
+                continue
+            try:
+                status = member.status()
+            except (OSError, ServerError, ValueError):
+                continue
+            header = status.get("header")
+            leader = str(status.get("leader", "0"))
+            if isinstance(header, dict) and leader not in ("0", str(header.get("member_id"))):
+                found.append(member)
+        return found
 
     def etcdctl(self, *args: str, timeout: float = 10.0) -> str:
         """Run ``etcdctl`` against every endpoint of the cluster; return its output."""
