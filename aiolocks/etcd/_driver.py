@@ -181,13 +181,14 @@ class EtcdDriver:
             )
         return {}
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None] | None:
         if self._spawn_hook is not None:
-            self._spawn_hook(coro, name)
-            return
+            spawned = self._spawn_hook(coro, name)
+            return spawned if isinstance(spawned, asyncio.Task) else None
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _tombstone(self, key: bytes) -> bytes:
         return self._root + _TOMBSTONES + key[len(self._root) :]
@@ -203,8 +204,10 @@ class EtcdDriver:
     async def close(self) -> None:
         """Revoke the session lease (its keys go at once) and disconnect."""
         session, self._session = self._session, None
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if session is not None:
             with contextlib.suppress(BackendUnavailableError):
                 await session.keeper.revoke()
@@ -319,7 +322,9 @@ class EtcdDriver:
             grant.valid_until = session.keeper.deadline
             session.grants.add(grant)
             # No await between "won" and the return (contract).
-            self._spawn(self._watch_hold(grant, hold), f"aiolocks-etcd-hold-{key!r}")
+            hold.watch_task = self._spawn(
+                self._watch_hold(grant, hold), f"aiolocks-etcd-hold-{key!r}"
+            )
             attempt.key = None  # the key now belongs to the grant, not the attempt
             return [grant]
         return None
@@ -435,7 +440,8 @@ class EtcdDriver:
         return result.succeeded and not grant.lost
 
     async def _watch_hold(self, grant: Grant, hold: _Hold) -> None:
-        hold.watch_task = asyncio.current_task()
+        if hold.releasing:
+            return
         try:
             watch = await self._client.watch(hold.key, start_revision=hold.revision + 1)
         except BackendUnavailableError:
@@ -443,13 +449,15 @@ class EtcdDriver:
         try:
             async for response in watch:
                 for event in response.events:
-                    if event.type is EventType.DELETE and not hold.releasing:
+                    if event.type is not EventType.DELETE:
+                        continue
+                    if not hold.releasing:
                         grant.mark_lost(
                             f"etcd key {hold.key!r} was deleted behind our back "
                             f"(revision {event.kv.mod_revision})"
                         )
                         hold.session.grants.discard(grant)
-                        return
+                    return  # the key is gone either way: nothing more to watch
         finally:
             await watch.aclose()
 

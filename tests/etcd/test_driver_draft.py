@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from aiolocks._core.driver import Family, Grant, Mode, Request
-from aiolocks.etcd._client import EtcdClient, RangeOp
+from aiolocks.etcd._client import EtcdClient, RangeOp, Watch
 from aiolocks.etcd._driver import EtcdDriver
 from aiolocks.etcd._url import parse_etcd_url
 from aiolocks.testing import EtcdServer
@@ -101,6 +101,10 @@ async def test_mutex_excludes_and_tokens_increase_and_nothing_leaks(
     assert most == 1
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens) == 24
     assert await _keys(url) == []
+    # Every hold's loss watch and every waiter's watch is closed again.
+    async with asyncio.timeout(PATIENCE):
+        while any(isinstance(s, Watch) for s in driver._client._streams):
+            await asyncio.sleep(0.02)
 
 
 @pytest.mark.asyncio
