@@ -212,3 +212,28 @@ async def test_connection_cut_watch_resumes_and_keepalive_reconnects(
         finally:
             await watch.aclose()
             await keeper.revoke()
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_frozen_member_reads_and_keepalive_move_to_another_member(
+    cluster: EtcdCluster,
+) -> None:
+    async with EtcdClient(list(cluster.endpoints), request_timeout=6.0) as client:
+        lease = await client.lease_grant(3)
+        keeper = client.keep_alive(lease)
+        await _wait_for(lambda: keeper.refreshes >= 1, "a first refresh")
+        frozen = next(m for m in cluster.members if m.endpoint == client.endpoint)
+        frozen.pause()  # SIGSTOP: its sockets stay open, nothing answers
+        try:
+            # A read stalls on the frozen member for part of its deadline, then
+            # the next member answers it.
+            assert (await client.range("nothing/", prefix=True)).count == 0
+            assert client.endpoint != frozen.endpoint
+            before = keeper.refreshes
+            await _wait_for(lambda: keeper.refreshes >= before + 2, "refreshes elsewhere")
+            assert not keeper.expired
+        finally:
+            frozen.resume()
+            await keeper.revoke()
+            await asyncio.to_thread(cluster.wait_for_leader)
