@@ -1380,8 +1380,9 @@ class Watch:
                     raise _map_refusal(exc) from exc
                 errors.append(f"{endpoint}: {_code_name(exc)} {_details(exc)}")
                 client._failed(endpoint)
-            except _Stalled:
+            except (_Stalled, asyncio.InvalidStateError):
                 errors.append(f"{endpoint}: no answer in time")
+                client._failed(endpoint)
         raise BackendUnavailableError(
             "no etcd endpoint accepted the watch within "
             f"{client.connect_timeout:g}s: " + "; ".join(errors or ["no time"])

@@ -7,6 +7,15 @@ fixtures live in :mod:`aiolocks.testing.pytest_plugin`, which pytest loads
 through the ``aiolocks`` entry point.
 """
 
+import os as _os
+
+# The launchers start servers with fork + a pre-exec hook (so that the server
+# dies with the test run). When gRPC (the etcd client) is loaded, its fork
+# handlers run in that child and can abort it ("epoll_wait error: Bad file
+# descriptor", exit -6) while gRPC threads are busy. gRPC reads this variable
+# once, when it is first imported; an explicit setting is left alone.
+_os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from ._etcd import EtcdCluster as EtcdCluster
 from ._etcd import EtcdFlavor as EtcdFlavor
 from ._etcd import EtcdMember as EtcdMember

@@ -28,7 +28,7 @@ from aiolocks.etcd._client import (
     WatchResponse,
     prefix_end,
 )
-from aiolocks.testing import EtcdServer
+from aiolocks.testing import EtcdServer, etcd_flavors
 
 pytestmark = pytest.mark.etcd
 
@@ -365,3 +365,32 @@ async def test_closed_client_refuses_requests(etcd: EtcdServer) -> None:
     await client.close()
     with pytest.raises(BackendUnavailableError, match="closed"):
         await client.get("k")
+
+
+@pytest.mark.asyncio
+async def test_servers_start_from_the_main_thread_while_grpc_is_busy(
+    client: EtcdClient, prefix: str
+) -> None:
+    # Launchers fork with a pre-exec hook; gRPC's fork handlers used to abort
+    # such a child (exit -6) about one start in five while gRPC threads were busy.
+    lease = await client.lease_grant(30)
+    keeper = client.keep_alive(lease)
+    watch = await client.watch(prefix)
+    try:
+        for _ in range(15):
+
+            async def busy() -> None:
+                for _ in range(30):
+                    await client.get(prefix + "k")
+
+            traffic = asyncio.create_task(busy())
+            server = EtcdServer(flavor=etcd_flavors()[-1])
+            try:
+                server.start()  # blocking, from the main thread, as the fixtures do
+                assert server.health()
+            finally:
+                server.close()
+                await traffic
+    finally:
+        await watch.aclose()
+        await keeper.revoke()
