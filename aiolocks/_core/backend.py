@@ -29,6 +29,7 @@ from .participants import Participant
 from .tasks import TaskSet, wait_finished
 
 if TYPE_CHECKING:
+    from .doctor import DoctorReport
     from .hold import Hold
     from .leader import LeaderLatch
     from .locks import Mutex, ReadWriteLock, SemaphoreMutex
@@ -182,6 +183,25 @@ class Backend:
         """Driver-side events (renewals) of a grant held through a Hold."""
         if self._hooks and kind == "renewed":
             self._emit("renewed", grant.request, token=grant.token)
+
+    # -- operations -------------------------------------------------------
+
+    async def doctor(self, *, self_test: bool = True) -> DoctorReport:
+        """Check the lock service's settings and run a live self-test; never raises for findings.
+
+        >>> report = await backend.doctor()  # doctest: +SKIP
+        >>> report.ok, report.codes()  # doctest: +SKIP
+        (False, ['redis-eviction-policy', 'redis-persistence'])
+
+        Returns a :class:`aiolocks.DoctorReport`: configuration findings (each
+        with a severity, what it breaks and the fix) and, with ``self_test``,
+        the outcome of taking and releasing a scratch lock. An unreachable
+        server is a critical finding, not an exception. ``aiolocks doctor URL``
+        prints the same report; ``docs/operations.md`` explains each finding.
+        """
+        from .doctor import run_doctor
+
+        return await run_doctor(self, self._driver, live=self_test)
 
     # -- lifecycle --------------------------------------------------------
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import final
 
 from .._core.backend import Backend
+from .._core.doctor import Diagnosis
 from .._core.driver import Capabilities, Family, Grant, Mode, Request
 from .._core.options import check_portable_options
 from .._core.participants import Participant
@@ -229,6 +230,12 @@ class MemoryDriver:
 
     async def close(self) -> None:
         """Nothing to disconnect; the core has released every hold."""
+
+    async def diagnose(self) -> Diagnosis:
+        """``backend.doctor()``'s findings: one reminder that this lock is process-local."""
+        from ._doctor import diagnose
+
+        return diagnose(self.describe())
 
 
 @final

@@ -51,6 +51,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .._core.doctor import Diagnosis
 from .._core.driver import Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError, LockError
 from .._core.participants import Participant
@@ -541,6 +542,12 @@ class RedisDriver:
 
     async def open(self) -> None:
         await self.node.open()
+
+    async def diagnose(self) -> Diagnosis:
+        """``backend.doctor()``'s findings for this server (see :mod:`._doctor`)."""
+        from ._doctor import diagnose_redis
+
+        return await diagnose_redis(self)
 
     async def close(self) -> None:
         self._closed = True

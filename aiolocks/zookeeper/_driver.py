@@ -40,6 +40,7 @@ from aiozk import exc as zk_exc
 from aiozk import protocol
 from aiozk.states import States
 
+from .._core.doctor import Diagnosis
 from .._core.driver import Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
 from .._core.options import check_portable_options
@@ -268,6 +269,12 @@ class ZooKeeperDriver:
                     await _abort_client(client)
             else:
                 await _abort_client(client)
+
+    async def diagnose(self) -> Diagnosis:
+        """``backend.doctor()``'s findings for this ensemble (see :mod:`._doctor`)."""
+        from ._doctor import diagnose_zookeeper
+
+        return await diagnose_zookeeper(self, ROOT)
 
     # -- loss -------------------------------------------------------------------------
 

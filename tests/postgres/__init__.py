@@ -1,0 +1,1 @@
+"""Tests of the PostgreSQL groundwork: test servers, the SQL layer, URL parsing."""
