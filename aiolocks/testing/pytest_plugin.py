@@ -266,6 +266,9 @@ def etcd_restartable() -> Iterator[EtcdServer]:
     """A private etcd server for this test only: stop, kill, pause and restart it freely."""
     _skip_if_external("AIOLOCKS_ETCD_ENDPOINTS")
     yield from _serve(EtcdServer, "AIOLOCKS_ETCD_ENDPOINTS")
+
+
+@pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """A PostgreSQL server shared by the session (or ``AIOLOCKS_POSTGRES_URL``).
 

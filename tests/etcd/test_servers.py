@@ -88,3 +88,17 @@ def test_cluster_elects_a_new_leader_when_the_leader_dies(flavor: str) -> None:
             leader.pause()
         leader.start()
         cluster.wait_for_leader()
+
+
+def test_plugin_fixtures(
+    etcd_server: EtcdServer, etcd_cluster: EtcdCluster, etcd_restartable: EtcdServer
+) -> None:
+    assert etcd_server.url.startswith("etcd://")
+    assert "OK" in etcd_server.etcdctl("put", "fixture", "1")
+    assert len(etcd_cluster.endpoints) == 3
+    if etcd_cluster.managed:
+        assert etcd_cluster.leader() in etcd_cluster.members
+    etcd_restartable.kill()
+    assert not etcd_restartable.running
+    etcd_restartable.start()
+    assert etcd_restartable.health()
