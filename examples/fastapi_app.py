@@ -14,6 +14,10 @@ What it shows:
   with a timeout, answers **409 Conflict** when the lock stays busy, and
   releases it when the path operation function returns
   (``Depends(..., scope="function")``: before the response is sent);
+* a lock **lost** during the payment (ZooKeeper session expired, Redis
+  lease lapsed) cancels the path operation and answers **503 Service
+  Unavailable** saying so, instead of a bare 500: the client should check
+  the order before paying again;
 * the payment gateway receives the lock's **fencing token** and refuses a
   token older than one it has already seen, so a holder that lost its lock
   while paused cannot charge twice.
@@ -89,8 +93,10 @@ class OrderLock:
     ... async def pay(order_id: int, lock: Annotated[aiolocks.Lock, pay_lock]): ...
 
     Busy for longer than ``timeout`` seconds: ``409 Conflict`` with a
-    ``Retry-After`` header. The lock is released when the path operation
-    returns or raises, before the response is sent.
+    ``Retry-After`` header. Lost while the path operation ran (it is then
+    cancelled): ``503 Service Unavailable`` saying the outcome is unknown.
+    The lock is released when the path operation returns or raises, before
+    the response is sent.
     """
 
     def __init__(self, prefix: str, *, timeout: float) -> None:
@@ -114,6 +120,17 @@ class OrderLock:
                 detail=f"order {order_id} is being paid by another request",
                 headers={"Retry-After": "1"},
             ) from None
+        except aiolocks.LockLostError as exc:
+            # The path operation was cancelled part-way: whatever it had sent
+            # may or may not have taken effect. Say so instead of a bare 500.
+            raise HTTPException(
+                status_code=503,
+                detail=(
+                    f"lost the lock on order {order_id} while processing the request; "
+                    "the outcome is unknown: check the order before retrying"
+                ),
+                headers={"Retry-After": "1"},
+            ) from exc
 
 
 def create_app(

@@ -4,8 +4,8 @@ Design note
 -----------
 Curator keeps a ``threadData`` map (thread -> LockData) per lock; aiolocks
 keeps a per-backend ledger ``task -> Hold`` per (family, name, mode), so every
-lock object of one name on one backend shares it (CHECKLIST Z9: two Curator
-objects for one path self-deadlock; ours do not). Re-entry by the owning task
+lock object of one name on one backend shares it (two Curator objects for one path
+deadlock each other; ours do not). Re-entry by the owning task
 is a local count: no network call. The backend hold ends at the last release.
 
 ``SemaphoreMutex`` is not reentrant and not tied to a task: its hold belongs
@@ -76,6 +76,12 @@ class Lock:
         self._key = backend._validate_name(name)
         self._backend = backend
         self._options = backend._lock_options(self._family, options)
+        # The last hold of this object that ended lost; keeps ``is_lost`` true
+        # until the next successful acquire.
+        self._ended_lost: Hold | None = None
+        # The hold whose loss an ``async with`` of this object already raised
+        # (a reentrant block inside the explicit pattern): not raised twice.
+        self._loss_reported: Hold | None = None
 
     @property
     def name(self) -> str:
@@ -138,29 +144,62 @@ class Lock:
         task = current_task(f"{type(self).__name__}.acquire()")
         self._backend._check_open()
         if self._reenter(task):
+            self._ended_lost = None
             return True
         request = self._request(task)
         grants = await self._backend._acquire(request, deadline_from(seconds))
         if not grants:
             return False
-        # No await between the grant and recording it (STYLE idiom 4).
+        # No await between the grant and recording it.
         hold = Hold(self._backend, grants[0], kind=self._kind, owner=request.owner)
         self._record(task, hold)
+        self._ended_lost = self._loss_reported = None
         return True
 
     async def release(self) -> None:
         """Release one acquisition; the server hold ends at the last one.
 
         Completes even if the calling task is cancelled meanwhile (the
-        cancellation is re-raised afterwards). After a loss it does not raise.
+        cancellation is re-raised afterwards). If the hold was lost while it
+        was held, the release still cleans up (the hold is gone either way)
+        and then raises :class:`LockLostError`, like Redisson's ``unlock()``:
+        the work done under the lock may have overlapped another holder's.
+        A loss that an ``async with`` block of this lock object has already
+        raised (a reentrant block inside the explicit pattern) is not raised
+        a second time.
 
         :raises LockNotOwnedError: the lock is not held (by the current task,
             for a Mutex or a read/write half).
+        :raises LockLostError: the hold was lost while it was held.
+        """
+        lost = await self._release_noting_loss()
+        if lost is not None and lost is not self._loss_reported:
+            self._loss_reported = lost
+            raise LockLostError(
+                f"{lost.kind} {lost.name!r} was lost while it was held "
+                f"({lost.grant.lost_reason}; fencing token {lost.token}); it is released now"
+            )
+
+    async def _release_noting_loss(self) -> Hold | None:
+        """``release()`` without raising on loss: the hold if it was lost, else ``None``.
+
+        ``async with`` exits through here: it reports a loss in its own words.
         """
         task = current_task(f"{type(self).__name__}.release()")
-        hold = self._take_for_release(task)
+        hold = self._current_hold()
         if hold is not None:
-            await self._backend._release(hold)
+            hold.grant.verify()  # a lease that ran out while the loop was busy counts as lost
+        ended = self._take_for_release(task)
+        try:
+            if ended is not None:
+                await self._backend._release(ended)
+        finally:
+            # Also when cancelled meanwhile: is_lost must not forget the loss.
+            if ended is not None and hold is not None and hold.lost:
+                self._ended_lost = hold
+        if hold is None or not hold.lost:
+            return None
+        return hold
 
     def hold(self, timeout: float | None = None) -> HoldContext:
         """``async with lock.hold(timeout=5):`` acquire or raise :class:`LockTimeoutError`.
@@ -195,9 +234,16 @@ class Lock:
 
     @property
     def is_lost(self) -> bool:
-        """The current hold was lost (session expired, lease not renewed, key taken)."""
+        """The current hold was lost (session expired, lease not renewed, key taken).
+
+        Stays true after a lost hold has been released (by ``release()`` or at
+        the end of ``async with``), until the next successful acquire of this
+        lock object.
+        """
         hold = self._current_hold()
-        return hold is not None and not hold.grant.verify()
+        if hold is not None:
+            return not hold.grant.verify()
+        return self._ended_lost is not None
 
     def is_owned_by_current_task(self) -> bool:
         """The current asyncio task holds this lock (Curator's isOwnedByCurrentThread)."""
@@ -232,7 +278,12 @@ class HoldContext:
             raise LockTimeoutError(
                 f"{lock._kind} {lock.name!r} was not acquired within {self._timeout} s"
             )
-        await enter_hold_body(lock._current_hold(), lock.release)
+        hold = lock._current_hold()
+        try:
+            await enter_hold_body(hold, lock._release_noting_loss)
+        except LockLostError:
+            lock._loss_reported = hold
+            raise
         return lock
 
     async def __aexit__(
@@ -241,10 +292,15 @@ class HoldContext:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await exit_hold_body(self._lock._current_hold(), exc, self._lock.release)
+        hold = self._lock._current_hold()
+        try:
+            await exit_hold_body(hold, exc, self._lock._release_noting_loss)
+        except LockLostError:
+            self._lock._loss_reported = hold
+            raise
 
 
-async def enter_hold_body(hold: Hold | None, release: Callable[[], Awaitable[None]]) -> None:
+async def enter_hold_body(hold: Hold | None, release: Callable[[], Awaitable[object]]) -> None:
     """Register an ``async with`` body, unless its hold is already lost.
 
     A grant can expire between the server's answer and the body's start
@@ -265,7 +321,7 @@ async def enter_hold_body(hold: Hold | None, release: Callable[[], Awaitable[Non
 async def exit_hold_body(
     hold: Hold | None,
     exc: BaseException | None,
-    release: Callable[[], Awaitable[None]],
+    release: Callable[[], Awaitable[object]],
 ) -> None:
     """Shared ``__aexit__``: settle loss, release, and turn a loss into LockLostError."""
     task = current_task("async with")

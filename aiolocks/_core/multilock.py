@@ -3,9 +3,9 @@
 The components are taken one after the other in the calling task, in a
 canonical order (backend, then name, then mode), so two MultiLocks over the
 same locks listed in opposite orders cannot deadlock each other. One
-deadline covers the whole acquisition (not one timeout per lock, CHECKLIST
-R14). On timeout, error or cancellation, whatever was taken is released
-before the call returns or raises.
+deadline covers the whole acquisition (not one timeout per lock, which
+could add up to n times the timeout). On timeout, error or cancellation,
+whatever was taken is released before the call returns or raises.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ class MultiLock:
 
     Components may live on different backends. Reentrancy is that of the
     components. ``release()`` releases every component even if one fails,
-    then raises the first failure. If a component's hold is lost, the
-    ``async with`` body is cancelled and raises :class:`LockLostError`.
+    then raises the first failure (:class:`LockLostError` for a component
+    lost while held). If a component's hold is lost, the ``async with`` body
+    is cancelled and raises :class:`LockLostError`.
 
     :raises ValueError: an empty list, or the same lock object twice.
     """
@@ -133,7 +134,7 @@ class MultiLockHoldContext:
         lost = [hold for hold in holds if not hold.grant.verify()]
         if lost:
             # A component expired before the block could start: give all back.
-            await multi.release()
+            await _release_all(multi._locks, loss_is_error=False)
             raise LockLostError(
                 f"MultiLock component {lost[0].name!r} was lost before the block could start "
                 f"({lost[0].grant.lost_reason})"
@@ -151,18 +152,29 @@ class MultiLockHoldContext:
         task = current_task("async with")
         outcomes: list[str] = []
         holds = [(lock, lock._current_hold()) for lock in self._multi._locks]
+        # task.cancelling() when the block started. Components lost together
+        # (one session expiry) each cancelled the task once; only once all
+        # of them have withdrawn their request does cancelling() say whether
+        # somebody else cancelled the task too.
+        entered_at = [
+            stack[-1]
+            for _, hold in holds
+            if hold is not None and (stack := hold._bodies.get(task))
+        ]
         try:
             for _, hold in holds:
                 if hold is not None:
                     outcomes.append(await hold.exit_body(task, exc))
         finally:
-            await self._multi.release()
+            await _release_all(self._multi._locks, loss_is_error=False)
         # Lost while the block ran, including holds found gone at release.
         lost_names = [
             f"{lock.name!r} ({hold.grant.lost_reason})"
             for lock, hold in holds
             if hold is not None and hold.lost
         ]
+        if "cancelled" in outcomes and entered_at and task.cancelling() <= min(entered_at):
+            outcomes = ["lost"]  # every cancellation was one of ours
         if "cancelled" in outcomes:
             if isinstance(exc, asyncio.CancelledError):
                 return
@@ -173,18 +185,25 @@ class MultiLockHoldContext:
             ) from exc
 
 
-async def _release_all(locks: Iterable[Lock], *, quiet: bool = False) -> None:
+async def _release_all(
+    locks: Iterable[Lock], *, quiet: bool = False, loss_is_error: bool = True
+) -> None:
     """Release each lock in reverse order; every one is attempted; first error raised.
 
     Runs in the calling task (a Mutex belongs to it). Each ``release()``
     finishes its server work even when cancelled and then re-raises, so a
     cancellation here is noted and the loop goes on with the next lock.
+    ``loss_is_error=False``: a component lost while held is not an error
+    (``async with`` reports the loss itself).
     """
     first: Exception | None = None
     cancelled: asyncio.CancelledError | None = None
     for lock in reversed(list(locks)):
         try:
-            await lock.release()
+            if loss_is_error:
+                await lock.release()
+            else:
+                await lock._release_noting_loss()
         except asyncio.CancelledError as exc:
             cancelled = cancelled or exc
         except Exception as exc:

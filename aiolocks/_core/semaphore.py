@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, final
 
 from .driver import Family, Mode, Request
-from .errors import LockTimeoutError
+from .errors import LockLostError, LockTimeoutError
 from .hold import Hold
 from .locks import current_task, enter_hold_body, exit_hold_body
 from .participants import Participant
@@ -35,8 +35,10 @@ class Lease:
     ...     ...
 
     Not tied to a task; ``release()`` is idempotent. If the lease is lost
-    (session expired, lease lapsed), ``is_lost`` turns true and a running
-    ``async with`` body is cancelled and raises :class:`LockLostError`.
+    (session expired, lease lapsed), ``is_lost`` turns true (and stays true),
+    a running ``async with`` body is cancelled and raises
+    :class:`LockLostError`, and an explicit ``release()`` cleans up and then
+    raises :class:`LockLostError`.
     """
 
     __slots__ = ("_hold", "_semaphore")
@@ -66,11 +68,29 @@ class Lease:
         return self._hold.released
 
     async def release(self) -> None:
-        """Give the lease back; a second call does nothing; completes even if cancelled."""
-        await self._semaphore._backend._release(self._hold)
+        """Give the lease back; a second call does nothing; completes even if cancelled.
+
+        :raises LockLostError: the lease was lost while it was held (raised by
+            the call that releases it, after the cleanup).
+        """
+        hold = self._hold
+        if await self._release_noting_loss():
+            raise LockLostError(
+                f"semaphore lease of {hold.name!r} was lost while it was held "
+                f"({hold.grant.lost_reason}; fencing token {hold.token}); it is released now"
+            )
+
+    async def _release_noting_loss(self) -> bool:
+        """``release()`` without raising on loss: whether this call released a lost lease."""
+        hold = self._hold
+        if hold.released:
+            return False
+        hold.grant.verify()  # a lease that ran out while the loop was busy counts as lost
+        await self._semaphore._backend._release(hold)
+        return hold.lost
 
     async def __aenter__(self) -> Lease:
-        await enter_hold_body(self._hold, self.release)
+        await enter_hold_body(self._hold, self._release_noting_loss)
         return self
 
     async def __aexit__(
@@ -79,7 +99,7 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await exit_hold_body(self._hold, exc, self.release)
+        await exit_hold_body(self._hold, exc, self._release_noting_loss)
 
     def __repr__(self) -> str:
         state = "lost" if self.is_lost else ("released" if self.is_released else "held")

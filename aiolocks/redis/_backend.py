@@ -98,7 +98,8 @@ def _client_kwargs(url: ParsedURL, connect_timeout: float, retries: int) -> dict
         "username": url.username,
         "password": url.password,
         "socket_connect_timeout": connect_timeout,
-        # Bounds a command on a stalled server; pub/sub reads block without it.
+        # Bounds a command on a stalled server (on the connections aiolocks
+        # builds itself, the same bound is moved to ``command_timeout``).
         "socket_timeout": connect_timeout,
         # Every script is safe to resend (acquire.lua answers a resend with
         # the same grant, release/renew are compare-and-act), so one quick
@@ -106,6 +107,11 @@ def _client_kwargs(url: ParsedURL, connect_timeout: float, retries: int) -> dict
         "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), retries),
     }
 
+
+_CLUSTER_NEEDS = (
+    "a Redis Cluster needs redis-py 8.0 or later (its asyncio cluster client has pub/sub "
+    "from 8.0 on; waiters are woken by pub/sub)"
+)
 
 #: connections per Redis client built from a URL; more commands wait for one
 POOL_SIZE = 100
@@ -116,58 +122,80 @@ POOL_SIZE = 100
 _UNBLOCKED_WRITE = 16 * 1024
 
 
-class _TimedWrite:
-    """Mixin: cheaper writes for the connections of clients aiolocks builds.
+def _write_size(command: Any) -> int:
+    """Bytes in ``command`` as redis-py's ``send_packed_command`` takes it."""
+    if isinstance(command, bytes | str):
+        return len(command)
+    return sum(len(part) for part in command)
 
-    * redis-py bounds every write by ``socket_timeout`` with ``wait_for``,
-      which on Python 3.11 wraps the write in a task of its own: two tasks
-      per lock cycle, a sixth of its cost. A write that cannot block (the
-      transport's buffer is empty and the command small, so ``drain()``
-      returns at once) needs no bound at all; any other write is bounded by
-      ``asyncio.timeout``, with the same ``TimeoutError`` and the connection
-      dropped the same way. Reads are untouched (redis-py already uses a
-      timeout block).
-    * :meth:`pack_command` packs with hiredis's C packer (redis-py uses it
-      only for its synchronous client); arguments it does not take go
-      through redis-py's own path unchanged.
+
+class _BoundedCommands:
+    """Mixin: a redis-py connection whose writes and reads are bounded by ``command_timeout``.
+
+    redis-py bounds them by ``socket_timeout``, but its write bound is
+    ``asyncio.wait_for``, which on Python 3.11 runs every write in a task of
+    its own (two extra tasks per lock cycle). Our connections are built with
+    ``socket_timeout=None`` instead, and this mixin puts an
+    ``asyncio.timeout`` block around redis-py's own read, and around any
+    write that could wait. The outcome is redis-py's: a stuck write or read
+    raises redis-py's ``TimeoutError``, and the connection is dropped
+    (redis-py disconnects a connection whose write or read is interrupted,
+    so a cancelled or timed out command never goes back to the pool with a
+    half-sent request or an unread reply). A read given an explicit
+    ``timeout`` (pub/sub polling) is left to redis-py. Only public redis-py
+    methods are overridden; ``socket_timeout`` is never touched again.
+
+    Which writes could wait: a write only waits when the stream's buffer
+    goes past asyncio's high-water mark (64 KiB). A command's connection
+    starts with an empty buffer: its previous reply was read, so the server
+    had received every byte, and a connection whose write or read failed or
+    was cancelled was dropped. So a write of at most ``_UNBLOCKED_WRITE``
+    bytes needs no timer, and every longer one gets one. (Pub/sub writes do
+    not read replies in between; the pub/sub hub bounds those itself.)
+
+    :meth:`pack_command` packs with hiredis's C packer (redis-py uses it only
+    for its synchronous client); arguments it does not take go through
+    redis-py's own path unchanged.
     """
 
-    socket_timeout: float | None
-    health_check_interval: float
     encoder: Any
 
+    def __init__(self, *, command_timeout: float | None = None, **kwargs: Any) -> None:
+        #: seconds a write or a reply may take; None: unbounded
+        self.command_timeout = command_timeout
+        super().__init__(**kwargs)
+
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        timeout = self.socket_timeout
-        if not timeout:
+        timeout = self.command_timeout
+        if timeout is None or _write_size(command) <= _UNBLOCKED_WRITE:
             await super().send_packed_command(command, check_health)  # type: ignore[misc]
             return
-        # A connection serves one command at a time, so for the length of
-        # this write redis-py's own (task-creating) bound can be switched off.
-        self.socket_timeout = None
         try:
-            if self._write_cannot_block(command):
-                await super().send_packed_command(command, check_health)  # type: ignore[misc]
-                return
             async with asyncio.timeout(timeout):
                 await super().send_packed_command(command, check_health)  # type: ignore[misc]
         except TimeoutError:
             from redis.exceptions import TimeoutError as RedisTimeoutError
 
             raise RedisTimeoutError("Timeout writing to socket") from None
-        finally:
-            self.socket_timeout = timeout
 
-    def _write_cannot_block(self, command: Any) -> bool:
-        """True if sending ``command`` now neither connects, pings nor waits to drain."""
-        writer = getattr(self, "_writer", None)  # redis-py internals: absent means "unsure"
-        if writer is None or getattr(self, "_reader", None) is None or self.health_check_interval:
-            return False
-        transport = writer.transport
-        if transport.is_closing() or transport.get_write_buffer_size():
-            return False
-        if type(command) is list and len(command) == 1:  # what pack_command returns
-            command = command[0]
-        return isinstance(command, bytes | str) and len(command) <= _UNBLOCKED_WRITE
+    async def read_response(
+        self, disable_decoding: bool = False, timeout: float | None = None, **kwargs: Any
+    ) -> Any:
+        limit = self.command_timeout
+        if timeout is not None or limit is None:
+            return await super().read_response(  # type: ignore[misc]
+                disable_decoding=disable_decoding, timeout=timeout, **kwargs
+            )
+        try:
+            async with asyncio.timeout(limit):
+                return await super().read_response(  # type: ignore[misc]
+                    disable_decoding=disable_decoding, **kwargs
+                )
+        except TimeoutError:
+            from redis.exceptions import TimeoutError as RedisTimeoutError
+
+            # redis-py already disconnected (unless the caller asked it not to)
+            raise RedisTimeoutError(f"Timeout reading from {self}") from None
 
     def pack_command(self, *args: Any) -> list[bytes]:
         """The RESP array for ``args``, packed by hiredis (redis-py packs in Python)."""
@@ -200,11 +228,11 @@ def _hiredis_pack() -> Callable[[tuple[Any, ...]], bytes] | None:
     return pack
 
 
-def _timed_write_class(cls: type[Any]) -> type[Any]:
-    """``cls`` (a redis-py connection class) with :class:`_TimedWrite` mixed in."""
-    if issubclass(cls, _TimedWrite):
+def _bounded_class(cls: type[Any]) -> type[Any]:
+    """``cls`` (a redis-py connection class) with :class:`_BoundedCommands` mixed in."""
+    if issubclass(cls, _BoundedCommands):
         return cls
-    return type(f"TimedWrite{cls.__name__}", (_TimedWrite, cls), {})
+    return type(f"Bounded{cls.__name__}", (_BoundedCommands, cls), {})
 
 
 @functools.cache
@@ -222,122 +250,124 @@ def _sentinel_connection_class() -> type[Any]:
     """
     from redis.asyncio.sentinel import SentinelManagedConnection
 
-    class RediscoveringSentinelConnection(SentinelManagedConnection):
+    class RediscoveringSentinelConnection(_BoundedCommands, SentinelManagedConnection):
         """``SentinelManagedConnection`` that resolves the master before each socket connect."""
 
-        async def _connect(self) -> None:
-            if self.connection_pool.is_master:
+        async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+            if not self.is_connected and self.connection_pool.is_master:
                 self.host, self.port = await self.connection_pool.get_master_address()
-            await super()._connect()  # type: ignore[no-untyped-call]
+            await super().connect_check_health(*args, **kwargs)
 
     return RediscoveringSentinelConnection
 
 
-def _telemetry_probe() -> Callable[[], object]:
-    """redis-py's "telemetry collector, if enabled" function (None: disabled)."""
-    try:
-        from redis.asyncio.observability import recorder
-    except ImportError:  # a redis-py without telemetry
-        return lambda: None
-    probe: Callable[[], object] = getattr(recorder, "_get_or_create_collector", lambda: None)
-    return probe
-
-
 @functools.cache
 def _waiting_pool_class() -> type[Any]:
-    """redis-py's plain pool, made to wait for a free connection instead of raising."""
+    """redis-py's plain pool, with a cheap idle list in front and waiting instead of raising."""
     import collections
 
     import redis.asyncio
-    from redis.event import AsyncAfterConnectionReleasedEvent, AsyncReAuthConnectionListener
     from redis.exceptions import ConnectionError as RedisConnectionError
-
-    telemetry = _telemetry_probe()
+    from redis.exceptions import MaxConnectionsError
 
     class WaitingConnectionPool(redis.asyncio.ConnectionPool):
-        """``ConnectionPool`` that waits (up to ``timeout``) when every connection is in use.
+        """``ConnectionPool`` that keeps its connections and waits when every one is busy.
 
-        ``BlockingConnectionPool`` does the same, but takes a condition
-        variable and a timeout block on every command even when a connection
-        is free; here the free case is the plain pool's fast path.
+        redis-py's ``get_connection``/``release`` take the pool's lock, record
+        OpenTelemetry counters and dispatch a release event on every command,
+        which costs more than the rest of a lock's round trip on the client.
+        This pool takes a connection from redis-py's pool only to grow: a
+        connection it has handed out stays checked out of redis-py's pool for
+        good, and coming back it goes to :attr:`idle`, a plain list, from
+        where the next command takes it again. redis-py's own bookkeeping
+        stays right (it sees those connections as in use), so
+        ``disconnect()``/``aclose()``, ``set_retry()`` and marking
+        connections for reconnect reach every connection, idle or busy; and
+        what redis-py's release listener does (re-authenticate with a
+        refreshed token) is done here directly.
 
-        While nothing observes the pool (redis-py's OpenTelemetry metrics
-        off, and no listener on released connections but redis-py's own
-        re-authentication, which is called directly), taking and giving back
-        an idle connection skips the pool's lock, its metric records and its
-        event dispatch, which cost more than the rest of the pool per command.
+        When every connection (``max_connections``) is busy, a command waits
+        up to ``timeout`` seconds for one to come back, oldest first, instead
+        of failing with ``MaxConnectionsError``: a burst of renewals (thousands
+        of holds) queues instead of losing holds.
         """
 
         def __init__(self, *, timeout: float, **kwargs: Any) -> None:
             super().__init__(**kwargs)
-            self._wait_timeout = timeout
-            self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-            #: the listener list last seen to hold only redis-py's re-auth
-            self._plain_listeners: object = None
+            #: seconds a command waits for a connection when all are busy
+            self.wait_timeout = timeout
+            #: connections handed out before and given back, ready for reuse
+            self.idle: list[Any] = []
+            self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+            # redis-py before 7.0 has no reconnect marks, before 5.3 no re-auth
+            self.has_reconnect_marks = hasattr(self.connection_class, "should_reconnect")
+            self.has_re_auth = hasattr(self.connection_class, "re_auth")
+
+        def can_get_connection(self) -> bool:
+            """True if a connection is idle here or redis-py's pool may still make one."""
+            return bool(self.idle) or bool(super().can_get_connection())
 
         async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-            while not self.can_get_connection():
-                waiter = asyncio.get_running_loop().create_future()
-                self._waiters.append(waiter)
+            """A connected connection; waits up to ``timeout`` while every one is busy."""
+            while True:
+                while not self.can_get_connection():
+                    await self._wait_for_release()
+                if not self.idle:
+                    try:
+                        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+                    except MaxConnectionsError:
+                        continue  # another task took the last one meanwhile
+                connection = self.idle.pop()
                 try:
-                    async with asyncio.timeout(self._wait_timeout):
-                        await waiter
-                except BaseException as exc:
-                    if waiter.done() and not waiter.cancelled():
-                        self._wake_one()  # woken, but leaving: pass the turn on
-                    if isinstance(exc, TimeoutError):
-                        raise RedisConnectionError("No connection available.") from None
+                    if self.has_reconnect_marks and connection.should_reconnect():
+                        await connection.disconnect()
+                    await self.ensure_connection(connection)
+                except BaseException:
+                    await self.release(connection)
                     raise
-                finally:
-                    if not waiter.done():
-                        waiter.cancel()
-                    with contextlib.suppress(ValueError):
-                        self._waiters.remove(waiter)
-            if not (self._available_connections and self._unobserved()):
-                return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
-            connection = self._available_connections.pop()
-            self._in_use_connections.add(connection)
-            try:
-                await self.ensure_connection(connection)
-            except BaseException:
-                await self.release(connection)
-                raise
-            return connection
+                return connection
 
         async def release(self, connection: Any) -> None:
-            if not self._unobserved():
-                await super().release(connection)
-                self._wake_one()
-                return
-            self._in_use_connections.remove(connection)
-            if connection.should_reconnect():
-                await connection.disconnect()
-            self._available_connections.append(connection)
+            """Take ``connection`` back for the next command and wake the oldest waiter."""
+            self.idle.append(connection)
             self._wake_one()
-            await connection.re_auth()  # what redis-py's release listener does
+            if self.has_re_auth:
+                await connection.re_auth()  # what redis-py's release listener does
 
-        def _unobserved(self) -> bool:
-            if telemetry() is not None:
-                return False
-            mapping = getattr(self._event_dispatcher, "_event_listeners_mapping", None)
-            if mapping is None:
-                return False
-            listeners = mapping.get(AsyncAfterConnectionReleasedEvent, ())
-            # redis-py replaces the list whenever listeners change
-            if listeners is not self._plain_listeners:
-                if not all(type(each) is AsyncReAuthConnectionListener for each in listeners):
-                    return False
-                self._plain_listeners = listeners
-            return True
+        async def _wait_for_release(self) -> None:
+            waiter = asyncio.get_running_loop().create_future()
+            self.waiters.append(waiter)
+            try:
+                async with asyncio.timeout(self.wait_timeout):
+                    await waiter
+            except BaseException as exc:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # woken, but leaving: pass the turn on
+                if isinstance(exc, TimeoutError):
+                    raise RedisConnectionError("No connection available.") from None
+                raise
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(waiter)
 
         def _wake_one(self) -> None:
-            while self._waiters:
-                waiter = self._waiters.popleft()
+            while self.waiters:
+                waiter = self.waiters.popleft()
                 if not waiter.done():
                     waiter.set_result(None)
                     break
 
     return WaitingConnectionPool
+
+
+def _bounded_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Connection keywords with the ``socket_timeout`` bound moved to ``command_timeout``."""
+    out = dict(kwargs)
+    out["command_timeout"] = out.pop("socket_timeout", None)
+    out["socket_timeout"] = None
+    return out
 
 
 def _pooled(client: Any, connect_timeout: float) -> Any:
@@ -352,10 +382,10 @@ def _pooled(client: Any, connect_timeout: float) -> Any:
 
     pool = client.connection_pool
     blocking = _waiting_pool_class()(
-        connection_class=_timed_write_class(pool.connection_class),
+        connection_class=_bounded_class(pool.connection_class),
         max_connections=POOL_SIZE,
         timeout=connect_timeout,
-        **pool.connection_kwargs,
+        **_bounded_kwargs(pool.connection_kwargs),
     )
     return redis.asyncio.Redis.from_pool(blocking)
 
@@ -412,6 +442,8 @@ class RedisBackend(Backend):
             }
         )
         cluster = hasattr(client, "get_nodes")
+        if cluster and not hasattr(client, "pubsub"):
+            raise ValueError(_CLUSTER_NEEDS)
         if cluster and opts["min_replicas"]:
             raise ValueError("min_replicas is not supported on a Redis Cluster client")
         node = RedisNode(
@@ -528,7 +560,9 @@ def from_url(url: str, **options: object) -> Backend:
                     "socket_connect_timeout": connect_timeout,
                     "socket_timeout": connect_timeout,
                 },
-                **{k: v for k, v in kwargs.items() if k not in ("username", "password")},
+                **_bounded_kwargs(
+                    {k: v for k, v in kwargs.items() if k not in ("username", "password")}
+                ),
             )
             closers.extend(sentinel.sentinels)
             # The sentinel pool cannot block; lift redis-py's default cap of
@@ -566,6 +600,10 @@ def from_url(url: str, **options: object) -> Backend:
             )
         if min_replicas:
             raise ValueError("min_replicas is not supported on redis+cluster://")
+        from redis.asyncio.cluster import RedisCluster
+
+        if not hasattr(RedisCluster, "pubsub"):
+            raise ValueError(_CLUSTER_NEEDS)
         describe = f"redis+cluster://{','.join(map(str, hosts))}"
 
         def make_cluster() -> Any:

@@ -193,28 +193,40 @@ class PubSubHub:
             try:
                 if self._pubsub is None:
                     self._pubsub = self._make_pubsub()
-                if verb == "subscribe":
-                    await self._pubsub.subscribe(channel)
-                else:
-                    await self._pubsub.unsubscribe(channel)
+                # Bounded here: these writes read no reply in between, so a
+                # stalled server could fill the stream's buffer and hold a
+                # write; redis-py drops the connection a timed-out write was
+                # on, and re-subscribes on the next one.
+                async with asyncio.timeout(self._timeout):
+                    if verb == "subscribe":
+                        await self._pubsub.subscribe(channel)
+                    else:
+                        await self._pubsub.unsubscribe(channel)
+            except TimeoutError:
+                exc = BackendUnavailableError(f"no answer within {self._timeout:g} s")
+                self._command_failed(verb, channel, exc)
+                continue
             except Exception as exc:  # any failure: tell the waiters, keep serving
-                if verb == "subscribe":
-                    self._unconfirmed.pop(channel, None)
-                    entry = self._channels.get(channel)
-                    if entry is not None and not entry.ready.done():
-                        entry.ready.set_exception(
-                            BackendUnavailableError(
-                                f"cannot subscribe on Redis {self._describe}: {exc}"
-                            )
-                        )
-                        entry.ready.exception()  # retrieved by whoever awaits it
-                        del self._channels[channel]
-                        entry.ring_all()
+                self._command_failed(verb, channel, exc)
                 continue
             if self._reader is None:
                 self._reader = asyncio.get_running_loop().create_task(
                     self._read_loop(), name=f"aiolocks-redis-pubsub-reader:{self._describe}"
                 )
+
+    def _command_failed(self, verb: str, channel: str, exc: Exception) -> None:
+        """A failed SUBSCRIBE fails its waiters (they look again); an UNSUBSCRIBE is dropped."""
+        if verb != "subscribe":
+            return
+        self._unconfirmed.pop(channel, None)
+        entry = self._channels.get(channel)
+        if entry is not None and not entry.ready.done():
+            entry.ready.set_exception(
+                BackendUnavailableError(f"cannot subscribe on Redis {self._describe}: {exc}")
+            )
+            entry.ready.exception()  # retrieved by whoever awaits it
+            del self._channels[channel]
+            entry.ring_all()
 
     async def _read_loop(self) -> None:
         """Turn messages into rings; the only reader of the connection."""

@@ -1,11 +1,13 @@
-"""Real servers for tests, demos and benchmarks, a TCP fault proxy and pytest fixtures.
+"""Real servers for tests, demos and benchmarks, a TCP fault proxy, pytest fixtures and
+:func:`lose` to test loss handlers.
 
-The launchers start ZooKeeper, Redis, PostgreSQL, pgbouncer and etcd from
-the installed binaries on free ports in temporary folders (see
-:mod:`aiolocks.testing.servers`; PostgreSQL in ``aiolocks.testing._postgres``,
-etcd in ``aiolocks.testing._etcd``); the pytest
-fixtures live in :mod:`aiolocks.testing.pytest_plugin`, which pytest loads
-through the ``aiolocks`` entry point.
+The launchers start ZooKeeper, Redis, PostgreSQL, pgbouncer and etcd from the
+installed binaries on free ports in temporary folders (see
+:mod:`aiolocks.testing.servers`; PostgreSQL in ``aiolocks.testing._postgres``, etcd
+in ``aiolocks.testing._etcd``); the pytest
+fixtures live in :mod:`aiolocks.testing.pytest_plugin` (load it with
+``-p aiolocks.testing.pytest_plugin`` or
+``pytest_plugins = ["aiolocks.testing.pytest_plugin"]``).
 """
 
 import os as _os
@@ -26,6 +28,7 @@ from ._postgres import PgBouncer as PgBouncer
 from ._postgres import PgWireConnection as PgWireConnection
 from ._postgres import PostgresCommandError as PostgresCommandError
 from ._postgres import PostgresServer as PostgresServer
+from .loss import lose as lose
 from .proxy import TcpProxy as TcpProxy
 from .servers import RedisCluster as RedisCluster
 from .servers import RedisSentinel as RedisSentinel
@@ -69,4 +72,5 @@ __all__ = [
     "ZooKeeperServer",
     "etcd_flavors",
     "free_port",
+    "lose",
 ]

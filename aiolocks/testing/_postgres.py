@@ -68,6 +68,7 @@ from typing import Final, Self, final
 from urllib.parse import unquote, urlsplit
 
 from .servers import (
+    INSTALL_HINT,
     ServerCommandError,
     ServerError,
     ServerNotInstalledError,
@@ -347,7 +348,7 @@ def _postgres_bin_dir() -> Path:
         return Path(on_path).parent
     raise ServerNotInstalledError(
         "PostgreSQL was not found (Debian package 'postgresql'; set AIOLOCKS_POSTGRES_BIN to "
-        "the folder with initdb and postgres); install the servers with scripts/install-servers.sh"
+        f"the folder with initdb and postgres); {INSTALL_HINT}"
     )
 
 

@@ -33,7 +33,7 @@ fresh private server that the test may stop, kill and restart. They skip
 when the matching environment variable above points at external servers.
 
 When a binary is missing (and no environment variable is set) the fixture
-*fails* and says how to install it (``scripts/install-servers.sh``); with
+*fails* and says how to install it (``apt-get`` or ``brew``); with
 ``AIOLOCKS_SKIP_MISSING_SERVERS=1`` it skips instead. A fixture given an
 external server yields an object with ``managed == False``; call
 :func:`require_managed` in a test that needs to control the processes.
@@ -50,6 +50,7 @@ import pytest
 from ._etcd import EtcdCluster, EtcdServer
 from ._postgres import PgBouncer, PostgresServer
 from .servers import (
+    INSTALL_HINT,
     RedisCluster,
     RedisSentinelSet,
     RedisServer,
@@ -110,9 +111,9 @@ def _launch(factory: Callable[[], _L], env_var: str) -> _L:
         return launcher
     # Outside the except block, so the report is the message alone.
     message = (
-        f"{missing}.\nInstall ZooKeeper, Redis, PostgreSQL, etcd and Java with "
-        f"scripts/install-servers.sh (as root), or point the tests at running servers "
-        f"with {env_var}=..., "
+        f"{missing}.\n"
+        + ("" if INSTALL_HINT in missing else f"To run the servers, {INSTALL_HINT}; ")
+        + f"or point the tests at running servers with {env_var}=..., "
         f"or set {SKIP_MISSING_ENV}=1 to skip the tests that need this server."
     )
     if _skip_missing():

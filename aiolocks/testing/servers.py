@@ -2,8 +2,8 @@
 
 Design note
 -----------
-Backend tests talk to real servers (DESIGN.md, "Servers for tests and
-demos"). Every launcher here follows one recipe:
+Backend tests talk to real servers, never to fakes or mocked clients.
+Every launcher here follows one recipe:
 
 1. Pick a free port *below* the kernel's ephemeral range (so that a client
    socket can never grab it while a server is stopped for a restart test), and
@@ -125,11 +125,20 @@ class ServerError(RuntimeError):
     """Base class of the errors raised by :mod:`aiolocks.testing` launchers."""
 
 
+#: How to install the servers, for error messages (pip installs ship no install script).
+INSTALL_HINT = (
+    "install the servers with the system package manager: "
+    "'apt-get install zookeeper redis-server redis-sentinel default-jre-headless "
+    "postgresql pgbouncer' on Debian/Ubuntu, 'brew install zookeeper redis postgresql "
+    "pgbouncer' on macOS"
+)
+
+
 class ServerNotInstalledError(ServerError):
     """A binary or jar the launcher needs is not installed.
 
-    The message names what is missing; ``scripts/install-servers.sh`` installs
-    everything on Debian 12.
+    The message names what is missing and the packages that provide it
+    (``apt-get`` on Debian/Ubuntu, ``brew`` on macOS).
     """
 
 
@@ -420,7 +429,7 @@ def _find_binary(env_var: str, name: str, package: str) -> str:
     if found is None:
         raise ServerNotInstalledError(
             f"{name!r} was not found (Debian package {package!r}; set {env_var} to use another "
-            "binary); install the servers with scripts/install-servers.sh"
+            f"binary); {INSTALL_HINT}"
         )
     return found
 
@@ -777,8 +786,7 @@ def _zookeeper_classpath() -> list[str]:
         return [str(debian)] + ([str(binding)] if binding.is_file() else [])
     raise ServerNotInstalledError(
         "the ZooKeeper jars were not found (Debian package 'zookeeper', or set "
-        "ZOOKEEPER_HOME / AIOLOCKS_ZK_CLASSPATH); install the servers with "
-        "scripts/install-servers.sh"
+        f"ZOOKEEPER_HOME / AIOLOCKS_ZK_CLASSPATH); {INSTALL_HINT}"
     )
 
 

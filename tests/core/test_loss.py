@@ -122,14 +122,81 @@ async def test_nested_reentrant_bodies(backend: aiolocks.Backend) -> None:
     await backend.close()
 
 
-async def test_manual_release_after_loss_does_not_raise(backend: aiolocks.Backend) -> None:
+async def test_manual_release_after_loss_cleans_up_then_raises(
+    backend: aiolocks.Backend,
+) -> None:
     lock = backend.mutex("loss/manual")
     await lock.acquire()
     grant_of(lock).grant.mark_lost("test")
     assert lock.is_lost
     await asyncio.sleep(0.001)  # not inside async with: nothing is cancelled
-    await lock.release()
+    with pytest.raises(aiolocks.LockLostError, match=r"lost while it was held \(test;"):
+        await lock.release()
     assert not lock.is_owned_by_current_task()
+    assert not backend._holds
+    assert lock.is_lost
+    await backend.close()
+
+
+async def test_reentrant_release_of_a_lost_hold_raises_once(
+    backend: aiolocks.Backend,
+) -> None:
+    lock = backend.mutex("loss/manual-reentrant")
+    await lock.acquire()
+    await lock.acquire()
+    grant_of(lock).grant.mark_lost("test")
+    with pytest.raises(aiolocks.LockLostError):
+        await lock.release()  # inner level: still owned afterwards
+    assert lock.is_owned_by_current_task() and lock.is_lost
+    await lock.release()  # the loss of this hold was reported already
+    assert not lock.is_owned_by_current_task() and lock.is_lost
+    assert not backend._holds
+    # a later hold that is lost is reported again
+    await lock.acquire()
+    grant_of(lock).grant.mark_lost("test again")
+    with pytest.raises(aiolocks.LockLostError, match="test again"):
+        await lock.release()
+    await backend.close()
+
+
+async def test_loss_raised_by_a_reentrant_block_is_not_raised_again_at_release(
+    backend: aiolocks.Backend,
+) -> None:
+    """acquire / async with lock.hold() / release (``aiolocks run`` does this): one error."""
+    lock = backend.mutex("loss/reentrant-block")
+    assert await lock.acquire(timeout=0)
+    try:
+        with pytest.raises(aiolocks.LockLostError, match="while the block ran"):
+            async with lock.hold():
+                grant_of(lock).grant.mark_lost("test")
+                await asyncio.sleep(3600)
+    finally:
+        await lock.release()
+    assert lock.is_lost and not backend._holds
+    await backend.close()
+
+
+async def test_multilock_components_lost_together_raise_lock_lost(
+    backend: aiolocks.Backend,
+) -> None:
+    """One session expiry marks every component lost: one LockLostError, no stray cancel."""
+    a, b = backend.mutex("loss/together-a"), backend.mutex("loss/together-b")
+    with pytest.raises(aiolocks.LockLostError, match="MultiLock lost"):
+        async with aiolocks.MultiLock([a, b]):
+            for lock in (a, b):
+                grant_of(lock).grant.mark_lost("test: session expired")
+            await asyncio.sleep(3600)
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    # a real cancellation still wins over the loss
+    task = asyncio.current_task()
+    assert task is not None
+    with pytest.raises(asyncio.CancelledError):
+        async with aiolocks.MultiLock([a, b]):
+            for lock in (a, b):
+                grant_of(lock).grant.mark_lost("test: session expired")
+            task.cancel()
+            await asyncio.sleep(3600)
+    assert task.uncancel() == 0
     await backend.close()
 
 

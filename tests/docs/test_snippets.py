@@ -1,10 +1,16 @@
-"""Every ```python block of README.md and docs/*.md runs, on every backend.
+"""Every ```python block of README.md and docs/*.md runs as written, on every backend.
 
-How a snippet runs (the "preamble", also described in docs/index.md):
+How a snippet runs (also described in docs/index.md), as a reader would run
+it in ``python -m asyncio``:
 
 * its code is compiled with top-level ``await`` allowed and awaited in a
-  fresh namespace that already holds ``aiolocks``, ``asyncio``, and
-  ``backend``, an open backend of the target under test;
+  fresh namespace that holds only ``asyncio`` (which ``python -m asyncio``
+  imports); every other name must come from the snippet itself or from the
+  page's *setup blocks*: a block preceded by ``<!-- snippet-setup -->`` is
+  run before every later block of its page, in the same namespace, the way
+  a reader runs it first (it shows, say, ``backend = await
+  aiolocks.connect("memory://")`` and the stand-ins ``order`` and
+  ``charge``);
 * targets: ``memory://``, the ``redis_server`` fixture and the
   ``zookeeper_server`` fixture (the last once ``aiolocks.zookeeper``
   imports); on a server each run gets its own key prefix or chroot;
@@ -15,10 +21,10 @@ How a snippet runs (the "preamble", also described in docs/index.md):
   Redis scheme on Redis), so ``session_timeout`` or ``lease_time`` still
   reach the backend; two connections of one snippet contend like two
   processes;
-* the stand-ins ``order``, ``charge(order, fencing_token=...)`` and
-  ``store.write(item, fencing_token=...)`` exist for one-liners;
-* afterwards, every backend the snippet opened must be closed again and
-  nothing may stay held on ``backend``: a snippet must not teach a leak.
+* afterwards, every backend the snippet itself opened must be closed again
+  and nothing may stay held on the backends of the setup blocks (which the
+  test closes, as the reader closes the REPL): a snippet must not teach a
+  leak.
 
 A block preceded by the line ``<!-- skip-snippet -->`` is not run (it needs
 a particular server or is a fragment); ``<!-- skip-snippet: zookeeper -->``
@@ -35,20 +41,19 @@ import importlib
 import re
 import textwrap
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
-import pytest_asyncio
 
 import aiolocks
 from aiolocks import _connect
 
 ROOT = Path(__file__).resolve().parents[2]
 SKIP_MARK = "<!-- skip-snippet -->"
+SETUP_MARK = "<!-- snippet-setup -->"
 SKIP_COMMENT = re.compile(r"^<!--\s*skip-snippet(?::(?P<targets>[\w\s,]*))?\s*-->$")
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w+-]*)\s*$")
 
@@ -66,6 +71,9 @@ class Snippet:
     code: str
     skip_on: frozenset[str]
     """Targets this block is not run on (``TARGETS`` for a plain skip mark)."""
+    setup: tuple[str, ...] = ()
+    """Code of the page's setup blocks above this one, run first."""
+    is_setup: bool = False
 
     @property
     def first_line(self) -> str:
@@ -82,6 +90,7 @@ def extract(path: Path, root: Path = ROOT) -> list[Snippet]:
     page = str(path.relative_to(root))
     lines = path.read_text(encoding="utf-8").splitlines()
     snippets: list[Snippet] = []
+    setup: list[str] = []
     index = 0
     while index < len(lines):
         opening = FENCE.match(lines[index])
@@ -101,7 +110,19 @@ def extract(path: Path, root: Path = ROOT) -> list[Snippet]:
             (lines[i].strip() for i in range(start - 1, -1, -1) if lines[i].strip()), ""
         )
         code = textwrap.dedent("\n".join(body))
-        snippets.append(Snippet(page, start + 1, code, skip_on=_skip_on(previous)))
+        is_setup = previous == SETUP_MARK
+        snippets.append(
+            Snippet(
+                page,
+                start + 1,
+                code,
+                skip_on=frozenset() if is_setup else _skip_on(previous),
+                setup=tuple(setup),
+                is_setup=is_setup,
+            )
+        )
+        if is_setup:
+            setup.append(code)
     return snippets
 
 
@@ -132,33 +153,6 @@ def _params() -> list[Any]:
                 ident = f"{snippet.page}:{snippet.line}-{target}"
                 params.append(pytest.param(snippet, target, id=ident, marks=marks))
     return params
-
-
-@dataclass
-class _Order:
-    """Stand-in for ``order`` in one-liners."""
-
-    id: int = 1001
-    charged_with: list[int] = field(default_factory=list)
-
-
-@dataclass
-class _Store:
-    """Stand-in for ``store`` in one-liners: keeps the highest fencing token seen."""
-
-    highest_token: int = -1
-    writes: list[object] = field(default_factory=list)
-
-    async def write(self, item: object, *, fencing_token: int | None) -> None:
-        assert fencing_token is not None, "written without holding the lock"
-        assert fencing_token > self.highest_token, "stale fencing token"
-        self.highest_token = fencing_token
-        self.writes.append(item)
-
-
-async def _charge(order: _Order, *, fencing_token: int | None) -> None:
-    assert fencing_token is not None, "charged without holding the lock"
-    order.charged_with.append(fencing_token)
 
 
 #: target -> fixture giving an object with ``.url`` (None: memory)
@@ -215,13 +209,6 @@ def target(request: pytest.FixtureRequest, snippet_target: str) -> Target:
     return Target(snippet_target, str(server.url))
 
 
-@pytest_asyncio.fixture
-async def docs_backend(target: Target) -> AsyncIterator[aiolocks.Backend]:
-    """The ``backend`` a snippet finds in its namespace."""
-    async with _connect.connect(target.url_for()) as backend:
-        yield backend
-
-
 def test_pages_have_snippets() -> None:
     found = {path.name: len(extract(path)) for path in pages()}
     for page in ("README.md", "quickstart.md", "recipes.md", "pitfalls.md", "naming.md"):
@@ -238,6 +225,17 @@ def test_extract_honours_skip_mark(tmp_path: Path) -> None:
     snippets = extract(page, root=tmp_path)
     found = [(snippet.line, snippet.code, snippet.skip_on) for snippet in snippets]
     assert found == [(3, "x = 1", frozenset()), (8, "y = 2", frozenset(TARGETS))]
+    page.write_text(
+        "```python\na = 0\n```\n<!-- snippet-setup -->\n```python\nb = 1\n```\n"
+        "```python\nc = b\n```\n",
+        encoding="utf-8",
+    )
+    snippets = extract(page, root=tmp_path)
+    assert [(s.code, s.setup, s.is_setup) for s in snippets] == [
+        ("a = 0", (), False),
+        ("b = 1", (), True),
+        ("c = b", ("b = 1",), False),
+    ]
     assert _skip_on("<!-- skip-snippet: zookeeper -->") == {"zookeeper"}
     assert _skip_on("<!-- skip-snippet: redis, zookeeper -->") == {"redis", "zookeeper"}
     with pytest.raises(ValueError, match="unknown target"):
@@ -262,7 +260,6 @@ def test_target_urls_keep_fitting_options_and_isolate() -> None:
 async def test_snippet_runs(
     snippet: Snippet,
     target: Target,
-    docs_backend: aiolocks.Backend,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     opened: list[aiolocks.Backend] = []
@@ -278,26 +275,29 @@ async def test_snippet_runs(
         return connecting
 
     monkeypatch.setattr(aiolocks, "connect", connect)
-    namespace: dict[str, Any] = {
-        "__name__": "__snippet__",
-        "aiolocks": aiolocks,
-        "asyncio": asyncio,
-        "backend": docs_backend,
-        "order": _Order(),
-        "charge": _charge,
-        "store": _Store(),
-    }
-    filename = f"{snippet.page}:{snippet.line}"
-    code = compile(snippet.code, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    async with asyncio.timeout(60):
-        result = eval(code, namespace)
-        if asyncio.iscoroutine(result):
-            await result
-    for _ in range(3):  # let background releases run
-        await asyncio.sleep(0)
-    left_open = [backend for backend in opened if not backend.closed]
-    for backend in left_open:
-        await backend.close()
-    assert not left_open, "the snippet left a backend open (close it, or use async with)"
-    held = [f"{hold.kind} {hold.name!r}" for hold in docs_backend._holds]
+    namespace: dict[str, Any] = {"__name__": "__snippet__", "asyncio": asyncio}
+    setup_backends: list[aiolocks.Backend] = []
+    try:
+        async with asyncio.timeout(60):
+            for index, setup in enumerate(snippet.setup):
+                await _run(setup, f"{snippet.page}:setup-{index}", namespace)
+            setup_backends = list(opened)
+            await _run(snippet.code, f"{snippet.page}:{snippet.line}", namespace)
+        for _ in range(3):  # let background releases run
+            await asyncio.sleep(0)
+        left_open = [b for b in opened if not b.closed and b not in setup_backends]
+        held = [f"{hold.kind} {hold.name!r}" for b in setup_backends for hold in b._holds]
+    finally:
+        for backend in opened:
+            if not backend.closed:
+                await backend.close()
+    if not snippet.is_setup:
+        assert not left_open, "the snippet left a backend open (close it, or use async with)"
     assert not held, f"the snippet left locks held: {held} (release in finally / use async with)"
+
+
+async def _run(code: str, filename: str, namespace: dict[str, Any]) -> None:
+    compiled = compile(code, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    result = eval(compiled, namespace)
+    if asyncio.iscoroutine(result):
+        await result

@@ -8,6 +8,7 @@ import random
 import httpx
 import pytest
 
+from aiolocks.testing import lose
 from examples import fastapi_app
 
 from .conftest import run_example
@@ -72,6 +73,39 @@ async def test_busy_lock_answers_409_while_payment_is_in_flight(example_url: str
     assert after.status_code == 409
     assert after.json()["detail"] == f"order {order_id} is already paid"
     assert len(gateway.charges) == 1
+
+
+@pytest.mark.asyncio
+async def test_lock_lost_during_payment_answers_503_and_leaks_nothing(example_url: str) -> None:
+    gate = asyncio.Event()  # never set: the payment stays in flight until the loss
+    gateway = fastapi_app.PaymentGateway(latency=0, gate=gate)
+    app = fastapi_app.create_app(example_url, gateway=gateway)
+    order_id = _order_id()
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://shop") as client,
+    ):
+        backend = app.state.backend
+        paying = asyncio.create_task(client.post(f"/orders/{order_id}/pay"))
+        lock = backend.mutex(f"locks/pay/order-{order_id}")
+        async with asyncio.timeout(30):
+            while not lock.is_acquired_in_this_process():
+                await asyncio.sleep(0.01)
+        await lose(lock)  # as if the session expired in the middle of the payment
+        response = await paying
+        state = await client.get(f"/orders/{order_id}")
+        assert not backend._holds, "the lost request left its lock held"
+        # the order's lock is usable again at once
+        gateway.gate = None
+        again = await client.post(f"/orders/{order_id}/pay")
+    assert response.status_code == 503
+    assert response.json()["detail"] == (
+        f"lost the lock on order {order_id} while processing the request; "
+        "the outcome is unknown: check the order before retrying"
+    )
+    assert state.json() == {"order": order_id, "paid": False}
+    assert again.status_code == 200
+    assert [charge[0] for charge in gateway.charges] == [order_id]
 
 
 @pytest.mark.asyncio

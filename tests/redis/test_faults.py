@@ -92,7 +92,8 @@ async def test_restart_mid_wait_gives_a_clear_outcome(redis_restartable: RedisSe
 
         # the holder's field vanished with the restart: lost at its next renewal
         await eventually(holder_lost, timeout=2, what="the holder to notice the loss")
-        await holder.release()  # lost: releasing does not raise
+        with pytest.raises(aiolocks.LockLostError, match="was lost while it was held"):
+            await holder.release()  # lost: the release cleans up, then reports the loss
 
 
 async def test_stalled_connection_loses_the_hold_within_the_lease(

@@ -36,6 +36,36 @@ async def test_key_deleted_before_the_first_renewal_raises_at_exit(
     assert redis_server.command("KEYS", prefix + "*") == []
 
 
+@pytest.mark.parametrize("kind", ["mutex", "semaphore_mutex"])
+async def test_key_deleted_under_the_explicit_pattern_raises_at_release(
+    redis_server: RedisServer, kind: str
+) -> None:
+    """acquire / try / finally release: the loss surfaces at ``release()``, after cleanup."""
+    prefix = f"test-release-loss-{uuid.uuid4().hex[:8]}:"
+    async with aiolocks.connect(redis_server.url, key_prefix=prefix) as backend:
+        lock = getattr(backend, kind)("gone/explicit", lease_time=30)
+        body_ran_to_the_end = False
+        with pytest.raises(aiolocks.LockLostError, match="already gone"):
+            if await lock.acquire(timeout=5):
+                try:
+                    _delete_keys(redis_server, prefix)
+                    body_ran_to_the_end = True  # nothing cancels a body outside async with
+                finally:
+                    await lock.release()
+        assert body_ran_to_the_end
+        assert lock.is_lost and not lock.is_owned_by_current_task()
+        assert not backend._holds
+        # another process takes it at once, and the next acquire clears is_lost
+        async with aiolocks.connect(redis_server.url, key_prefix=prefix) as other:
+            rival = getattr(other, kind)("gone/explicit")
+            assert await rival.acquire(timeout=0)
+            await rival.release()
+        assert await lock.acquire(timeout=5)
+        assert not lock.is_lost
+        await lock.release()
+    assert redis_server.command("KEYS", prefix + "*") == []
+
+
 async def test_a_refused_first_unlock_does_not_hide_the_loss(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

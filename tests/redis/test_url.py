@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from redis.asyncio.cluster import RedisCluster
 
 import aiolocks
 from aiolocks.redis import RedisBackend, RedlockBackend, from_url
+
+CLUSTER_PUBSUB = hasattr(RedisCluster, "pubsub")  # redis-py 8.0 and later
 
 
 @pytest.mark.parametrize(
@@ -53,7 +56,12 @@ def test_keyword_options_are_checked() -> None:
             RedisBackend,
             "redis+sentinel://a:26379,b:26380/svc/2",
         ),
-        ("redis+cluster://a:7000,b:7001", RedisBackend, "redis+cluster://a:7000,b:7001"),
+        pytest.param(
+            "redis+cluster://a:7000,b:7001",
+            RedisBackend,
+            "redis+cluster://a:7000,b:7001",
+            marks=pytest.mark.skipif(not CLUSTER_PUBSUB, reason="redis-py before 8.0"),
+        ),
         ("redlock://a:1,b:2,c:3", RedlockBackend, "redlock://a:1,b:2,c:3/0"),
     ],
 )
@@ -62,6 +70,14 @@ def test_good_urls_build_without_io(url: str, kind: type, described: str) -> Non
     assert isinstance(backend, kind)
     assert backend.url == described
     assert "secret" not in backend.url
+
+
+def test_a_cluster_url_names_the_redis_py_it_needs() -> None:
+    if CLUSTER_PUBSUB:
+        assert from_url("redis+cluster://a:7000").url == "redis+cluster://a:7000"
+    else:
+        with pytest.raises(ValueError, match=r"redis-py 8\.0"):
+            from_url("redis+cluster://a:7000")
 
 
 def test_lock_options_are_checked_at_construction() -> None:

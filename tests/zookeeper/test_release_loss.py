@@ -29,13 +29,20 @@ async def test_node_deleted_behind_our_back_raises_lock_lost(
         assert lock.is_owned_by_current_task()
 
 
-async def test_manual_release_of_a_vanished_node_does_not_raise(
-    backend: ZooKeeperBackend, observer: Any
+@pytest.mark.parametrize("kind", ["mutex", "semaphore_mutex"])
+async def test_explicit_release_of_a_vanished_node_raises_lock_lost(
+    backend: ZooKeeperBackend, observer: Any, kind: str
 ) -> None:
-    lock = backend.semaphore_mutex("behind/manual")
+    """The cron-job pattern (acquire / try / finally release) does not hide a loss."""
+    lock = getattr(backend, kind)(f"behind/manual-{kind}")
     assert await lock.acquire()
     for node in await lock_nodes(observer):
         await observer.delete(node)
-    await lock.release()  # "release() after loss does not raise"
+    with pytest.raises(aiolocks.LockLostError, match="already gone"):
+        await lock.release()
+    assert lock.is_lost  # sticky after the hold ended
+    assert not lock.is_owned_by_current_task()
+    assert await lock_nodes(observer) == []
     assert await lock.acquire(timeout=5)
+    assert not lock.is_lost
     await lock.release()

@@ -311,7 +311,8 @@ async def test_suspended_is_lost_policy(zookeeper_server: ZooKeeperServer, chroo
             await lock.acquire()
             proxy.cut()  # connection drops, session survives
             await until(lambda: lock.is_lost, what="hold lost on SUSPENDED")
-            await lock.release()  # no error after loss
+            with pytest.raises(aiolocks.LockLostError, match="suspended"):
+                await lock.release()  # cleans up, then reports the loss
             await until(lambda: a.connection_state is ConnectionState.RECONNECTED, what="back")
             assert await a.mutex(name).acquire(timeout=10)
             await a.mutex(name).release()
