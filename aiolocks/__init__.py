@@ -16,6 +16,7 @@ cancelling a task at any await point never leaks a lock.
 """
 
 from ._connect import connect as connect
+from ._core.admin import LockInfo as LockInfo
 from ._core.backend import Backend as Backend
 from ._core.doctor import DoctorReport as DoctorReport
 from ._core.doctor import Finding as Finding
@@ -64,6 +65,7 @@ __all__ = [
     "Lock",
     "LockError",
     "LockEvent",
+    "LockInfo",
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",

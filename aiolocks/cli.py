@@ -1,19 +1,27 @@
-"""The ``aiolocks`` command line: ``demo``, ``run`` and ``status``.
+"""The ``aiolocks`` command line.
 
+``aiolocks run [URL] NAME [options] -- CMD ARGS...``
+    Like ``flock(1)``, ``consul lock`` or ``etcdctl lock``, on any backend:
+    hold a lock while CMD runs in a process group of its own; signals go to
+    the whole group; if the lock is lost the group is terminated (TERM, then
+    KILL after ``--kill-after``); ``aiolocks run`` returns only when no
+    process of the group is left.
+``aiolocks elect [URL] NAME [--id ID] -- CMD ARGS...``
+    Run CMD only while this process is the leader of NAME.
+``aiolocks status [URL] NAME [--json]``
+    Holders, waiters, fencing tokens and lease TTLs of every lock kind of NAME.
+``aiolocks list [URL] [PREFIX] [--json]``
+    Every lock under PREFIX with its holders and waiters.
+``aiolocks break [URL] NAME --yes``
+    Force-release every hold of NAME (administrative).
 ``aiolocks demo [--url URL]``
-    The flash sale: a stock of N items, many concurrent buyers in several
-    worker tasks, a read-modify-write with an await in the middle. Without
-    a lock it oversells; with a mutex exactly N sales succeed.
-``aiolocks run URL NAME [--timeout S] -- CMD ARGS...``
-    Like ``flock(1)`` or ``etcdctl lock``, on any backend: hold the lock
-    while CMD runs, forward SIGINT/SIGTERM/SIGHUP to it, exit with CMD's
-    code; exit 75 when the lock was not acquired in time; if the lock is
-    lost, terminate CMD and exit 76.
-``aiolocks status URL NAME [--json]``
-    Holder, queue, fencing tokens and lease TTL of a lock.
-``aiolocks doctor URL [--json]``
+    The flash-sale demo.
+``aiolocks doctor [URL] [--json]``
     Settings of the lock service that break lock guarantees, and a live
     self-test; exit 1 when something is critical (see ``aiolocks._doctor_cli``).
+
+``URL`` may be left out when ``AIOLOCKS_URL`` is set. Exit codes are listed
+in :data:`EXIT_CODES` and in ``docs/cli.md``.
 """
 
 from __future__ import annotations
@@ -22,28 +30,140 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
+import math
 import os
 import signal
 import statistics
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, NoReturn
 
 from . import _connect, _doctor_cli
+from ._core.admin import KINDS as ADMIN_KINDS
 from ._core.backend import Backend
+from ._core.driver import Grant
 from ._core.errors import BackendUnavailableError, LockError, LockLostError, LockTimeoutError
+from ._core.leader import LeaderLatch
+from ._core.names import validate_name
+from ._procgroup import ProcessGroup, exit_status
 
-__all__ = ["EXIT_LOCK_LOST", "EXIT_NOT_ACQUIRED", "EXIT_UNAVAILABLE", "main"]
+__all__ = [
+    "EXIT_CANNOT_EXECUTE",
+    "EXIT_CODES",
+    "EXIT_COMMAND_NOT_FOUND",
+    "EXIT_LOCK_LOST",
+    "EXIT_NOT_ACQUIRED",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "main",
+]
 
-#: ``run``: the lock was not acquired within ``--timeout`` (sysexits EX_TEMPFAIL)
+#: ``run``/``elect``: the lock was not acquired in time (sysexits EX_TEMPFAIL); ``-E`` changes it
 EXIT_NOT_ACQUIRED = 75
-#: ``run``: the lock was lost while CMD ran; CMD was terminated
+#: ``run``/``elect``: the lock (leadership) was lost while CMD ran; CMD's group was stopped
 EXIT_LOCK_LOST = 76
 #: the backend could not be reached (sysexits EX_UNAVAILABLE)
 EXIT_UNAVAILABLE = 69
-#: bad arguments (sysexits EX_USAGE)
+#: bad arguments or options (sysexits EX_USAGE)
 EXIT_USAGE = 64
+#: ``run``/``elect``: CMD was found but cannot be executed (as in the shell)
+EXIT_CANNOT_EXECUTE = 126
+#: ``run``/``elect``: CMD was not found (as in the shell)
+EXIT_COMMAND_NOT_FOUND = 127
+#: any other lock error
+EXIT_LOCK_ERROR = 1
+
+#: every exit status the command line uses, with its meaning
+EXIT_CODES: dict[int, str] = {
+    0: "success (run/elect: CMD exited 0)",
+    EXIT_LOCK_ERROR: "a lock error (status/list/break), or CMD's own status 1",
+    EXIT_USAGE: "bad arguments, options or URL",
+    EXIT_UNAVAILABLE: "the backend could not be reached",
+    EXIT_NOT_ACQUIRED: "run/elect: not acquired in time (-n, -w); -E N changes it",
+    EXIT_LOCK_LOST: "run/elect: the lock (leadership) was lost; CMD's process group was stopped",
+    EXIT_CANNOT_EXECUTE: "run/elect: CMD cannot be executed",
+    EXIT_COMMAND_NOT_FOUND: "run/elect: CMD not found",
+}
+
+#: ``--kill-after`` default: seconds between TERM and KILL when the lock is lost
+DEFAULT_KILL_AFTER = 10.0
+
+URL_ENV = "AIOLOCKS_URL"
+"""Environment variable read when the URL argument is left out."""
+
+
+class UsageError(Exception):
+    """Bad command-line input; exit status 64."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error exits 64 (EX_USAGE) instead of 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _seconds(text: str) -> float:
+    """A ``--timeout``/``--kill-after`` value: seconds >= 0, or ``inf``/``forever``."""
+    if text.strip().lower() in ("inf", "forever", "infinity"):
+        return math.inf
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected seconds >= 0 or 'forever', got {text!r}"
+        ) from None
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 or 'forever', got {text!r}")
+    return value
+
+
+def _exit_code(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an exit status 0-255, got {text!r}") from None
+    if not 0 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"expected an exit status 0-255, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _url_and(
+    command: str, positionals: list[str], what: str, *, optional_second: bool = False
+) -> tuple[str, str | None]:
+    """Split ``[URL] NAME`` (or ``[URL] [PREFIX]``); the URL comes from AIOLOCKS_URL if left out."""
+    env_url = os.environ.get(URL_ENV, "")
+    if len(positionals) == 2:
+        return positionals[0], positionals[1]
+    if len(positionals) == 1:
+        if "://" in positionals[0]:  # never part of a valid lock name
+            if optional_second:
+                return positionals[0], None
+            raise UsageError(f"{what} is missing (after the URL {positionals[0]!r})")
+        if not env_url:
+            raise UsageError(f"the backend URL is missing: give it before {what} or set {URL_ENV}")
+        return env_url, positionals[0]
+    if not positionals:
+        if optional_second and env_url:
+            return env_url, None
+        if optional_second:
+            raise UsageError(f"the backend URL is missing: give it or set {URL_ENV}")
+        raise UsageError(f"{what} is missing")
+    raise UsageError(f"too many arguments: {' '.join(positionals)!r} (commands go after '--')")
 
 
 # -- demo ---------------------------------------------------------------------
@@ -131,63 +251,263 @@ async def _demo(url: str, workers: int, stock: int, buyers: int) -> int:
     return 0 if ok else 1
 
 
-# -- run ----------------------------------------------------------------------
+# -- run and elect --------------------------------------------------------------
+
+#: ``--kind`` values of ``run``: the Python factory each one matches
+KINDS: dict[str, str] = {
+    "mutex": "backend.mutex(NAME)",
+    "semaphore-mutex": "backend.semaphore_mutex(NAME)",
+    "write": "backend.read_write_lock(NAME).write",
+    "read": "backend.read_write_lock(NAME).read",
+    "semaphore": "backend.semaphore(NAME, max_leases=N)",
+}
+
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-async def _run(url: str, name: str, timeout: float | None, command: list[str]) -> int:
-    async with _connect.connect(url) as backend:
-        lock = backend.mutex(name)
-        if not await lock.acquire(timeout=timeout):
-            print(f"aiolocks run: lock {name!r} not acquired within {timeout} s", file=sys.stderr)
-            return EXIT_NOT_ACQUIRED
-        try:
-            return await _run_holding(lock, command)
-        finally:
-            await lock.release()
+@dataclass
+class _RunOptions:
+    url: str
+    name: str
+    kind: str
+    limit: int | None
+    timeout: float | None
+    conflict_exit_code: int
+    kill_after: float
+    command: list[str]
+    verbose: bool = False
 
 
-async def _run_holding(lock: object, command: list[str]) -> int:
-    from ._core.locks import Lock
+class _Signals:
+    """SIGTERM/SIGINT/SIGHUP for ``run``/``elect``, by phase.
 
-    assert isinstance(lock, Lock)
+    While waiting for the lock, a signal cancels the wait (nothing is held
+    afterwards, nothing was started) and the exit status is 128+N. While
+    CMD starts, a signal is kept and sent as soon as the group exists. While
+    CMD runs, a signal goes to its whole process group; after TERM or INT,
+    a group still alive ``kill_after`` seconds later gets KILL.
+    """
+
+    def __init__(self, kill_after: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._kill_after = kill_after
+        self.received: int | None = None
+        self.group: ProcessGroup | None = None
+        self.starting = False
+        self._pending: list[int] = []
+        self._escalation: asyncio.TimerHandle | None = None
+
+    def install(self) -> None:
+        for sig in _FORWARDED:
+            self._loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def remove(self) -> None:
+        for sig in _FORWARDED:
+            self._loop.remove_signal_handler(sig)
+        if self._escalation is not None:
+            self._escalation.cancel()
+
+    def _on_signal(self, sig: int) -> None:
+        if self.received is None:
+            self.received = sig
+        if self.group is not None:
+            self._forward(sig)
+        elif self.starting:
+            self._pending.append(sig)
+        elif self._task is not None:
+            self._task.cancel(f"aiolocks: signal {signal.Signals(sig).name}")
+
+    def started(self, group: ProcessGroup) -> None:
+        self.group = group
+        self.starting = False
+        pending, self._pending = self._pending, []
+        for sig in pending:
+            self._forward(sig)
+
+    def _forward(self, sig: int) -> None:
+        group = self.group
+        assert group is not None
+        group.signal(sig)
+        if sig != signal.SIGHUP and self._escalation is None and math.isfinite(self._kill_after):
+            self._escalation = self._loop.call_later(self._kill_after, group.signal, signal.SIGKILL)
+
+
+def _child_env(name: str, kind: str, token: int | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["AIOLOCKS_LOCK_NAME"] = name
+    env["AIOLOCKS_LOCK_KIND"] = kind
+    if token is not None:
+        env["AIOLOCKS_FENCING_TOKEN"] = str(token)
+    else:
+        env.pop("AIOLOCKS_FENCING_TOKEN", None)
+    return env
+
+
+async def _start_group(signals: _Signals, command: list[str], env: dict[str, str]) -> ProcessGroup:
+    signals.starting = True
     try:
-        proc = await asyncio.create_subprocess_exec(*command)
+        group = await ProcessGroup.start(command, env)
+    except BaseException:
+        signals.starting = False
+        raise
+    signals.started(group)
+    return group
+
+
+def _start_error(command: str, exc: OSError) -> int:
+    print(f"aiolocks: cannot execute {command!r}: {exc.strerror or exc}", file=sys.stderr)
+    if isinstance(exc, FileNotFoundError):
+        return EXIT_COMMAND_NOT_FOUND
+    return EXIT_CANNOT_EXECUTE
+
+
+async def _run_in_group(
+    signals: _Signals, command: list[str], env: dict[str, str], kill_after: float
+) -> int:
+    """Run ``command`` in its own group until the whole group is gone.
+
+    If this task is cancelled (the core cancels an ``async with`` body whose
+    hold is lost), the group is stopped (TERM, KILL after ``kill_after``)
+    *before* the cancellation goes on, so nothing of it outlives the lock by
+    more than ``kill_after`` seconds.
+    """
+    try:
+        group = await _start_group(signals, command, env)
     except OSError as exc:
-        print(f"aiolocks run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
-        return 127 if isinstance(exc, FileNotFoundError) else 126
-    loop = asyncio.get_running_loop()
-    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def forward(sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
-
-    for sig in forwarded:
-        loop.add_signal_handler(sig, forward, sig)
+        return _start_error(command[0], exc)
     try:
-        try:
-            async with lock.hold():  # re-entry: registers the body for loss cancellation
-                return await proc.wait()
-        except LockLostError as exc:
-            print(f"aiolocks run: {exc}; terminating the command", file=sys.stderr)
-            await _terminate(proc)
-            return EXIT_LOCK_LOST
+        return exit_status(await group.wait())
+    except BaseException:
+        if group.alive():
+            print(
+                f"aiolocks: stopping the command (process group {group.pgid}): "
+                f"TERM, KILL after {kill_after:g} s",
+                file=sys.stderr,
+            )
+            await group.terminate(kill_after)
+        raise
+
+
+def _primitive_hold(
+    backend: Backend, opts: _RunOptions
+) -> contextlib.AbstractAsyncContextManager[object]:
+    name, timeout = opts.name, opts.timeout
+    if opts.kind == "mutex":
+        return backend.mutex(name).hold(timeout=timeout)
+    if opts.kind == "semaphore-mutex":
+        return backend.semaphore_mutex(name).hold(timeout=timeout)
+    if opts.kind == "write":
+        return backend.read_write_lock(name).write.hold(timeout=timeout)
+    if opts.kind == "read":
+        return backend.read_write_lock(name).read.hold(timeout=timeout)
+    assert opts.kind == "semaphore"
+    assert opts.limit is not None
+    return backend.semaphore(name, max_leases=opts.limit).lease(timeout=timeout)
+
+
+async def _run(opts: _RunOptions) -> int:
+    signals = _Signals(opts.kill_after)
+    signals.install()
+    try:
+        async with _connect.connect(opts.url) as backend:
+            held_cm = _primitive_hold(backend, opts)
+            try:
+                async with held_cm as held:
+                    token = getattr(held, "fencing_token", None)
+                    if opts.verbose:
+                        print(
+                            f"aiolocks run: holding {opts.kind} {opts.name!r} "
+                            f"(fencing token {token})",
+                            file=sys.stderr,
+                        )
+                    env = _child_env(opts.name, opts.kind, token)
+                    return await _run_in_group(signals, opts.command, env, opts.kill_after)
+            except LockTimeoutError:
+                print(
+                    f"aiolocks run: {opts.kind} {opts.name!r} is busy"
+                    + ("" if opts.timeout == 0 else f" (waited {opts.timeout:g} s)"),
+                    file=sys.stderr,
+                )
+                return opts.conflict_exit_code
+            except LockLostError as exc:
+                print(f"aiolocks run: {exc}", file=sys.stderr)
+                return EXIT_LOCK_LOST
+    except asyncio.CancelledError:
+        if signals.received is not None and signals.group is None:
+            return 128 + signals.received
+        raise
     finally:
-        for sig in forwarded:
-            loop.remove_signal_handler(sig)
-        if proc.returncode is None:
-            await _terminate(proc)
+        signals.remove()
 
 
-async def _terminate(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        proc.terminate()
+async def _leadership(latch: LeaderLatch, timeout: float | None) -> bool:
+    """Wait for leadership; with ``timeout=0``, until it is clear who leads.
+
+    A latch queues in the background, so "try once" means: lead, or see
+    another participant lead.
+    """
+    if timeout != 0:
+        return await latch.wait_for_leadership(timeout=timeout)
+    while True:
+        if await latch.wait_for_leadership(timeout=0.1):
+            return True
+        for participant in await latch.participants():
+            if participant.is_holder and participant.id != latch.participant_id:
+                return False
+
+
+async def _elect(opts: _RunOptions, participant_id: str | None) -> int:
+    signals = _Signals(opts.kill_after)
+    signals.install()
     try:
-        await asyncio.wait_for(proc.wait(), 5)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+        async with (
+            _connect.connect(opts.url) as backend,
+            backend.leader_latch(opts.name, participant_id=participant_id) as latch,
+        ):
+            if not await _leadership(latch, opts.timeout):
+                print(
+                    f"aiolocks elect: not leader of {opts.name!r}"
+                    + ("" if opts.timeout == 0 else f" within {opts.timeout:g} s"),
+                    file=sys.stderr,
+                )
+                return opts.conflict_exit_code
+            hold = latch._hold
+            assert hold is not None
+            grant = hold.grant
+            env = _child_env(opts.name, "leader", latch.fencing_token)
+            runner = asyncio.ensure_future(
+                _run_in_group(signals, opts.command, env, opts.kill_after)
+            )
+            lost: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+
+            def on_lost(lost_grant: Grant) -> None:
+                if not lost.done():
+                    lost.set_result(lost_grant.lost_reason)
+
+            grant.add_loss_listener(on_lost)
+            try:
+                either: set[asyncio.Future[Any]] = {runner, lost}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                runner.cancel()
+                await asyncio.wait([runner])
+                raise
+            if runner.done():
+                return runner.result()
+            print(
+                f"aiolocks elect: leadership of {opts.name!r} lost: {lost.result()}",
+                file=sys.stderr,
+            )
+            runner.cancel()  # stops the group: TERM, then KILL after --kill-after
+            await asyncio.wait([runner])
+            return EXIT_LOCK_LOST
+    except asyncio.CancelledError:
+        if signals.received is not None and signals.group is None:
+            return 128 + signals.received
+        raise
+    finally:
+        signals.remove()
 
 
 # -- status -------------------------------------------------------------------
@@ -230,72 +550,447 @@ async def _status(url: str, name: str, as_json: bool) -> int:
     return 0
 
 
-# -- entry point --------------------------------------------------------------
+# -- list and break -------------------------------------------------------------------
+
+
+async def _list(url: str, prefix: str, as_json: bool) -> int:
+    async with _connect.connect(url) as backend:
+        locks = await backend.list_locks(prefix)
+    if as_json:
+        report = {
+            "url": backend.url,
+            "prefix": prefix,
+            "locks": [
+                {
+                    "name": info.name,
+                    "kind": info.kind,
+                    "participants": [asdict(p) for p in info.participants],
+                }
+                for info in locks
+            ],
+        }
+        print(json.dumps(report, indent=2))
+        return 0
+    if not locks:
+        print(f"no lock in use under {prefix!r} on {backend.url}")
+        return 0
+    print(f"{'kind':<16} {'holders':>7} {'waiting':>7} {'tokens':<16} name")
+    for info in locks:
+        holders = [p for p in info.participants if p.is_holder]
+        tokens = ",".join(str(p.fencing_token) for p in holders if p.fencing_token is not None)
+        waiting = len(info.participants) - len(holders)
+        print(f"{info.kind:<16} {len(holders):>7} {waiting:>7} {tokens or '-':<16} {info.name}")
+    return 0
+
+
+async def _break(url: str, name: str, kind: str | None) -> int:
+    async with _connect.connect(url) as backend:
+        removed = await backend.force_release(name, kind)
+    what = "every kind" if kind is None else kind
+    print(f"{name!r} ({what}) on {backend.url}: {removed} hold(s) removed")
+    return 0
+
+
+# -- entry point ------------------------------------------------------------------
+
+_MAIN_EPILOG = """\
+URL is a backend URL such as memory://, zk://127.0.0.1:2181,
+redis://127.0.0.1:6379/0 (see the README); it may be left out when
+AIOLOCKS_URL is set.
+
+exit status: 0 success; run/elect: CMD's own status, 128+N if CMD died of
+signal N, 75 not acquired in time (-E N to change), 76 lock lost (CMD's
+process group stopped), 126 CMD cannot be executed, 127 CMD not found;
+64 bad usage, 69 backend unreachable, 1 other lock errors.
+"""
+
+_RUN_DESCRIPTION = """\
+Run CMD while holding a lock, like flock(1), consul lock or etcdctl lock.
+CMD runs in a process group of its own. SIGTERM, SIGINT and SIGHUP sent to
+aiolocks run go to the whole group (after TERM or INT, KILL follows
+--kill-after seconds later if the group is still there). If the lock is
+lost, the group gets TERM, then KILL after --kill-after seconds, and the
+exit status is 76. aiolocks run returns only when no process of the group
+is left. A signal that arrives while still waiting for the lock stops the
+wait: nothing is held and CMD is not started (exit 128+N).
+
+CMD finds AIOLOCKS_LOCK_NAME, AIOLOCKS_LOCK_KIND and AIOLOCKS_FENCING_TOKEN
+in its environment; pass the token on to the storage you protect.
+
+By default run waits for the lock as long as it takes (like flock); in
+cron use -n (skip this run when busy) or -w SECONDS.
+"""
+
+_RUN_EPILOG = """\
+kinds (--kind) and the Python lock each one excludes:
+  mutex            backend.mutex(NAME)   (default)
+  semaphore-mutex  backend.semaphore_mutex(NAME)
+  write            backend.read_write_lock(NAME).write
+  read             backend.read_write_lock(NAME).read   (same as -s)
+  semaphore        backend.semaphore(NAME, max_leases=N) (same as --limit N)
+
+examples:
+  aiolocks run redis://127.0.0.1:6379/0 jobs/backup -- ./backup.sh
+  aiolocks run -n zk://127.0.0.1:2181 jobs/nightly -- make report   # skip if busy: exit 75
+  aiolocks run -w 30 -E 0 $URL jobs/sync -- rsync -a src/ dst/      # busy is not an error
+  aiolocks run -s $URL config/pricing -- ./read-config.sh           # shared (read) hold
+  aiolocks run --limit 3 $URL limits/encoder -- ffmpeg -i in out    # one of 3 slots
+  AIOLOCKS_URL=redis://127.0.0.1:6379/0 aiolocks run jobs/backup -- ./backup.sh
+
+crontab (every 5 minutes, skipped while the previous run still holds the lock):
+  */5 * * * * AIOLOCKS_URL=redis://10.0.0.5:6379/0 aiolocks run -n jobs/report -- /opt/report.sh
+"""
+
+_ELECT_DESCRIPTION = """\
+Run CMD only while this process is the leader of NAME (like etcdctl elect).
+Waits for leadership (as long as it takes unless -n/-w), then runs CMD in a
+process group of its own with the process handling of 'aiolocks run'. If
+leadership is lost, the group gets TERM, then KILL after --kill-after
+seconds, and the exit status is 76.
+"""
+
+_ELECT_EPILOG = """\
+examples:
+  aiolocks elect zk://127.0.0.1:2181 leaders/scheduler --id host-a -- ./scheduler
+  aiolocks elect -n $URL leaders/cron -- ./job.sh      # exit 75 if another one leads
+"""
+
+
+def _add_url_name(parser: argparse.ArgumentParser, second: str, help_second: str) -> None:
+    parser.add_argument(
+        "positionals",
+        nargs="*",
+        metavar=f"[URL] {second}",
+        help=f"backend URL (or set {URL_ENV}), then {help_second}",
+    )
+
+
+def _add_wait_options(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "-n",
+        "--nonblock",
+        action="store_true",
+        help=f"do not wait: if {what} is busy, exit 75 (or -E) at once",
+    )
+    parser.add_argument(
+        "-w",
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help=f"wait at most SECONDS for {what}, then exit 75 (or -E); "
+        "default: wait as long as it takes ('forever')",
+    )
+    parser.add_argument(
+        "-E",
+        "--conflict-exit-code",
+        type=_exit_code,
+        default=EXIT_NOT_ACQUIRED,
+        metavar="N",
+        help=f"exit status when {what} was not acquired (default {EXIT_NOT_ACQUIRED})",
+    )
+    parser.add_argument(
+        "--kill-after",
+        type=_seconds,
+        default=DEFAULT_KILL_AFTER,
+        metavar="SECONDS",
+        help="seconds between TERM and KILL when CMD's group is stopped "
+        f"(default {DEFAULT_KILL_AFTER:g})",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="say on stderr when the lock is held"
+    )
+
+
+def _setup_run(parser: argparse.ArgumentParser) -> None:
+    _add_url_name(parser, "NAME", "the lock name, e.g. jobs/backup")
+    _add_wait_options(parser, "the lock")
+    parser.add_argument(
+        "-k",
+        "--kind",
+        choices=sorted(KINDS),
+        default=None,
+        help="which lock to take (default: mutex); see below",
+    )
+    parser.add_argument(
+        "-s", "--shared", action="store_true", help="take the read (shared) half: --kind read"
+    )
+    parser.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="take one lease of a semaphore of N: up to N commands run at once",
+    )
+
+
+def _setup_elect(parser: argparse.ArgumentParser) -> None:
+    _add_url_name(parser, "NAME", "the election name, e.g. leaders/cron")
+    _add_wait_options(parser, "leadership")
+    parser.add_argument(
+        "--id", default=None, help="participant id shown by status/list (default: random)"
+    )
+
+
+def _run_options(command_name: str, args: argparse.Namespace, command: list[str]) -> _RunOptions:
+    url, name = _url_and(command_name, args.positionals, "NAME")
+    assert name is not None
+    name = validate_name(name)  # a bad name is a usage error before any I/O
+    _connect.backend_from_url(url)  # so is a bad URL
+    if not command:
+        raise UsageError(f"no command given: aiolocks {command_name} [URL] NAME -- CMD [ARGS...]")
+    if args.nonblock and args.timeout is not None:
+        raise UsageError("-n/--nonblock and -w/--timeout exclude each other")
+    timeout: float | None = 0.0 if args.nonblock else args.timeout
+    if timeout is not None and math.isinf(timeout):
+        timeout = None
+    kind = getattr(args, "kind", None)
+    limit = getattr(args, "limit", None)
+    if getattr(args, "shared", False):
+        if kind not in (None, "read"):
+            raise UsageError(f"-s/--shared takes the read half; it excludes --kind {kind}")
+        kind = "read"
+    if limit is not None:
+        if kind not in (None, "semaphore"):
+            raise UsageError(f"--limit N takes a semaphore lease; it excludes --kind {kind}")
+        kind = "semaphore"
+    if kind == "semaphore" and limit is None:
+        raise UsageError("--kind semaphore needs --limit N (the number of leases)")
+    return _RunOptions(
+        url=url,
+        name=name,
+        kind=kind or "mutex",
+        limit=limit,
+        timeout=timeout,
+        conflict_exit_code=args.conflict_exit_code,
+        kill_after=args.kill_after,
+        command=command,
+        verbose=args.verbose,
+    )
+
+
+def _cmd_run(args: argparse.Namespace, command: list[str]) -> int:
+    return asyncio.run(_run(_run_options("run", args, command)))
+
+
+def _cmd_elect(args: argparse.Namespace, command: list[str]) -> int:
+    return asyncio.run(_elect(_run_options("elect", args, command), args.id))
+
+
+def _setup_status(parser: argparse.ArgumentParser) -> None:
+    _add_url_name(parser, "NAME", "the lock name")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _cmd_status(args: argparse.Namespace, command: list[str]) -> int:
+    url, name = _url_and("status", args.positionals, "NAME")
+    assert name is not None
+    return asyncio.run(_status(url, name, args.json))
+
+
+def _setup_list(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "positionals",
+        nargs="*",
+        metavar="[URL] [PREFIX]",
+        help=f"backend URL (or set {URL_ENV}), then a name prefix such as jobs/ (default: all)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _cmd_list(args: argparse.Namespace, command: list[str]) -> int:
+    url, prefix = _url_and("list", args.positionals, "PREFIX", optional_second=True)
+    return asyncio.run(_list(url, prefix or "", args.json))
+
+
+def _setup_break(parser: argparse.ArgumentParser) -> None:
+    _add_url_name(parser, "NAME", "the lock name")
+    parser.add_argument(
+        "--yes", action="store_true", help="really remove the holds (required: no undo)"
+    )
+    parser.add_argument(
+        "-k",
+        "--kind",
+        choices=list(ADMIN_KINDS),
+        default=None,
+        help="only this kind of lock (default: every kind of NAME)",
+    )
+
+
+def _cmd_break(args: argparse.Namespace, command: list[str]) -> int:
+    url, name = _url_and("break", args.positionals, "NAME")
+    assert name is not None
+    name = validate_name(name)
+    if not args.yes:
+        raise UsageError(
+            f"this removes every hold of {name!r}; the holders lose the lock. Add --yes to do it."
+        )
+    return asyncio.run(_break(url, name, args.kind))
+
+
+def _setup_demo(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="memory://", help="backend URL (default: memory://)")
+    parser.add_argument("--workers", type=_positive_int, default=8, help="worker tasks (default 8)")
+    parser.add_argument("--stock", type=_positive_int, default=100, help="items (default 100)")
+    parser.add_argument("--buyers", type=_positive_int, default=300, help="buyers (default 300)")
+
+
+def _cmd_demo(args: argparse.Namespace, command: list[str]) -> int:
+    return asyncio.run(_demo(args.url, args.workers, args.stock, args.buyers))
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One ``aiolocks`` subcommand: its parser setup and its handler."""
+
+    name: str
+    help: str
+    setup: Callable[[argparse.ArgumentParser], None]
+    handler: Callable[[argparse.Namespace, list[str]], int]
+    description: str | None = None
+    epilog: str | None = None
+    #: takes ``-- CMD ARGS...``
+    takes_command: bool = False
+    #: builds its own parser on the subparsers (instead of ``setup``)
+    register: Callable[[Any], argparse.ArgumentParser] | None = None
+
+
+#: The subcommands, in ``--help`` order. Add a row to add one.
+SUBCOMMANDS: list[Subcommand] = [
+    Subcommand(
+        "run",
+        "run a command while holding a lock",
+        _setup_run,
+        _cmd_run,
+        _RUN_DESCRIPTION,
+        _RUN_EPILOG,
+        takes_command=True,
+    ),
+    Subcommand(
+        "elect",
+        "run a command only while leader",
+        _setup_elect,
+        _cmd_elect,
+        _ELECT_DESCRIPTION,
+        _ELECT_EPILOG,
+        takes_command=True,
+    ),
+    Subcommand(
+        "status",
+        "holders and waiters of a lock",
+        _setup_status,
+        _cmd_status,
+        "Holders, waiters, fencing tokens and lease TTLs of every lock kind of NAME.",
+        "example:\n  aiolocks status --json redis://127.0.0.1:6379/0 jobs/backup\n",
+    ),
+    Subcommand(
+        "list",
+        "every lock in use under a prefix",
+        _setup_list,
+        _cmd_list,
+        "Every lock under PREFIX that has holders or waiters, with its kind.",
+        "examples:\n  aiolocks list redis://127.0.0.1:6379/0 jobs/\n"
+        "  aiolocks list --json zk://127.0.0.1:2181\n",
+    ),
+    Subcommand(
+        "break",
+        "force-release a lock (administrative)",
+        _setup_break,
+        _cmd_break,
+        "Remove every hold of NAME (Redisson's forceUnlock). The former holders see\n"
+        "LockLostError: on memory:// at once, on Redis at their next lease renewal\n"
+        "(within a third of lease_time), on ZooKeeper when they release. An\n"
+        "'aiolocks run' holding it then exits 76 (on Redis its command is stopped\n"
+        "at that renewal; on ZooKeeper only when the command ends by itself).",
+        "example:\n  aiolocks break redis://127.0.0.1:6379/0 jobs/backup --yes\n",
+    ),
+    Subcommand(
+        "demo",
+        "the flash-sale demo",
+        _setup_demo,
+        _cmd_demo,
+        "The flash sale: without a lock it oversells, with a mutex it never does.",
+    ),
+    Subcommand(
+        "doctor",
+        "check the lock service's settings",
+        lambda parser: None,
+        lambda args, command: _doctor_cli.run(args),
+        register=_doctor_cli.add_parser,
+    ),
+]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="aiolocks", description="Distributed locks for asyncio: demo, run, status."
+    parser = _Parser(
+        prog="aiolocks",
+        description="Distributed locks for asyncio, from the command line.",
+        epilog=_MAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="the flash-sale demo")
-    demo.add_argument("--url", default="memory://", help="backend URL (default: memory://)")
-    demo.add_argument("--workers", type=int, default=8, help="worker tasks (default 8)")
-    demo.add_argument("--stock", type=int, default=100, help="items in stock (default 100)")
-    demo.add_argument("--buyers", type=int, default=300, help="buyers (default 300)")
-    run = sub.add_parser("run", help="run a command while holding a lock")
-    run.add_argument("url")
-    run.add_argument("name")
-    run.add_argument("--timeout", type=float, default=None, help="seconds to wait for the lock")
-    run.epilog = "Everything after '--' is the command to run."
-    status = sub.add_parser("status", help="show holder and queue of a lock")
-    status.add_argument("url")
-    status.add_argument("name")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    _doctor_cli.add_parser(sub)
+    sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    for spec in SUBCOMMANDS:
+        if spec.register is not None:  # a command that builds its own parser
+            child = spec.register(sub)
+        else:
+            usage = None
+            if spec.takes_command:
+                usage = f"aiolocks {spec.name} [options] [URL] NAME -- CMD [ARGS...]"
+            child = sub.add_parser(
+                spec.name,
+                help=spec.help,
+                description=spec.description,
+                epilog=spec.epilog,
+                usage=usage,
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+            spec.setup(child)
+        child.set_defaults(_spec=spec)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``aiolocks`` console script."""
+    """Entry point of the ``aiolocks`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
-    args = _parser().parse_args(argv)
-    if args.command != "run" and command:
-        print(f"aiolocks {args.command}: unexpected arguments after '--'", file=sys.stderr)
-        return EXIT_USAGE
-    if args.command == "doctor":
-        return _doctor_cli.run(args)
+    parser = _parser()
     try:
-        if args.command == "demo":
-            for option in ("workers", "stock", "buyers"):
-                if getattr(args, option) < 1:
-                    print(f"aiolocks demo: --{option} must be >= 1", file=sys.stderr)
-                    return EXIT_USAGE
-            return asyncio.run(_demo(args.url, args.workers, args.stock, args.buyers))
-        if args.command == "run":
-            if not command:
-                print("aiolocks run: no command given (URL NAME -- CMD)", file=sys.stderr)
-                return EXIT_USAGE
-            return asyncio.run(_run(args.url, args.name, args.timeout, command))
-        return asyncio.run(_status(args.url, args.name, args.json))
-    except ValueError as exc:
-        print(f"aiolocks {args.command}: {exc}", file=sys.stderr)
+        args, extras = parser.parse_known_args(argv)
+        # options may come between URL and NAME: argparse leaves what follows them over
+        if extras and all(not e.startswith("-") for e in extras) and "positionals" in args:
+            args.positionals = [*args.positionals, *extras]
+        elif extras:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    except SystemExit as exc:  # --help (0) or a usage error (64)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    spec: Subcommand = args._spec
+    if not logging.getLogger().handlers:  # the library's warnings, e.g. a lost hold
+        logging.basicConfig(format=f"aiolocks {spec.name}: %(message)s", level=logging.WARNING)
+    if command and not spec.takes_command:
+        print(f"aiolocks {spec.name}: unexpected arguments after '--'", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return spec.handler(args, command)
+    except (UsageError, ValueError) as exc:
+        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BackendUnavailableError as exc:
-        print(f"aiolocks {args.command}: {exc}", file=sys.stderr)
+        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     except LockTimeoutError as exc:
-        print(f"aiolocks {args.command}: {exc}", file=sys.stderr)
+        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
         return EXIT_NOT_ACQUIRED
     except LockError as exc:
-        print(f"aiolocks {args.command}: {exc}", file=sys.stderr)
-        return 1
+        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
+        return EXIT_LOCK_ERROR
+    except NotImplementedError as exc:  # list/break on a backend without admin support
+        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
+        return EXIT_LOCK_ERROR
     except KeyboardInterrupt:
-        return 130
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,16 +12,29 @@ Metrics (labels ``backend`` and ``kind``; add ``name`` with
 - ``aiolocks_holds_lost_total``, ``aiolocks_holds_orphaned_total``
 - ``aiolocks_lease_renewals_total``
 - ``aiolocks_holds`` (gauge): holds granted and not yet released
+- ``aiolocks_acquire_errors_total`` (labels ``backend``, ``kind``, ``error``): acquires
+  that raised, by error class (``BackendUnavailableError``...)
+- ``aiolocks_connection_state`` (gauge, labels ``backend``, ``state``): 1 for the
+  backend's current connection state, 0 for the others; for backends that
+  report connection states (ZooKeeper), once :meth:`PrometheusHook.attach`
+  or :meth:`PrometheusHook.watch_connection` was called
+
+>>> hook = PrometheusHook()  # doctest: +SKIP
+>>> hook.attach(backend)  # event hook + connection state  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Callable
 from typing import TYPE_CHECKING, final
 
 from ._core.events import LockEvent
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from ._core.backend import Backend
 
 __all__ = ["PrometheusHook"]
 
@@ -123,6 +136,57 @@ class PrometheusHook:
             registry=reg,
         )
 
+        self.errors = prometheus_client.Counter(
+            "acquire_errors",
+            "Acquires that raised, by error class.",
+            [*labels, "error"],
+            namespace=namespace,
+            registry=reg,
+        )
+        self.connection_state = prometheus_client.Gauge(
+            "connection_state",
+            "1 for the current connection state of a backend, 0 for the others.",
+            ["backend", "state"],
+            namespace=namespace,
+            registry=reg,
+        )
+
+    def attach(self, backend: Backend) -> Callable[[], None]:
+        """Record ``backend``'s events and connection state; returns a function that stops both."""
+        backend.add_event_hook(self)
+        stop_watching = self.watch_connection(backend)
+
+        def detach() -> None:
+            backend.remove_event_hook(self)
+            stop_watching()
+
+        return detach
+
+    def watch_connection(self, backend: Backend) -> Callable[[], None]:
+        """Keep ``aiolocks_connection_state`` current for ``backend``; returns a remover.
+
+        Backends without connection states (``memory://``, Redis, whose
+        client reconnects per command) are ignored: the remover does nothing.
+        """
+        add_listener = getattr(backend, "add_connection_listener", None)
+        if add_listener is None:
+            return lambda: None
+        url = backend.url
+        current = getattr(backend, "connection_state", None)
+
+        def record(state: object) -> None:
+            states = type(state) if isinstance(state, enum.Enum) else None
+            if states is not None:
+                for member in states:
+                    self.connection_state.labels(url, str(member.value)).set(0)
+            value = state.value if isinstance(state, enum.Enum) else state
+            self.connection_state.labels(url, str(value)).set(1)
+
+        if current is not None:
+            record(current)
+        remover: Callable[[], None] = add_listener(record)
+        return remover
+
     def __call__(self, event: LockEvent) -> None:
         """Record one event."""
         values = [event.backend, event.lock_kind]
@@ -136,6 +200,8 @@ class PrometheusHook:
             self.timeouts.labels(*values).inc()
         elif kind == "cancelled":
             self.cancelled.labels(*values).inc()
+        elif kind == "failed":
+            self.errors.labels(*values, event.reason or "unknown").inc()
         elif kind == "renewed":
             self.renewals.labels(*values).inc()
         elif kind == "lost":

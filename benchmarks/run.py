@@ -40,6 +40,7 @@ from typing import Any
 from aiolocks.testing import RedisServer, ServerError, ZooKeeperServer
 
 from . import _report
+from ._memory import memory_per_waiter
 from ._peers import CONTENDERS, Contender
 from ._scenarios import (
     Session,
@@ -82,16 +83,21 @@ class Plan:
     many_locks: int
     lease_s: float
     window_s: float
+    #: waiters for the memory-per-waiting-task measurement: memory://, then each server
+    memory_waiters: tuple[int, int] = (2000, 500)
 
 
 PLANS: dict[str, Plan] = {
     # For the test suite: checks the plumbing, not the numbers.
-    "smoke": Plan(2, 20, 3, 10, 1, 2, 2, 1.0, 0.001, 0.005, 2, 1, 1.0, 1, 20, 200, 3.0, 3.0),
+    "smoke": Plan(
+        2, 20, 3, 10, 1, 2, 2, 1.0, 0.001, 0.005, 2, 1, 1.0, 1, 20, 200, 3.0, 3.0, (50, 20)
+    ),
     "quick": Plan(3, 100, 10, 50, 2, 3, 3, 2.0, 0.001, 0.005, 4, 1, 2.0, 1, 200, 2000, 3.0, 3.0),
     # Contended rounds vary by +-10 % with the machine; 5 of them keep the
     # median steady enough to compare libraries a few percent apart.
     "full": Plan(
-        9, 1000, 20, 100, 5, 4, 4, 4.0, 0.001, 0.005, 4, 1, 4.0, 3, 250, 10_000, 10.0, 10.0
+        9, 1000, 20, 100, 5, 4, 4, 4.0, 0.001, 0.005, 4, 1, 4.0, 3, 250, 10_000, 10.0, 10.0,
+        (10_000, 2000),
     ),
 }
 
@@ -157,6 +163,7 @@ async def run(
         "handoff": {},
         "many_waiters": {},
         "many_locks": {},
+        "memory_per_waiter": {},
     }
     contenders: list[Contender] = []
     zk_reason = _zookeeper_unavailable() if "zookeeper" in services else "not requested"
@@ -358,6 +365,17 @@ async def run(
             "not compared: redis-py, pottery and aioredlock have no lease renewal; "
             "python-redis-lock's auto_renewal runs one thread per lock"
         )
+
+        # ---------------------------------------------------------------- memory per waiter
+        local_n, server_n = plan.memory_waiters
+        targets = [("memory", "memory://", local_n)]
+        targets += [(svc, urls[svc], server_n) for svc in ("redis", "zookeeper") if svc in urls]
+        for service, url, n in targets:
+            _log(f"memory per waiting task: {service}, {n} waiters")
+            try:
+                doc["memory_per_waiter"][service] = await memory_per_waiter(url, n)
+            except Exception as exc:
+                doc["memory_per_waiter"][service] = {"error": f"{type(exc).__name__}: {exc}"}
 
     _add_ratios(doc)
     doc["targets"] = _targets(doc, plan)
@@ -607,6 +625,22 @@ def _targets(doc: dict[str, Any], plan: Plan) -> list[dict[str, Any]]:
             "0 overlapping critical sections, 0 lost counter updates (every contender)",
             f"overlaps {overlaps}, lost updates {lost_updates}",
             overlaps == 0 and lost_updates == 0,
+        )
+    )
+    mem = doc.get("memory_per_waiter", {})
+    measured = [
+        f"{svc} {m['kib_per_waiter']:.2f} KiB ({m['waiters']} waiters)"
+        for svc, m in mem.items()
+        if "kib_per_waiter" in m
+    ]
+    out.append(
+        _target(
+            "memory_per_waiter",
+            "memory per waiting task <= 5 KiB on every backend, the task included",
+            "; ".join(measured) or "n/a",
+            None
+            if not measured
+            else all(m.get("kib_per_waiter", 1e9) <= 5 for m in mem.values()),
         )
     )
     del plan

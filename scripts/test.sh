@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing (Python packages; ZooKeeper,
-# Redis and Java from Debian packages), then runs ruff, mypy --strict and
+# Redis and Java from Debian packages), then runs ruff, mypy --strict, the
+# docs site build (mkdocs --strict: a broken page or link fails), the
+# packaging check (wheel and sdist that `twine check --strict` accepts) and
 # pytest. The tests start their own ZooKeeper and Redis servers on free ports.
 # Usage: ./scripts/test.sh [pytest args...]
 set -euo pipefail
@@ -14,5 +16,13 @@ echo "== ruff check"
 "$VENV/bin/python" -m ruff check .
 echo "== mypy --strict aiolocks tests examples benchmarks"
 "$VENV/bin/python" -m mypy --strict aiolocks tests examples benchmarks
+echo "== mkdocs build --strict"
+SCRATCH="$(mktemp -d)"
+trap 'rm -rf "$SCRATCH"' EXIT
+"$VENV/bin/python" -m mkdocs build --strict --quiet --site-dir "$SCRATCH/site"
+echo "== build wheel + sdist, twine check --strict"
+"$VENV/bin/python" -m build --wheel --sdist --outdir "$SCRATCH/dist" "$ROOT" >"$SCRATCH/build.log" 2>&1 \
+    || { cat "$SCRATCH/build.log"; exit 1; }
+"$VENV/bin/python" -m twine check --strict "$SCRATCH"/dist/*
 echo "== pytest"
 "$VENV/bin/python" -m pytest "$@"

@@ -12,7 +12,17 @@ import aiolocks
 def test_all_is_sorted_and_complete() -> None:
     assert aiolocks.__all__ == sorted(aiolocks.__all__)
     public = {name for name in dir(aiolocks) if not name.startswith(("_", "@"))}
-    modules = {"cli", "etcd", "memory", "postgres", "prometheus", "redis", "zookeeper", "testing"}
+    modules = {
+        "cli",
+        "etcd",
+        "memory",
+        "opentelemetry",
+        "postgres",
+        "prometheus",
+        "redis",
+        "zookeeper",
+        "testing",
+    }
     assert public - modules - {"annotations"} <= set(aiolocks.__all__) | {"__version__"}
     for name in aiolocks.__all__:
         obj = getattr(aiolocks, name)

@@ -1,59 +1,142 @@
-"""The driver protocol: what a backend must implement, and nothing more.
+"""The driver contract: what a backend implements, and nothing more.
 
 Everything users see (reentrancy per task, fencing, ``async with``, timeouts,
 cancellation safety, loss -> ``LockLostError``, orphan release, MultiLock,
-LeaderLatch) is built once in :mod:`aiolocks._core` on top of this small
-protocol. A driver has one job: take, release and inspect holds on its server.
+LeaderLatch, events) is built once in :mod:`aiolocks._core` on top of this
+contract. The core's :class:`~aiolocks._core.engine.Engine` owns every
+acquire attempt from start to end; a driver only talks to its server. A
+driver contains no cancellation policy: it never catches ``CancelledError``,
+never spawns a task to finish a cleanup, never shields. If it did, two
+regimes would fight over the same cancellation.
 
-Contract of :meth:`Driver.acquire`
-----------------------------------
-* It takes ``request.count`` holds of ``request.name`` in ``request.family``
-  with ``request.mode``, waiting until ``deadline`` (``time.monotonic()``
-  seconds; ``None`` = forever). It returns the list of :class:`Grant` (one per
-  hold, ``len == count``) or ``None`` when the deadline passed first.
-  ``deadline`` in the past means "try exactly once".
-* Waiting must be event-driven (a watch, a pub/sub message, a local future),
-  never a sleep-poll loop; a bounded wait on a lease TTL is fine.
-* The core runs ``acquire`` in its own task, so the driver's ``except
-  BaseException`` cleanup is not re-cancelled by anyio's level-triggered
-  cancellation. When that task is cancelled, the driver must leave nothing
-  behind (delete its node / field / queue entry) and re-raise
-  ``CancelledError``. If the core receives grants from a task it had already
-  asked to cancel, it releases them itself.
-* A driver whose ``acquire`` isolates itself sets ``isolates_acquire =
-  True``; the core then awaits it directly in the caller's task (one task
-  less per acquire). Such a driver runs every step whose outcome matters
-  (a command in flight, its cleanup) in tasks of its own, waits for the
-  cleanup through repeated cancellations (``wait_finished``), and returns
-  its grants with no await between winning them and returning.
+The attempt lifecycle
+---------------------
+One ``acquire`` of the core is one :class:`Attempt`. The engine drives it::
+
+    attempt = driver.begin(request)              # synchronous, no I/O
+    try:
+        while True:
+            grants = await driver.try_once(attempt)
+            if grants is not None:
+                return grants                    # (after driver.finish)
+            if deadline passed:
+                await driver.abandon(attempt)    # inline
+                return None
+            await driver.wait_for_change(attempt, seconds_left_or_None)
+    except BaseException:
+        # cancelled, or a step failed: abandon runs to completion in the
+        # engine's owned task set, through any number of re-cancellations
+        # (anyio re-delivers its cancellation at every await), then the
+        # exception propagates.
+    finally:
+        driver.finish(attempt)                   # synchronous, exactly once
+
+``begin(request) -> Attempt``
+    Synchronous, no I/O, cannot fail on a valid request. Mints every id the
+    attempt may write on the server (node name suffix, hash field, row key)
+    *before* the first command is sent, and stores them in the attempt
+    (subclass :class:`Attempt`, with ``__slots__``). Whatever happens to a
+    reply later, those ids identify what this attempt may own (Curator's
+    protected mode). The engine then sets ``attempt.deadline`` (monotonic
+    seconds, or ``None``), which a driver may use to bound its requests.
+
+``await try_once(attempt) -> list[Grant] | None``
+    One try, without waiting for other holders: create / compare / script.
+    Returns ``request.count`` grants when won, ``None`` when not now. It may
+    leave state on the server that belongs to the attempt (a queue entry, a
+    sequential node) and it keeps its record in the attempt for ``abandon``.
+    There must be no await between the server saying "yours" and the
+    return: the engine records the grants with no await either, so a
+    cancellation can never fall between "won" and "owned". Before sending a
+    command that may win, note in the attempt that a command is unanswered;
+    clear the note when its answer arrives (``abandon`` uses it, see below).
+    A driver may retry a command through a short outage (see
+    :class:`aiolocks._core.backoff.Backoff`); after that it raises
+    :class:`BackendUnavailableError`. Only errors that mean "the server said
+    no for good" become other :class:`LockError` subclasses.
+
+``await wait_for_change(attempt, bound)``
+    Return when a new ``try_once`` may succeed (the predecessor node went,
+    an unlock was published, a local future was set), or after ``bound``
+    seconds (``None``: no bound). Returning early for no reason is allowed
+    (the engine just tries again), waiting past ``bound`` is not. Waiting is
+    event-driven, never a sleep-poll loop; a driver may shorten the wait to
+    a lease TTL it learnt from the last try (expiry publishes nothing). A
+    driver that must subscribe before it may trust a "no" (Redis pub/sub:
+    an unlock published between the try and the subscription would be
+    lost) subscribes in its first call and returns at once, so the engine
+    tries again with the subscription in place.
+
+``await abandon(attempt)``
+    Give back everything this attempt may own on the server: its queue
+    entry or node, and any grant a command of the attempt won while the
+    engine was no longer waiting for its answer (identify it by the ids
+    minted in ``begin``). Idempotent: the engine may call it after a
+    timeout, and again after a cancellation that hit the first call. When a
+    command is still unanswered, its request may reach the server after
+    the cleanup (another connection): the driver must make that late
+    request lose (Redis: a short tombstone for the ids, honoured by the
+    acquire script; ZooKeeper: delete by the minted name once the create is
+    known). This is ordering on the wire, which only the driver knows; *when*
+    to clean up and finishing it through cancellation is the engine's job.
+    May retry through a short outage; gives up (with a warning) once what it
+    leaves would lapse by itself (a lease, a session).
+
+``finish(attempt)``
+    Synchronous, no I/O, called exactly once when the attempt ends, whatever
+    the outcome (after ``abandon`` where that ran). Drop local resources:
+    subscriptions, watches, futures.
+
+``await release(grant) -> bool``
+    Give one hold back. Stop renewing it (watchdog) before the first await.
+    Returns ``True`` when the hold was ours until this release, ``False``
+    when the server no longer had it (lapsed, deleted behind our back,
+    failover to a replica that never saw it): the engine then marks the
+    grant lost, which reports the loss to the body that used it. Idempotent:
+    a second call for the same grant sends the command again and must be
+    harmless (compare-and-delete of our own id). When the caller is
+    cancelled during ``release``, the engine sends it again from its owned
+    task set, waits for that to finish, and ignores its answer (the first
+    send may have done the work).
+
+The rest
+--------
+* ``capabilities``: what the backend promises (:class:`Capabilities`); the
+  conformance suite skips tests by these, never by backend name.
+* ``describe()``: stable text naming the server(s) without credentials.
+* ``lock_options(family, options)``: validate per-lock keyword options
+  before any I/O; ``ValueError`` naming the option. The result comes back
+  as ``Request.options``.
+* ``await open(tasks)`` / ``await close()``: connect within the connect
+  timeout (else :class:`BackendUnavailableError`) / disconnect (not a client
+  the user gave us). ``tasks`` is the engine's one owned task set: a driver
+  that needs background work (a lease renewal loop) spawns it there and
+  keeps no task set of its own. ``close()`` runs after the engine released
+  every hold and finished its owned tasks.
+* ``await participants(name, family)``: holders first, then waiters in queue
+  order where the backend queues.
 * Mode rules: ``EXCLUSIVE`` (one holder), ``LEASE`` (at most
-  ``request.max_leases`` holders; the semaphore), ``READ`` (shared, waits only
-  behind earlier writers when the backend is fair), ``WRITE`` (exclusive
-  against readers and writers). ``request.downgrade_of`` is set when the
-  calling task holds the WRITE grant of the same name and asks for READ: the
-  driver must grant it without letting a queued writer in between
-  (CURATOR-621).
-* Fencing: ``Grant.token`` strictly increases across successive holds of one
-  name (read and write halves share a sequence; leases get distinct tokens).
-* Loss: when a hold is lost (session expired, lease not renewed, key deleted
-  behind our back), the driver calls :meth:`Grant.mark_lost`. The core then
-  cancels the body that uses it and raises ``LockLostError``.
-* Errors: server unreachable -> :class:`BackendUnavailableError`; driver
-  exceptions are mapped in one place with ``raise ... from exc``.
+  ``request.max_leases`` holders; the semaphore), ``READ`` (shared; waits
+  only behind earlier writers when the backend is fair), ``WRITE``
+  (exclusive against readers and writers). ``request.downgrade_of`` is set
+  when the calling task holds the WRITE grant of the same name and asks for
+  READ: grant it without letting a queued writer in between.
+* Fencing: ``Grant.token`` strictly increases across successive holds of
+  one name (read and write halves share a sequence; leases get distinct
+  tokens).
+* Loss while held (session expired, lease not renewed, key deleted behind
+  our back): the driver calls :meth:`Grant.mark_lost`; the engine cancels
+  the bodies that use it and they raise ``LockLostError``. A driver keeps
+  ``Grant.valid_until`` current where the server may let a hold go on a
+  timer, and calls :meth:`Grant.note_renewed` after each renewal.
+* Errors: server unreachable -> :class:`BackendUnavailableError`; map
+  client exceptions in one place with ``raise ... from exc``.
 
-Contract of :meth:`Driver.release`
-----------------------------------
-Idempotent on the server (a node/field already gone is success). Called by
-the core in a tracked task of its own that the caller's cancellation never
-reaches (only ``Backend.close()`` cancels it), so a driver need not shield
-its release commands again.
-
-A driver that sets ``isolates_release = True`` is awaited directly in the
-caller's task instead (one task less per release). It must then finish its
-work on the server before returning or raising, even when the caller is
-cancelled once or repeatedly: a cancelled command is sent again (release is
-idempotent) from a task of the driver's that it waits for with
-``wait_finished``, and the ``CancelledError`` is re-raised afterwards.
+How to write a new driver (etcd, PostgreSQL, ...): subclass
+:class:`Attempt` for the ids and server state of one try; implement the
+methods above with plain awaits of your client; run
+``tests/conformance`` against it (add a backend fixture there). Nothing
+else in the core changes.
 """
 
 from __future__ import annotations
@@ -67,8 +150,10 @@ from typing import TYPE_CHECKING, Protocol, final
 
 if TYPE_CHECKING:
     from .participants import Participant
+    from .tasks import TaskSet
 
 __all__ = [
+    "Attempt",
     "Capabilities",
     "Driver",
     "Family",
@@ -109,6 +194,12 @@ class Mode(enum.Enum):
     __hash__ = object.__hash__
 
 
+#: every primitive factory of ``Backend``
+ALL_PRIMITIVES: frozenset[str] = frozenset(
+    {"mutex", "semaphore_mutex", "semaphore", "read_write_lock", "leader_latch"}
+)
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class Capabilities:
@@ -120,6 +211,8 @@ class Capabilities:
     queue_visible: bool = True
     #: a hold can be lost while held (sessions, leases); False only for memory
     can_lose: bool = True
+    #: the lock primitives the backend offers (factory names of ``Backend``)
+    primitives: frozenset[str] = ALL_PRIMITIVES
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,40 +317,69 @@ class Grant:
         )
 
 
+class Attempt:
+    """One acquire attempt as a driver sees it; drivers subclass it for their state.
+
+    The engine creates nothing here: :meth:`Driver.begin` returns an instance
+    (usually of a driver's subclass with ``__slots__``) and the engine hands
+    it back to every later step of the same attempt.
+    """
+
+    __slots__ = ("deadline", "request")
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        #: set by the engine right after ``begin``: ``time.monotonic()`` seconds
+        #: by which the caller gives up (``None``: never); bound requests by it
+        self.deadline: float | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.request.family.value}:{self.request.name}>"
+
+
 class Driver(Protocol):
     """What a backend implements. See the module docstring for the contract."""
 
     capabilities: Capabilities
-
-    #: ``acquire`` needs no task of the core's around it (see the module docstring)
-    isolates_acquire: bool
-
-    #: ``release`` needs no task of the core's around it (see the module docstring)
-    isolates_release: bool
 
     def describe(self) -> str:
         """A stable text naming the server(s), e.g. ``zk://h1:2181/chroot``; sorts MultiLocks."""
         ...
 
     def lock_options(self, family: Family, options: Mapping[str, object]) -> Mapping[str, object]:
-        """Validate the per-lock keyword options (``fair``, ``lease_time``, ``watchdog``...).
+        """Validate the per-lock keyword options before any I/O; ``ValueError`` names a bad one."""
+        ...
 
-        Called when a lock object is built, before any I/O; raise ``ValueError``
-        naming an unknown or bad option. The result is passed back as
-        ``Request.options``.
+    async def open(self, tasks: TaskSet) -> None:
+        """Connect; raise BackendUnavailableError within the connect timeout.
+
+        ``tasks`` is the engine's owned task set: start background work
+        (renewal loops) there; the engine finishes it when the backend closes.
         """
         ...
 
-    async def open(self) -> None:
-        """Connect; raise BackendUnavailableError within the connect timeout."""
+    def begin(self, request: Request) -> Attempt:
+        """Start an attempt: mint its ids; synchronous, no I/O."""
         ...
 
-    async def acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
-        """Take ``request.count`` holds, or return ``None`` once ``deadline`` has passed."""
+    async def try_once(self, attempt: Attempt) -> list[Grant] | None:
+        """One try without waiting: ``request.count`` grants, or ``None`` when not now."""
         ...
 
-    async def release(self, grant: Grant) -> None:
-        """Give one hold back; idempotent; a lost grant releases without error."""
+    async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
+        """Return when a new try may succeed, or after ``bound`` seconds at the latest."""
+        ...
+
+    async def abandon(self, attempt: Attempt) -> None:
+        """Give back all the attempt may own on the server (queue entry, late grants)."""
+        ...
+
+    def finish(self, attempt: Attempt) -> None:
+        """The attempt ended: drop local resources (subscriptions, futures); no I/O."""
+        ...
+
+    async def release(self, grant: Grant) -> bool:
+        """Give one hold back; ``False`` when the server no longer had it; idempotent."""
         ...
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
@@ -267,3 +389,4 @@ class Driver(Protocol):
     async def close(self) -> None:
         """Stop background work and disconnect (not the client the user gave us)."""
         ...
+

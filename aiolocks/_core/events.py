@@ -14,6 +14,7 @@ kind          when                                             timing field
 acquired      a hold was granted by the server                 ``wait_time``
 timeout       an acquire gave up at its timeout                ``wait_time``
 cancelled     an acquire was cancelled while waiting           ``wait_time``
+failed        an acquire raised (``reason``: the error class)   ``wait_time``
 released      a hold was released on the server                ``hold_time``
 lost          a hold was lost (session, lease, key taken)      ``hold_time``
 orphaned      the owner task ended while holding               ``hold_time``
@@ -29,7 +30,9 @@ from typing import Literal, final
 
 __all__ = ["EventHook", "EventKind", "LockEvent"]
 
-EventKind = Literal["acquired", "timeout", "cancelled", "released", "lost", "orphaned", "renewed"]
+EventKind = Literal[
+    "acquired", "timeout", "cancelled", "failed", "released", "lost", "orphaned", "renewed"
+]
 
 
 @final
@@ -43,9 +46,10 @@ class LockEvent:
     :ivar name: the canonical lock name
     :ivar backend: the backend URL (no credentials)
     :ivar fencing_token: token of the hold, where there is one
-    :ivar wait_time: seconds spent waiting (acquired, timeout, cancelled)
+    :ivar wait_time: seconds spent waiting (acquired, timeout, cancelled, failed)
     :ivar hold_time: seconds held so far (released, lost, orphaned, renewed)
-    :ivar reason: why a hold was lost
+    :ivar reason: why a hold was lost; for ``failed``, the error's class name
+        reported by the backend (``BackendUnavailableError``, ...)
     """
 
     kind: EventKind

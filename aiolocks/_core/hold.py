@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from .driver import Grant
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from .engine import Engine
 
 __all__ = ["Hold"]
 
@@ -38,8 +38,8 @@ class Hold:
         "_bodies",
         "_loss_cancelled",
         "acquired_at",
-        "backend",
         "count",
+        "engine",
         "grant",
         "kind",
         "name",
@@ -50,13 +50,13 @@ class Hold:
 
     def __init__(
         self,
-        backend: Backend,
+        engine: Engine,
         grant: Grant,
         *,
         kind: str,
         owner: asyncio.Task[object] | None,
     ) -> None:
-        self.backend = backend
+        self.engine = engine
         self.grant = grant
         self.kind = kind
         self.name = grant.request.name
@@ -69,9 +69,9 @@ class Hold:
         self._bodies: dict[asyncio.Task[object], list[int]] = {}
         # task -> the cancelling() baseline of its outermost body, for tasks we cancelled
         self._loss_cancelled: dict[asyncio.Task[object], int] = {}
-        backend._register_hold(self)
+        engine.register_hold(self)
         grant.add_loss_listener(self._on_grant_lost)
-        grant.event_sink = backend._grant_event
+        grant.event_sink = engine.grant_event
 
     @property
     def token(self) -> int:
@@ -100,7 +100,7 @@ class Hold:
                 "aiolocks_reason": grant.lost_reason,
             },
         )
-        self.backend._notify_lost(self)
+        self.engine.emit_hold("lost", self)
         for task, stack in self._bodies.items():
             if stack and task not in self._loss_cancelled and not task.done():
                 self._loss_cancelled[task] = stack[0]

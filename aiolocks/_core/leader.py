@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, final
 
 from .driver import Family, Grant, Mode, Request
 from .errors import BackendUnavailableError
+from .hold import Hold
+from .names import has_control_character
 from .participants import Participant
 from .tasks import wait_finished
 from .timeouts import check_timeout
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from .engine import Engine
 
 __all__ = ["LeaderLatch"]
 
@@ -51,7 +53,7 @@ class LeaderLatch:
 
     def __init__(
         self,
-        backend: Backend,
+        engine: Engine,
         name: str,
         participant_id: str | None,
         options: Mapping[str, object],
@@ -62,18 +64,18 @@ class LeaderLatch:
             not isinstance(participant_id, str)
             or not participant_id
             or len(participant_id.encode("utf-8", "surrogatepass")) > 1024
-            or any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in participant_id)
+            or has_control_character(participant_id)
         ):
             raise ValueError(
                 f"leader latch {name!r}: participant_id must be a non-empty str of at most "
                 f"1024 bytes without control characters, got {participant_id!r}"
             )
         self._name = name
-        self._key = backend._validate_name(name)
-        self._backend = backend
+        self._key = engine.validate_name(name)
+        self._engine = engine
         self._participant_id = participant_id
-        self._options = backend._lock_options(Family.LEADER, options)
-        self._grant: Grant | None = None
+        self._options = engine.lock_options(Family.LEADER, options)
+        self._hold: Hold | None = None
         self._runner: asyncio.Task[None] | None = None
         self._leading = asyncio.Event()
         self._state = "latent"  # latent -> started -> closed
@@ -91,14 +93,14 @@ class LeaderLatch:
     @property
     def has_leadership(self) -> bool:
         """This latch leads now."""
-        grant = self._grant
-        return grant is not None and grant.verify()
+        hold = self._hold
+        return hold is not None and hold.grant.verify()
 
     @property
     def fencing_token(self) -> int | None:
         """Token of the current leadership term; ``None`` when not leading."""
-        grant = self._grant
-        return None if grant is None or grant.lost else grant.token
+        hold = self._hold
+        return None if hold is None or hold.lost else hold.token
 
     @property
     def is_started(self) -> bool:
@@ -113,11 +115,11 @@ class LeaderLatch:
         """Join the election; returns at once (leadership comes later)."""
         if self._state != "latent":
             raise RuntimeError(f"leader latch {self._name!r} was already {self._state}")
-        self._backend._check_open()
-        await self._backend.open()
+        self._engine.check_open()
+        await self._engine.open()
         self._state = "started"
-        self._backend._latches.add(self)
-        self._runner = self._backend._tasks.spawn(
+        self._engine.latches.add(self)
+        self._runner = self._engine.spawn(
             self._run(), name=f"aiolocks-leader:{self._key}:{self._participant_id}"
         )
 
@@ -133,7 +135,7 @@ class LeaderLatch:
             if cancelled is not None:
                 raise cancelled
 
-    def _stop_on_close(self) -> None:
+    def stop_on_close(self) -> None:
         """The backend is closing: stop leading without awaiting."""
         self._state = "closed"
         if self._runner is not None:
@@ -159,8 +161,8 @@ class LeaderLatch:
         return True
 
     def _leads(self) -> bool:
-        grant = self._grant
-        return grant is not None and not grant.lost
+        hold = self._hold
+        return hold is not None and not hold.lost
 
     async def leader(self) -> Participant | None:
         """The current leader, or ``None`` when nobody has started."""
@@ -171,7 +173,7 @@ class LeaderLatch:
 
     async def participants(self) -> list[Participant]:
         """Every started latch of this name, the leader first."""
-        return await self._backend._participants(Family.LEADER, self._key)
+        return await self._engine.participants(Family.LEADER, self._key)
 
     async def __aenter__(self) -> LeaderLatch:
         await self.start()
@@ -186,7 +188,7 @@ class LeaderLatch:
         await self.close()
 
     async def _run(self) -> None:
-        backend = self._backend
+        engine = self._engine
         request = Request(
             name=self._key,
             family=Family.LEADER,
@@ -196,19 +198,21 @@ class LeaderLatch:
         )
         while True:
             try:
-                grants = await backend._acquire(request, None)
+                grants = await engine.acquire(request, None)
             except BackendUnavailableError as exc:
-                if backend.closed:
+                if engine.closed:
                     return
-                logger.warning("leader latch %r: cannot reach %s: %s", self._name, backend.url, exc)
+                logger.warning("leader latch %r: cannot reach %s: %s", self._name, engine.url, exc)
                 await asyncio.sleep(1.0)
                 continue
             if not grants:
                 continue
-            grant = grants[0]
+            # Leadership is a hold like any other: "lost", "renewed" and
+            # "released" events, and close() releases it.
+            hold = Hold(engine, grants[0], kind="leader latch", owner=None)
             lost = asyncio.Event()
-            grant.add_loss_listener(_setter(lost))
-            self._grant = grant
+            hold.grant.add_loss_listener(_setter(lost))
+            self._hold = hold
             self._leading.set()
             try:
                 await lost.wait()
@@ -216,17 +220,15 @@ class LeaderLatch:
                     "leader latch %r (%s) lost leadership: %s",
                     self._name,
                     self._participant_id,
-                    grant.lost_reason,
+                    hold.grant.lost_reason,
                 )
             finally:
-                self._grant = None
+                self._hold = None
                 self._leading.clear()
-                release = backend._tasks.spawn(
-                    backend._release_grant(grant), name="aiolocks-leader-release"
-                )
-                cancelled = await wait_finished(release)
-                if cancelled is not None:
-                    raise cancelled
+                try:
+                    await engine.release(hold)
+                except Exception as exc:
+                    logger.warning("leader latch %r: releasing failed: %s", self._name, exc)
 
 
 def _setter(event: asyncio.Event) -> Callable[[Grant], None]:

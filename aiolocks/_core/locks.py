@@ -4,8 +4,8 @@ Design note
 -----------
 Curator keeps a ``threadData`` map (thread -> LockData) per lock; aiolocks
 keeps a per-backend ledger ``task -> Hold`` per (family, name, mode), so every
-lock object of one name on one backend shares it (two Curator objects for one path
-deadlock each other; ours do not). Re-entry by the owning task
+lock object of one name on one backend shares it (two Curator objects for one
+path in one JVM self-deadlock; ours do not). Re-entry by the owning task
 is a local count: no network call. The backend hold ends at the last release.
 
 ``SemaphoreMutex`` is not reentrant and not tied to a task: its hold belongs
@@ -13,11 +13,11 @@ to the lock object (Curator's lease semantics), and a second ``acquire`` by
 the task that took it raises :class:`DeadlockError` at once instead of hanging
 (trio's ``Lock`` does the same).
 
-Cancellation: the driver's acquire runs in its own task (see
-``Backend._acquire``); a grant that arrives after the caller was cancelled is
-given back. Between "granted" and "recorded in the ledger" there is no await.
-Release runs in an owned task that completes even when the caller is
-cancelled; the cancellation is re-raised afterwards.
+Cancellation: the engine owns every acquire attempt (``Engine.acquire``);
+when the caller is cancelled, whatever the attempt may own on the server is
+given back before the ``CancelledError`` propagates. Between "granted" and
+"recorded in the ledger" there is no await. A release completes even when
+the caller is cancelled; the cancellation is re-raised afterwards.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from .timeouts import check_timeout, deadline_from
 
 if TYPE_CHECKING:
     from .backend import Backend
+    from .engine import Engine
 
 __all__ = [
     "HoldContext",
@@ -71,11 +72,14 @@ class Lock:
     _mode: Mode
     _kind: str
 
-    def __init__(self, backend: Backend, name: str, options: Mapping[str, object]) -> None:
+    def __init__(
+        self, engine: Engine, backend: Backend, name: str, options: Mapping[str, object]
+    ) -> None:
         self._name = name
-        self._key = backend._validate_name(name)
+        self._key = engine.validate_name(name)
+        self._engine = engine
         self._backend = backend
-        self._options = backend._lock_options(self._family, options)
+        self._options = engine.lock_options(self._family, options)
         # The last hold of this object that ended lost; keeps ``is_lost`` true
         # until the next successful acquire.
         self._ended_lost: Hold | None = None
@@ -94,7 +98,7 @@ class Lock:
         return self._backend
 
     def _sort_key(self) -> tuple[str, str, str, str]:
-        return (self._backend.url, self._backend.client_id, self._key, self._mode.value)
+        return (self._engine.url, self._engine.client_id, self._key, self._mode.value)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._name!r} on {self._backend.url}>"
@@ -115,7 +119,7 @@ class Lock:
             name=self._key,
             family=self._family,
             mode=self._mode,
-            participant=self._backend._participant_id(task),
+            participant=self._engine.participant_id(task),
             owner=task if self._task_bound else None,
             options=self._options,
         )
@@ -142,16 +146,16 @@ class Lock:
         """
         seconds = check_timeout(timeout)
         task = current_task(f"{type(self).__name__}.acquire()")
-        self._backend._check_open()
+        self._engine.check_open()
         if self._reenter(task):
             self._ended_lost = None
             return True
         request = self._request(task)
-        grants = await self._backend._acquire(request, deadline_from(seconds))
+        grants = await self._engine.acquire(request, deadline_from(seconds))
         if not grants:
             return False
-        # No await between the grant and recording it.
-        hold = Hold(self._backend, grants[0], kind=self._kind, owner=request.owner)
+        # No await between the grant and recording it: a cancellation cannot fall between.
+        hold = Hold(self._engine, grants[0], kind=self._kind, owner=request.owner)
         self._record(task, hold)
         self._ended_lost = self._loss_reported = None
         return True
@@ -192,7 +196,7 @@ class Lock:
         ended = self._take_for_release(task)
         try:
             if ended is not None:
-                await self._backend._release(ended)
+                await self._engine.release(ended)
         finally:
             # Also when cancelled meanwhile: is_lost must not forget the loss.
             if ended is not None and hold is not None and hold.lost:
@@ -251,11 +255,11 @@ class Lock:
 
     def is_acquired_in_this_process(self) -> bool:
         """Some task of this process (on this backend) holds this lock."""
-        raise NotImplementedError
+        return self._engine.is_held_here(self._family, self._key, self._mode.value)
 
     async def participants(self) -> list[Participant]:
         """Holders first, then waiters in queue order where the backend queues."""
-        return await self._backend._participants(self._family, self._key)
+        return await self._engine.participants(self._family, self._key)
 
 
 @final
@@ -353,7 +357,7 @@ class _TaskOwnedLock(Lock):
     """Reentrant per task: Mutex and the read/write halves."""
 
     def _ledger(self) -> dict[asyncio.Task[object], Hold]:
-        return self._backend._ledger(self._family, self._key, self._mode.value)
+        return self._engine.ledger(self._family, self._key, self._mode.value)
 
     def _current_hold(self) -> Hold | None:
         try:
@@ -378,15 +382,15 @@ class _TaskOwnedLock(Lock):
 
     def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
         self._ledger()[task] = hold
-        backend = self._backend
+        engine = self._engine
         family, key, mode = self._family, self._key, self._mode.value
 
         def owner_done(done: asyncio.Task[object]) -> None:
-            ledger = backend._ledger(family, key, mode)
+            ledger = engine.ledger(family, key, mode)
             if ledger.get(done) is hold:
                 del ledger[done]
-                backend._drop_ledger_if_empty(family, key, mode)
-                backend._release_orphan(hold)
+                engine.drop_ledger_if_empty(family, key, mode)
+                engine.release_orphan(hold)
 
         task.add_done_callback(owner_done)
         hold.on_owner_done = owner_done
@@ -400,7 +404,7 @@ class _TaskOwnedLock(Lock):
         if hold.count > 0:
             return None
         del ledger[task]
-        self._backend._drop_ledger_if_empty(self._family, self._key, self._mode.value)
+        self._engine.drop_ledger_if_empty(self._family, self._key, self._mode.value)
         if hold.on_owner_done is not None:
             task.remove_done_callback(hold.on_owner_done)
             hold.on_owner_done = None
@@ -409,10 +413,6 @@ class _TaskOwnedLock(Lock):
     def is_owned_by_current_task(self) -> bool:
         """The current asyncio task holds this lock (Curator's isOwnedByCurrentThread)."""
         return self._current_hold() is not None
-
-    def is_acquired_in_this_process(self) -> bool:
-        """Some task of this process (on this backend) holds this lock."""
-        return bool(self._backend._ledgers.get((self._family, self._key, self._mode.value)))
 
 
 @final
@@ -460,8 +460,10 @@ class SemaphoreMutex(Lock):
     _kind = "semaphore mutex"
     _task_bound = False
 
-    def __init__(self, backend: Backend, name: str, options: Mapping[str, object]) -> None:
-        super().__init__(backend, name, options)
+    def __init__(
+        self, engine: Engine, backend: Backend, name: str, options: Mapping[str, object]
+    ) -> None:
+        super().__init__(engine, backend, name, options)
         self._hold: Hold | None = None
         self._holder_task: asyncio.Task[object] | None = None
 
@@ -469,7 +471,7 @@ class SemaphoreMutex(Lock):
         return self._hold
 
     def _reenter(self, task: asyncio.Task[object]) -> bool:
-        ledger = self._backend._ledger(self._family, self._key, self._mode.value)
+        ledger = self._engine.ledger(self._family, self._key, self._mode.value)
         if task in ledger:
             raise DeadlockError(
                 f"semaphore mutex {self._name!r} is already held by the current task and is "
@@ -480,7 +482,7 @@ class SemaphoreMutex(Lock):
     def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
         self._hold = hold
         self._holder_task = task
-        self._backend._ledger(self._family, self._key, self._mode.value)[task] = hold
+        self._engine.ledger(self._family, self._key, self._mode.value)[task] = hold
 
     def _take_for_release(self, task: asyncio.Task[object]) -> Hold | None:
         hold = self._hold
@@ -488,10 +490,10 @@ class SemaphoreMutex(Lock):
             raise LockNotOwnedError(f"semaphore mutex {self._name!r} is not held by this object")
         self._hold = None
         holder, self._holder_task = self._holder_task, None
-        ledger = self._backend._ledger(self._family, self._key, self._mode.value)
+        ledger = self._engine.ledger(self._family, self._key, self._mode.value)
         if holder is not None and ledger.get(holder) is hold:
             del ledger[holder]
-        self._backend._drop_ledger_if_empty(self._family, self._key, self._mode.value)
+        self._engine.drop_ledger_if_empty(self._family, self._key, self._mode.value)
         return hold
 
     def is_owned_by_current_task(self) -> bool:
@@ -501,10 +503,6 @@ class SemaphoreMutex(Lock):
         except RuntimeError:
             return False
         return self._hold is not None and self._holder_task is task
-
-    def is_acquired_in_this_process(self) -> bool:
-        """Some task of this process (on this backend) holds this lock."""
-        return bool(self._backend._ledgers.get((self._family, self._key, self._mode.value)))
 
 
 @final
@@ -521,7 +519,7 @@ class ReadLock(_TaskOwnedLock):
 
     def _request(self, task: asyncio.Task[object]) -> Request:
         request = super()._request(task)
-        write = self._backend._ledger(self._family, self._key, Mode.WRITE.value).get(task)
+        write = self._engine.ledger(self._family, self._key, Mode.WRITE.value).get(task)
         if write is None or write.lost:
             return request
         return dataclasses.replace(request, downgrade_of=write.grant)
@@ -542,7 +540,7 @@ class WriteLock(_TaskOwnedLock):
     def _reenter(self, task: asyncio.Task[object]) -> bool:
         if super()._reenter(task):
             return True
-        if task in self._backend._ledger(self._family, self._key, Mode.READ.value):
+        if task in self._engine.ledger(self._family, self._key, Mode.READ.value):
             raise DeadlockError(
                 f"read/write lock {self._name!r}: the current task holds the read lock and "
                 "cannot upgrade to the write lock (release the read lock first)"
@@ -569,11 +567,13 @@ class ReadWriteLock:
 
     __slots__ = ("_name", "read", "write")
 
-    def __init__(self, backend: Backend, name: str, options: Mapping[str, object]) -> None:
+    def __init__(
+        self, engine: Engine, backend: Backend, name: str, options: Mapping[str, object]
+    ) -> None:
         self._name = name
-        self.read = ReadLock(backend, name, options)
+        self.read = ReadLock(engine, backend, name, options)
         """The shared half."""
-        self.write = WriteLock(backend, name, options)
+        self.write = WriteLock(engine, backend, name, options)
         """The exclusive half."""
 
     @property

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 from .errors import InvalidLockNameError
 
-__all__ = ["MAX_NAME_BYTES", "validate_name"]
+__all__ = ["MAX_NAME_BYTES", "has_control_character", "is_control", "validate_name"]
 
 MAX_NAME_BYTES = 1024
 
 
-def _is_control(ch: str) -> bool:
+def is_control(ch: str) -> bool:
+    """``ch`` is a C0 or C1 control character (or DEL): never allowed in names or ids."""
     code = ord(ch)
     return code < 0x20 or 0x7F <= code <= 0x9F
+
+
+def has_control_character(text: str) -> bool:
+    """``text`` contains a character :func:`is_control` refuses."""
+    return any(is_control(ch) for ch in text)
 
 
 def validate_name(name: object) -> str:
@@ -30,7 +36,7 @@ def validate_name(name: object) -> str:
     if not name:
         raise InvalidLockNameError("lock name must not be empty")
     for i, ch in enumerate(name):
-        if _is_control(ch):
+        if is_control(ch):
             raise InvalidLockNameError(
                 f"lock name {name!r} contains control character U+{ord(ch):04X} at index {i}"
             )

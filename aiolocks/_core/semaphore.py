@@ -21,7 +21,7 @@ from .participants import Participant
 from .timeouts import check_timeout, deadline_from
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from .engine import Engine
 
 __all__ = ["Lease", "LeaseContext", "Semaphore"]
 
@@ -86,7 +86,7 @@ class Lease:
         if hold.released:
             return False
         hold.grant.verify()  # a lease that ran out while the loop was busy counts as lost
-        await self._semaphore._backend._release(hold)
+        await self._semaphore._engine.release(hold)
         return hold.lost
 
     async def __aenter__(self) -> Lease:
@@ -156,10 +156,10 @@ class Semaphore:
         ``n < 1`` or ``n > max_leases``.
     """
 
-    __slots__ = ("_backend", "_entered", "_key", "_max_leases", "_name", "_options")
+    __slots__ = ("_engine", "_entered", "_key", "_max_leases", "_name", "_options")
 
     def __init__(
-        self, backend: Backend, name: str, max_leases: int, options: Mapping[str, object]
+        self, engine: Engine, name: str, max_leases: int, options: Mapping[str, object]
     ) -> None:
         if isinstance(max_leases, bool) or not isinstance(max_leases, int):
             raise TypeError(
@@ -168,10 +168,10 @@ class Semaphore:
         if max_leases < 1:
             raise ValueError(f"semaphore {name!r}: max_leases must be >= 1, got {max_leases}")
         self._name = name
-        self._key = backend._validate_name(name)
-        self._backend = backend
+        self._key = engine.validate_name(name)
+        self._engine = engine
         self._max_leases = max_leases
-        self._options = backend._lock_options(Family.SEMAPHORE, options)
+        self._options = engine.lock_options(Family.SEMAPHORE, options)
         self._entered: dict[asyncio.Task[object], list[LeaseContext]] = {}
 
     @property
@@ -185,7 +185,7 @@ class Semaphore:
         return self._max_leases
 
     def __repr__(self) -> str:
-        return f"<Semaphore {self._name!r} max_leases={self._max_leases} on {self._backend.url}>"
+        return f"<Semaphore {self._name!r} max_leases={self._max_leases} on {self._engine.url}>"
 
     async def acquire(self, timeout: float | None = None) -> Lease | None:
         """One lease, or ``None`` when ``timeout`` passed first (``0`` tries once)."""
@@ -206,22 +206,22 @@ class Semaphore:
             )
         seconds = check_timeout(timeout)
         task = current_task("Semaphore.acquire()")
-        self._backend._check_open()
+        self._engine.check_open()
         request = Request(
             name=self._key,
             family=Family.SEMAPHORE,
             mode=Mode.LEASE,
-            participant=self._backend._participant_id(task),
+            participant=self._engine.participant_id(task),
             max_leases=self._max_leases,
             count=n,
             owner=None,
             options=self._options,
         )
-        grants = await self._backend._acquire(request, deadline_from(seconds))
+        grants = await self._engine.acquire(request, deadline_from(seconds))
         if not grants:
             return None
         return [
-            Lease(self, Hold(self._backend, grant, kind="semaphore lease", owner=None))
+            Lease(self, Hold(self._engine, grant, kind="semaphore lease", owner=None))
             for grant in grants
         ]
 
@@ -251,4 +251,4 @@ class Semaphore:
 
     async def participants(self) -> list[Participant]:
         """Lease holders first, then waiters where the backend queues."""
-        return await self._backend._participants(Family.SEMAPHORE, self._key)
+        return await self._engine.participants(Family.SEMAPHORE, self._key)

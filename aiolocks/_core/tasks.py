@@ -1,11 +1,13 @@
 """Owned background tasks and cancellation-proof waiting.
 
-Two idioms from STYLE.md live here:
+Two rules of the engine live here:
 
-* Every background task (acquire attempts, releases, orphan cleanup, leader
-  loops) is owned by a :class:`TaskSet` that the backend drains on
-  ``close()``. No fire-and-forget ``create_task``.
-* Work that must reach the server runs in its own task and is awaited with
+* Every background task (abandoned acquire attempts, releases sent again
+  after a cancellation, orphan cleanup, leader loops, renewal loops) is owned
+  by the engine's one :class:`TaskSet`, which the backend drains on
+  ``close()``. No fire-and-forget ``create_task``, no task set in a driver.
+* Work that must reach the server after the caller was cancelled runs in
+  its own task and is awaited with
   :func:`wait_finished`, which keeps waiting when the caller is cancelled and
   reports the cancellation afterwards. A bare ``CancelScope(shield=True)`` is
   pierced by a second native ``task.cancel()``; a separate task is not, and

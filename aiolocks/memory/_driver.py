@@ -12,27 +12,33 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import weakref
 from collections.abc import Mapping
-from typing import final
+from typing import TYPE_CHECKING, cast, final
 
 from .._core.backend import Backend
 from .._core.doctor import Diagnosis
-from .._core.driver import Capabilities, Family, Grant, Mode, Request
+from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.options import check_portable_options
 from .._core.participants import Participant
+from .._core.tasks import TaskSet, wait_done
+
+if TYPE_CHECKING:
+    from ._admin import MemoryAdmin
 
 __all__ = ["MemoryBackend", "MemoryDriver", "from_url"]
 
 
-class _Entry:
-    __slots__ = ("future", "grants", "request")
+class _Entry(Attempt):
+    """One acquire attempt: its place in the queue and, once granted, its grants."""
+
+    __slots__ = ("future", "grants", "queued")
 
     def __init__(self, request: Request) -> None:
-        self.request = request
+        super().__init__(request)
         self.future: asyncio.Future[None] | None = None
         self.grants: list[Grant] | None = None
+        self.queued = False
 
     def granted(self) -> list[Grant] | None:
         """The grants, once the queue granted this entry (a call, so mypy does not narrow)."""
@@ -92,6 +98,7 @@ class _Store:
             return
         while queue.waiters and queue.grantable(queue.waiters[0].request):
             entry = queue.waiters.pop(0)
+            entry.queued = False
             entry.grants = self.grant(queue, entry.request)
             if entry.future is not None and not entry.future.done():
                 entry.future.set_result(None)
@@ -100,17 +107,20 @@ class _Store:
     def remove_waiter(self, entry: _Entry) -> None:
         request = entry.request
         queue = self.queues.get((request.family, request.name))
-        if queue is not None and entry in queue.waiters:
+        if queue is not None and entry.queued:
+            entry.queued = False
             queue.waiters.remove(entry)
         # A waiter leaving the head can unblock the ones behind it.
         self.pump(request.family, request.name)
 
-    def release(self, grant: Grant) -> None:
+    def release(self, grant: Grant) -> bool:
         request = grant.request
         queue = self.queues.get((request.family, request.name))
+        held = queue is not None and grant in queue.holders
         if queue is not None:
             queue.holders.pop(grant, None)
         self.pump(request.family, request.name)
+        return held
 
 
 # One dict of stores per event loop: futures belong to a loop.
@@ -135,10 +145,6 @@ class MemoryDriver:
     """In-process driver: FIFO queues and futures. See the module docstring."""
 
     capabilities = Capabilities(fair=True, queue_visible=True, can_lose=False)
-    #: a cancelled wait leaves the queue (or gives its grant back) synchronously
-    isolates_acquire = True
-    #: release has no await, but the core's task keeps its contract testable
-    isolates_release = False
 
     def __init__(self, store: str = "default") -> None:
         self._store_name = store
@@ -156,8 +162,8 @@ class MemoryDriver:
         """
         return check_portable_options(family, options, "memory://")
 
-    async def open(self) -> None:
-        """Bind to this event loop's store."""
+    async def open(self, tasks: TaskSet) -> None:
+        """Bind to this event loop's store (no background work)."""
         self._store = _store(self._store_name)
 
     def _get_store(self) -> _Store:
@@ -165,46 +171,64 @@ class MemoryDriver:
             self._store = _store(self._store_name)
         return self._store
 
-    async def acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
-        """Queue, then wait on a future until granted or the deadline passes."""
+    def begin(self, request: Request) -> Attempt:
+        """A queue entry, not yet queued."""
+        return _Entry(request)
+
+    async def try_once(self, attempt: Attempt) -> list[Grant] | None:
+        """Join the queue on the first try; granted when the queue reaches this entry."""
+        entry = cast(_Entry, attempt)
+        if entry.grants is not None:
+            return entry.grants
+        if entry.queued:
+            return None
+        request = entry.request
         store = self._get_store()
         queue = store.queue(request.family, request.name)
         downgrade = request.downgrade_of
         if downgrade is not None and downgrade in queue.holders:
             # Write -> read downgrade: granted at once, ahead of every waiter,
             # so a queued writer cannot slip in when the write is released.
-            return store.grant(queue, request)
-        entry = _Entry(request)
+            entry.grants = store.grant(queue, request)
+            return entry.grants
+        entry.queued = True
         queue.waiters.append(entry)
         store.pump(request.family, request.name)
-        if entry.grants is not None:
-            return entry.grants
-        if deadline is not None and deadline <= time.monotonic():
-            store.remove_waiter(entry)
-            return None
-        entry.future = asyncio.get_running_loop().create_future()
-        try:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            await asyncio.wait((entry.future,), timeout=timeout)
-        except BaseException:
-            # Cancelled while waiting: leave the queue, or give back what was
-            # granted in the same loop iteration.
-            granted = entry.granted()
-            if granted is not None:
-                for grant in granted:
-                    store.release(grant)
-            else:
-                store.remove_waiter(entry)
-            raise
-        granted = entry.granted()
-        if granted is not None:
-            return granted
-        store.remove_waiter(entry)
-        return None
+        return entry.granted()
 
-    async def release(self, grant: Grant) -> None:
-        """Remove the holder and grant to the next waiters; idempotent."""
-        self._get_store().release(grant)
+    async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
+        """Wait on the entry's future (set when the queue grants it) or ``bound``."""
+        entry = cast(_Entry, attempt)
+        if entry.grants is not None:
+            return
+        future = entry.future
+        if future is None:
+            future = entry.future = asyncio.get_running_loop().create_future()
+        await wait_done(future, bound)
+
+    async def abandon(self, attempt: Attempt) -> None:
+        """Leave the queue, or give back what the queue granted meanwhile."""
+        entry = cast(_Entry, attempt)
+        store = self._get_store()
+        granted, entry.grants = entry.grants, None
+        if granted is not None:
+            for grant in granted:
+                store.release(grant)
+        else:
+            store.remove_waiter(entry)
+
+    def finish(self, attempt: Attempt) -> None:
+        """Nothing to drop: the future is the entry's own."""
+
+    async def release(self, grant: Grant) -> bool:
+        """Remove the holder and grant to the next waiters; ``False`` if it was not held.
+
+        Yields to the event loop first, as a release over the network does, so
+        that code tested on ``memory://`` meets the same cancellation point
+        (the engine then finishes the release).
+        """
+        await asyncio.sleep(0)
+        return self._get_store().release(grant)
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         """Holders in grant order, then waiters in arrival order."""
@@ -230,6 +254,12 @@ class MemoryDriver:
 
     async def close(self) -> None:
         """Nothing to disconnect; the core has released every hold."""
+
+    def admin(self) -> MemoryAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import MemoryAdmin
+
+        return MemoryAdmin(self)
 
     async def diagnose(self) -> Diagnosis:
         """``backend.doctor()``'s findings: one reminder that this lock is process-local."""

@@ -458,11 +458,6 @@ class RedisBackend(Backend):
             RedisDriver(node, lease_time=opts["lease_time"], key_prefix=opts["key_prefix"])
         )
 
-    @classmethod
-    def _with_driver(cls, driver: RedisDriver) -> RedisBackend:
-        self = cls.__new__(cls)
-        Backend.__init__(self, driver)
-        return self
 
 
 @final
@@ -482,11 +477,6 @@ class RedlockBackend(Backend):
     ``leader_latch``. Built with :func:`from_url`.
     """
 
-    @classmethod
-    def _with_driver(cls, driver: RedlockDriver) -> RedlockBackend:
-        self = cls.__new__(cls)
-        Backend.__init__(self, driver)
-        return self
 
 
 def from_url(url: str, **options: object) -> Backend:
@@ -537,7 +527,7 @@ def from_url(url: str, **options: object) -> Backend:
             connect_timeout=connect_timeout,
             min_replicas=min_replicas,
         )
-        return RedisBackend._with_driver(
+        return RedisBackend._around(
             RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
         )
 
@@ -589,7 +579,7 @@ def from_url(url: str, **options: object) -> Backend:
             min_replicas=min_replicas,
             on_close=close_sentinels,
         )
-        return RedisBackend._with_driver(
+        return RedisBackend._around(
             RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
         )
 
@@ -624,7 +614,7 @@ def from_url(url: str, **options: object) -> Backend:
             connect_timeout=connect_timeout,
             cluster=True,
         )
-        return RedisBackend._with_driver(
+        return RedisBackend._around(
             RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
         )
 
@@ -657,6 +647,6 @@ def from_url(url: str, **options: object) -> Backend:
             )
         )
     describe = f"redlock://{','.join(map(str, hosts))}/{db}"
-    return RedlockBackend._with_driver(
+    return RedlockBackend._around(
         RedlockDriver(nodes, describe=describe, lease_time=lease_time, key_prefix=key_prefix)
     )

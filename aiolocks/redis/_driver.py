@@ -20,17 +20,14 @@ RedissonFairLock ideas, re-derived; see ``docs/redis.md``):
 * Waiting: try; on failure subscribe (confirmed) to the channel; try again;
   wait for a message or the blocking hold's remaining TTL (expiry publishes
   nothing) or the deadline; repeat.
-* Commands run in the caller's task: the core awaits ``acquire`` and
-  ``release`` directly (``isolates_acquire`` / ``isolates_release``). The
-  field ids are minted before the first send, so a cancelled or failed
-  acquire can always be cleaned up with ``release.lua`` for our ids. When
-  the caller stopped waiting for an acquire script that was on the wire,
-  that script may reach Redis after the cleanup (another connection): the
-  cleanup leaves a short tombstone for our ids, and ``acquire.lua`` refuses
-  to grant a tombstoned id. A cancelled unlock is sent again from a task of
-  the node's, which ``release()`` waits for.
-  ``acquire.lua`` answers a resend with the same grant, so redis-py's own
-  retries on a connection error cannot double a hold either.
+* The engine drives each acquire (see :mod:`aiolocks._core.driver`): the
+  field ids are minted in ``begin``, before the first send, so ``abandon``
+  can always clean up with ``release.lua`` for our ids. When a script of
+  the attempt went unanswered (cancelled, connection error), it may reach
+  Redis after the cleanup (another connection): the cleanup then leaves a
+  short tombstone for our ids, and ``acquire.lua`` refuses to grant a
+  tombstoned id. ``acquire.lua`` answers a resend with the same grant, so
+  redis-py's own retries on a connection error cannot double a hold either.
 """
 
 from __future__ import annotations
@@ -45,22 +42,26 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, final
+from typing import TYPE_CHECKING, Any, TypeVar, cast, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .._core.backoff import Backoff
 from .._core.doctor import Diagnosis
-from .._core.driver import Capabilities, Family, Grant, Mode, Request
+from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError, LockError
 from .._core.participants import Participant
-from .._core.tasks import wait_finished
+from .._core.tasks import TaskSet
 from ._pubsub import PubSubHub, Wake
 from ._scripts import Scripts, source
 from ._watchdog import Renewal, RenewResult, Watchdog
 
-__all__ = ["LockKeys", "RedisDriver", "RedisHold", "RedisNode", "lock_keys"]
+if TYPE_CHECKING:
+    from ._admin import RedisAdmin
+
+__all__ = ["LockKeys", "RedisAttempt", "RedisDriver", "RedisHold", "RedisNode", "lock_keys"]
 
 logger = logging.getLogger("aiolocks.redis")
 
@@ -162,25 +163,53 @@ class RedisHold:
             self.watchdog.stop()
 
 
-@dataclass(slots=True)
-class _Attempt:
-    """What one acquire has put on the wire, for the cleanup."""
+class RedisAttempt(Attempt):
+    """One acquire: the ids it may own, its arguments, and what is on the wire."""
 
-    keys: LockKeys
-    fields: list[str]
-    member: str
-    lease: float
-    dirty: bool = False
-    inflight: asyncio.Task[Any] | None = None
-    #: a script of this attempt was on the wire when we stopped waiting for it
-    interrupted: bool = False
+    __slots__ = (
+        "args",
+        "fair",
+        "fields",
+        "keys",
+        "lease",
+        "maybe_written",
+        "member",
+        "send_lost",
+        "unanswered",
+        "wait_ms",
+        "wake",
+    )
+
+    def __init__(
+        self,
+        request: Request,
+        keys: LockKeys,
+        fields: list[str],
+        member: str,
+        lease: float,
+        fair: bool,
+        args: list[object],
+    ) -> None:
+        super().__init__(request)
+        self.keys = keys
+        self.fields = fields
+        self.member = member
+        self.lease = lease
+        self.fair = fair
+        self.args = args
+        #: something of this attempt may be on the server (a field, a queue entry)
+        self.maybe_written = False
+        #: a script of this attempt is on the wire, its answer not read yet
+        self.unanswered = False
+        #: a send of this attempt failed on the connection: it may still reach Redis
+        self.send_lost = False
+        #: from the last "no": how long the blocking hold has left (ms, -1 unknown)
+        self.wait_ms = -1
+        self.wake: Wake | None = None
 
 
 class RedisNode:
-    """One Redis endpoint (a server, a Sentinel master, a cluster): client, scripts, pub/sub.
-
-    Owns the tasks it spawns, so ``close()`` can finish them.
-    """
+    """One Redis endpoint (a server, a Sentinel master, a cluster): client, scripts, pub/sub."""
 
     def __init__(
         self,
@@ -203,7 +232,6 @@ class RedisNode:
         self.client: Any = None
         self.scripts: Scripts | None = None
         self.hub: PubSubHub | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -230,14 +258,7 @@ class RedisNode:
             raise BackendUnavailableError(f"cannot reach Redis {self.describe}: {exc}") from exc
 
     async def close(self) -> None:
-        """Finish cleanups (bounded), stop pub/sub, close the client if we made it."""
-        pending = [t for t in self._tasks if not t.done()]
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=self.connect_timeout)
-            for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late)
+        """Stop pub/sub, close the client if we made it."""
         if self.hub is not None:
             await self.hub.close()
         if self._owns_client and self.client is not None:
@@ -245,18 +266,6 @@ class RedisNode:
                 await self.client.aclose()
         if self._on_close is not None:
             await self._on_close()
-
-    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
-        """Start an owned task (no fire-and-forget)."""
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-        return task
-
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: the awaiting side reports it
 
     # -- commands ------------------------------------------------------------
 
@@ -356,66 +365,53 @@ class RedisNode:
             await self.evalsha("inspect", (keys.holders, keys.queue, keys.queue_timeouts), ())
         )
 
-    async def shielded(self, coro: Coroutine[Any, Any, T], attempt: _Attempt | None = None) -> T:
-        """Run ``coro`` in its own task, awaited through :func:`asyncio.shield`.
+    async def abandon(self, attempt: RedisAttempt) -> None:
+        """Delete whatever ``attempt`` may have written here, retried through a short outage.
 
-        A cancellation of the caller then cannot be lost inside redis-py, and
-        the command still completes so its outcome can be reconciled.
+        If a script of the attempt went unanswered, it may reach Redis after
+        this cleanup (another connection): ``release.lua`` then leaves a
+        tombstone for our ids that makes that script refuse to grant
+        (``TOMBSTONE_MS``). Gives up, with a warning, once the lease would
+        have lapsed anyway.
         """
-        task = self.spawn(coro, name=f"aiolocks-redis-command:{self.describe}")
-        if attempt is not None:
-            attempt.inflight = task
-        return await asyncio.shield(task)
-
-    async def cleanup(self, attempt: _Attempt) -> None:
-        """Undo whatever ``attempt`` may have written; cannot be skipped by a cancel.
-
-        Waits for a shielded in-flight script first (Redlock), then runs
-        ``release.lua`` for our ids and queue entry, retrying until the lease
-        would have lapsed anyway. If we stopped waiting for a script of the
-        attempt (``interrupted``: it may reach Redis after this cleanup, on
-        another connection), ``release.lua`` leaves a tombstone for our ids
-        that makes that script refuse to grant (``TOMBSTONE_MS``).
-        """
-        if not attempt.dirty:
+        if not attempt.maybe_written:
             return
-        attempt.dirty = False
-        task = self.spawn(self._cleanup(attempt), name=f"aiolocks-redis-cleanup:{self.describe}")
-        # Cancelled again here (anyio re-delivers its cancellation at every
-        # await), we keep waiting: the caller returns only once nothing of
-        # the attempt is left on the server. The cancellation comes after.
-        cancelled = await wait_finished(task)
-        if cancelled is not None:
-            raise cancelled
+        tombstone = attempt.unanswered or attempt.send_lost
+        if await self.cleanup(
+            attempt.keys, attempt.member, attempt.fields, attempt.lease, tombstone=tombstone
+        ):
+            attempt.maybe_written = False
 
-    async def _cleanup(self, attempt: _Attempt) -> None:
-        inflight = attempt.inflight
-        if inflight is not None and not inflight.done():
-            await asyncio.wait([inflight])
-        give_up = time.monotonic() + attempt.lease
-        delay = 0.05
-        # An acquire script we stopped waiting for may reach Redis after this
-        # cleanup (another connection): leave a tombstone it will respect.
-        tombstone_ms = min(int(attempt.lease * 1000), TOMBSTONE_MS) if attempt.interrupted else 0
+    async def cleanup(
+        self,
+        keys: LockKeys,
+        member: str,
+        fields: Sequence[str],
+        lease: float,
+        *,
+        tombstone: bool,
+    ) -> bool:
+        """``release.lua`` for our ids, retried until the lease would have lapsed; True if done."""
+        tombstone_ms = min(int(lease * 1000), TOMBSTONE_MS) if tombstone else 0
+        backoff = Backoff(time.monotonic() + lease)
         while True:
             try:
-                await self.release(attempt.keys, attempt.member, attempt.fields, tombstone_ms)
-                return
+                await self.release(keys, member, fields, tombstone_ms)
             except TRANSIENT as exc:
-                if time.monotonic() + delay > give_up:
+                if not await backoff.wait():
                     logger.warning(
                         "could not clean up an abandoned acquire of %s on %s (%s); "
                         "it lapses with its lease",
-                        attempt.keys.holders,
+                        keys.holders,
                         self.describe,
                         exc,
                     )
-                    return
+                    return False
+                continue
             except RedisError as exc:
-                logger.warning("cleaning up %s failed: %s", attempt.keys.holders, exc)
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+                logger.warning("cleaning up %s failed: %s", keys.holders, exc)
+                return False
+            return True
 
 
 def refused_unrun(exc: BaseException) -> bool:
@@ -510,11 +506,6 @@ class RedisDriver:
     """The :class:`~aiolocks._core.driver.Driver` for one Redis endpoint."""
 
     capabilities = Capabilities(fair=False, queue_visible=False, can_lose=True)
-    #: a cancelled attempt is cleaned up (with tombstones for a script still
-    #: on the wire) in a task of the node's, waited for through cancellations
-    isolates_acquire = True
-    #: a cancelled unlock is sent again from a node task that release() waits for
-    isolates_release = True
 
     def __init__(
         self,
@@ -530,8 +521,9 @@ class RedisDriver:
         self.client_uuid = uuid.uuid4().hex
         self._holds: set[RedisHold] = set()
         self._closed = False
+        self._tasks: TaskSet | None = None
         self.watchdog = Watchdog(
-            node.renew_many, node.spawn, name=f"aiolocks-redis-watchdog:{node.describe}"
+            node.renew_many, self._spawn, name=f"aiolocks-redis-watchdog:{node.describe}"
         )
 
     def describe(self) -> str:
@@ -540,8 +532,15 @@ class RedisDriver:
     def lock_options(self, family: Family, options: Mapping[str, object]) -> Mapping[str, object]:
         return check_lock_options(family, options)
 
-    async def open(self) -> None:
+    async def open(self, tasks: TaskSet) -> None:
+        self._tasks = tasks
         await self.node.open()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """The watchdog's sender runs in the engine's task set."""
+        if self._tasks is None:
+            self._tasks = TaskSet()
+        return self._tasks.spawn(coro, name=name)
 
     async def diagnose(self) -> Diagnosis:
         """``backend.doctor()``'s findings for this server (see :mod:`._doctor`)."""
@@ -569,14 +568,10 @@ class RedisDriver:
 
     # -- acquire ---------------------------------------------------------------
 
-    async def acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
-        if self._closed:
-            raise BackendUnavailableError(f"the Redis backend {self.describe()} is closed")
+    def begin(self, request: Request) -> Attempt:
+        """Mint the field ids (Curator's protected mode) and build the script arguments."""
         lease = self._lease(request)
         fair = bool(request.options.get("fair", False))
-        keys = self.keys(request)
-        # Minted before the first send (Curator's protected mode): whatever
-        # happens to the reply, the cleanup knows what to delete.
         fields = [f"{self.client_uuid}:{secrets.token_hex(8)}" for _ in range(request.count)]
         member = f"{fields[0]}|{request.participant}" if fair else ""
         downgrade = ""
@@ -594,60 +589,51 @@ class RedisDriver:
             member,
             *fields,
         ]
-        attempt = _Attempt(keys, fields, member, lease)
-        try:
-            try:
-                grants = await self._acquire(request, deadline, attempt, args, lease, fair)
-            except (RedisError, OSError) as exc:
-                raise map_error(exc, f"acquiring {request.name!r}", self.describe()) from exc
-            if grants is None:
-                await self.node.cleanup(attempt)  # leave the fair queue
-            return grants
-        except BaseException:
-            # Cancelled, timed out in a wait, or failed: nothing may stay
-            # held or queued. The cleanup waits for the in-flight script.
-            await self.node.cleanup(attempt)
-            raise
+        return RedisAttempt(request, self.keys(request), fields, member, lease, fair, args)
 
-    async def _try(
-        self, attempt: _Attempt, args: Sequence[object], fair: bool, deadline: float | None
-    ) -> tuple[bool, list[Any], float]:
+    async def try_once(self, attempt: Attempt) -> list[Grant] | None:
+        """One ``acquire.lua`` (retried through a short outage); grants or ``None``."""
+        if self._closed:
+            raise BackendUnavailableError(f"the Redis backend {self.describe()} is closed")
+        a = cast(RedisAttempt, attempt)
+        if a.wake is not None:
+            a.wake.clear()  # forget rings from before this try
+        try:
+            granted, reply, sent = await self._try(a)
+        except (RedisError, OSError) as exc:
+            raise map_error(exc, f"acquiring {a.request.name!r}", self.describe()) from exc
+        if granted:
+            # No await from here to the return: the grants go straight to the engine.
+            if a.wake is not None:
+                a.wake.won = True
+            return self._grants(a, reply, sent)
+        a.wait_ms = int(reply[1])
+        return None
+
+    async def _try(self, a: RedisAttempt) -> tuple[bool, list[Any], float]:
         """One acquire script, retried through a short outage; (granted, reply, sent at).
 
         A connection error is retried with backoff for up to
-        ``connect_timeout`` (and never past the deadline), so a waiter rides
-        out a restart or a failover; then it becomes BackendUnavailableError.
-        Resending is safe: ``acquire.lua`` answers a resend of a granted
-        attempt with the same grant, and a definite "no" proves that no
-        earlier send of this attempt was granted either.
+        ``connect_timeout``; then it raises. Resending is safe: ``acquire.lua``
+        answers a resend of a granted attempt with the same grant, and a
+        definite "no" proves that no earlier send of this attempt was granted.
         """
-        first_error: float | None = None
-        delay = 0.05
+        backoff: Backoff | None = None
         while True:
-            attempt.dirty = True
+            a.maybe_written = True
+            a.unanswered = True
             # The lease runs from when the script ran, at or after this send:
             # the watchdog may trust the hold until sent + lease, no longer.
             sent = time.monotonic()
             try:
-                # In the caller's task, no shield: if we stop waiting for the
-                # reply (cancelled, connection error), the cleanup leaves a
-                # tombstone that this script respects should it arrive late.
-                reply, acked = await self.node.try_acquire(attempt.keys, args)
-            except asyncio.CancelledError:
-                attempt.interrupted = True
-                raise
+                reply, acked = await self.node.try_acquire(a.keys, a.args)
             except TRANSIENT:
-                attempt.interrupted = True
-                now = time.monotonic()
-                if first_error is None:
-                    first_error = now
-                give_up = first_error + self.node.connect_timeout
-                if deadline is not None:
-                    give_up = min(give_up, deadline)
-                if now + delay >= give_up:
+                # That send may still arrive: the cleanup must leave a tombstone.
+                a.send_lost = True
+                if backoff is None:
+                    backoff = Backoff(time.monotonic() + self.node.connect_timeout)
+                if not await backoff.wait():
                     raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
                 continue
             break
         granted = int(reply[0]) == 1
@@ -656,65 +642,56 @@ class RedisDriver:
                 f"only {acked} of min_replicas={self.node.min_replicas} replicas of "
                 f"{self.describe()} acknowledged the lock write; released it"
             )
-        if not granted and not fair and not attempt.interrupted:
-            # A definite "no" wrote nothing. (After an interrupted send, that
-            # send may still arrive: keep the cleanup, with its tombstone.)
-            attempt.dirty = False
+        a.unanswered = False
+        if not granted and not a.fair and not a.send_lost:
+            a.maybe_written = False  # a definite "no" wrote nothing, and nothing else is coming
         return granted, reply, sent
 
-    async def _acquire(
-        self,
-        request: Request,
-        deadline: float | None,
-        attempt: _Attempt,
-        args: Sequence[object],
-        lease: float,
-        fair: bool,
-    ) -> list[Grant] | None:
-        granted, reply, sent = await self._try(attempt, args, fair, deadline)
-        if granted:
-            return self._grants(request, attempt, reply, lease, sent)
-        if deadline is not None and time.monotonic() >= deadline:
-            return None
+    async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
+        """Subscribe on the first call (then return: try again); then wait for an unlock.
+
+        Subscribing (confirmed) before the second try means an unlock
+        published between that try and the wait is not missed. The wait is
+        never longer than the blocking hold's TTL (expiry publishes nothing)
+        or, in a fair queue, a third of our queue entry's timeout (we
+        refresh it by trying).
+        """
+        a = cast(RedisAttempt, attempt)
         hub = self.node.hub
         assert hub is not None
-        # R6: subscribe (confirmed) *before* the second try, so an unlock
-        # published between that try and the wait is not missed.
-        # Only an unfair exclusive waiter can be woken alone: one unlock frees
-        # one slot for anybody. Fair waiters must all look (only the queue
-        # head may take it), and leases/readers may all fit.
-        wake = Wake(exclusive=not fair and request.mode is Mode.EXCLUSIVE)
-        async with hub.listen(attempt.keys.channel, wake):
-            while True:
-                wake.clear()
-                granted, reply, sent = await self._try(attempt, args, fair, deadline)
-                if granted:
-                    wake.won = True
-                    return self._grants(request, attempt, reply, lease, sent)
-                wait_ms = int(reply[1])
-                # R7: never longer than the blocking hold's TTL (expiry
-                # publishes nothing), the deadline, or, in a fair queue, a
-                # third of our queue entry's timeout (we refresh it by trying).
-                bound = lease if wait_ms < 0 else wait_ms / 1000
-                if fair:
-                    bound = min(bound, lease / 3)
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return None
-                    bound = min(bound, left)
-                await wake.wait(bound)
+        if a.wake is None:
+            # Only an unfair exclusive waiter can be woken alone: one unlock
+            # frees one slot for anybody. Fair waiters must all look (only the
+            # queue head may take it), and leases/readers may all fit.
+            a.wake = Wake(exclusive=not a.fair and a.request.mode is Mode.EXCLUSIVE)
+            hub.attach(a.keys.channel, a.wake)
+            await hub.confirmed(a.keys.channel)
+            return
+        wait = a.lease if a.wait_ms < 0 else a.wait_ms / 1000
+        if a.fair:
+            wait = min(wait, a.lease / 3)
+        if bound is not None:
+            wait = min(wait, bound)
+        await a.wake.wait(wait)
 
-    def _grants(
-        self, request: Request, attempt: _Attempt, reply: list[Any], lease: float, sent: float
-    ) -> list[Grant]:
-        # No await from here to the return: the grants go straight to the core.
-        attempt.dirty = False
+    async def abandon(self, attempt: Attempt) -> None:
+        """Delete our fields and queue entry, with a tombstone if a script is unanswered."""
+        await self.node.abandon(cast(RedisAttempt, attempt))
+
+    def finish(self, attempt: Attempt) -> None:
+        """Unsubscribe (a waiter leaving without the lock passes its turn on)."""
+        a = cast(RedisAttempt, attempt)
+        if a.wake is not None and self.node.hub is not None:
+            self.node.hub.detach(a.keys.channel, a.wake)
+
+    def _grants(self, a: RedisAttempt, reply: list[Any], sent: float) -> list[Grant]:
+        a.maybe_written = False
+        request, lease = a.request, a.lease
         tokens = [int(_text(x)) for x in reply[1:]]
         enabled = bool(request.options.get("watchdog", True))
         grants = []
-        for field, token in zip(attempt.fields, tokens, strict=True):
-            hold = RedisHold(attempt.keys, field, lease)
+        for field, token in zip(a.fields, tokens, strict=True):
+            hold = RedisHold(a.keys, field, lease)
             grant = Grant(request, token, hold)
             grant.valid_until = sent + lease  # moved on by each successful renewal
             hold.watchdog = self.watchdog.watch(
@@ -733,66 +710,51 @@ class RedisDriver:
 
     # -- release ---------------------------------------------------------------
 
-    async def release(self, grant: Grant) -> None:
+    async def release(self, grant: Grant) -> bool:
+        """``release.lua`` for our field; ``False`` when Redis no longer had it."""
         hold = grant.handle
-        if not isinstance(hold, RedisHold) or hold.released:
-            return
+        if not isinstance(hold, RedisHold):
+            return True
         # Stop the watchdog *before* sending the unlock (Redisson #7272).
         hold.stop()
         self._holds.discard(hold)
-        try:
-            # In the caller's task (isolates_release): no task on the fast path.
-            await self._unlock(grant, hold, resent=False)
-        except asyncio.CancelledError:
-            # The unlock may or may not have run. It is idempotent: send it
-            # again from a task of the node's, and wait for that through any
-            # further cancellation, so the caller returns with it done.
-            task = self.node.spawn(
-                self._unlock(grant, hold, resent=True),
-                name=f"aiolocks-redis-release:{self.describe()}",
-            )
-            await wait_finished(task)
-            if not task.cancelled() and task.exception() is not None:
-                logger.warning("releasing %r failed", grant.request.name, exc_info=task.exception())
-            raise
-
-    async def _unlock(self, grant: Grant, hold: RedisHold, *, resent: bool) -> None:
-        """``release.lua`` for one hold, retried through a short outage."""
-        give_up = time.monotonic() + min(hold.lease, self.node.connect_timeout)
-        delay = 0.05
+        backoff = Backoff(time.monotonic() + min(hold.lease, self.node.connect_timeout), cap=0.5)
+        # After a connection error the script may have run: a later "nothing
+        # to delete" then proves nothing, unless the server refused it unrun.
+        ambiguous = False
         while True:
             try:
                 removed = await self.node.release(hold.keys, "", [hold.field])
-                if not removed and not resent:
-                    # A first, unambiguous answer "nothing to delete": the hold
-                    # was gone before we released it (a failover to a replica
-                    # that never saw it, a key deleted behind our back, a lease
-                    # that lapsed). The core reports that as a loss.
-                    grant.mark_lost("its Redis field was already gone when it was released")
-                return
             except TRANSIENT as exc:
-                # A refusal by a demoted master means the script never ran:
-                # the next answer is then as unambiguous as a first one.
-                resent = resent or not refused_unrun(exc)
+                ambiguous = ambiguous or not refused_unrun(exc)
                 if grant.lost:
-                    return  # the lease lapses; nothing to report on a lost hold
-                if time.monotonic() + delay > give_up:
+                    return True  # the lease lapses; nothing to report on a lost hold
+                if not await backoff.wait():
                     raise map_error(
                         exc, f"releasing {grant.request.name!r}", self.describe()
                     ) from exc
+                continue
             except RedisError as exc:
                 if grant.lost:
-                    return
+                    return True
                 raise map_error(exc, f"releasing {grant.request.name!r}", self.describe()) from exc
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
+            # An unambiguous "nothing to delete": the hold was gone before we
+            # released it (a failover to a replica that never saw it, a key
+            # deleted behind our back, a lease that lapsed).
+            return bool(removed) or ambiguous
 
     # -- inspect -----------------------------------------------------------------
+
+    def admin(self) -> RedisAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import RedisAdmin
+
+        return RedisAdmin([self.node], self.key_prefix, self.describe())
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         keys = lock_keys(self.key_prefix, family, name)
         try:
-            reply = await self.node.shielded(self.node.inspect(keys))
+            reply = await self.node.inspect(keys)
         except (RedisError, OSError) as exc:
             raise map_error(exc, f"listing {name!r}", self.describe()) from exc
         return parse_participants(reply)

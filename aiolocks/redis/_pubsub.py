@@ -3,7 +3,7 @@
 Redisson's idea, asyncio-shaped: a waiter that lost the first try asks the
 hub for a subscription to its lock's channel, *waits until the server has
 confirmed the SUBSCRIBE* (so an unlock published between its next try and
-its wait cannot be missed: R6), tries again, then waits on a :class:`Wake`
+its wait cannot be missed), tries again, then waits on a :class:`Wake`
 for a message or for the holder's remaining TTL, whichever comes first.
 
 * Subscriptions are ref-counted per channel; the last waiter to leave sends
@@ -40,7 +40,7 @@ class Wake:
 
     An ``exclusive`` waiter (an unfair mutex: one release frees one slot) is
     rung one at a time per message, so N local waiters do not all retry on
-    every release (Redisson's "wake one per process", R8). Set ``won`` before
+    every release (Redisson's "wake one per process"). Set ``won`` before
     leaving with the lock; a waiter leaving without it passes its turn on.
     """
 
@@ -140,37 +140,56 @@ class PubSubHub:
 
         Pass ``wake`` to share one doorbell between several hubs (Redlock).
         """
+        wake = Wake() if wake is None else wake
+        self.attach(channel, wake)
+        try:
+            await self.confirmed(channel)
+            yield wake
+        finally:
+            self.detach(channel, wake)
+
+    def attach(self, channel: str, wake: Wake) -> None:
+        """Ring ``wake`` on messages of ``channel`` from now on; subscribes if needed. No I/O."""
         if self._closed:
             raise BackendUnavailableError(f"the Redis backend {self._describe} is closed")
         self._start()
-        wake = Wake() if wake is None else wake
         entry = self._channels.get(channel)
         if entry is None:
             entry = self._channels[channel] = _Channel()
             self._commands.put_nowait(("subscribe", channel))
         entry.wakes[wake] = None
+
+    async def confirmed(self, channel: str) -> None:
+        """Wait until the server confirmed the subscription of ``channel`` (after attach)."""
+        entry = self._channels.get(channel)
+        if entry is None:
+            return
         try:
             # Shield: several waiters share the future; one being cancelled
             # must not cancel it for the others.
             async with asyncio.timeout(self._timeout):
                 await asyncio.shield(entry.ready)
-            yield wake
         except TimeoutError:
             raise BackendUnavailableError(
                 f"Redis {self._describe} did not confirm a SUBSCRIBE within {self._timeout:g} s"
             ) from None
-        finally:
-            entry.wakes.pop(wake, None)
-            if wake.exclusive and not wake.won:
-                # It may have used up the only ring of an unlock (cancelled,
-                # timed out, failed): let the next local waiter look instead.
-                entry.pass_turn()
-            if not entry.wakes and self._channels.get(channel) is entry:
-                del self._channels[channel]
-                if not entry.ready.done():
-                    entry.ready.cancel()
-                if not self._closed:
-                    self._commands.put_nowait(("unsubscribe", channel))
+
+    def detach(self, channel: str, wake: Wake) -> None:
+        """Stop ringing ``wake``; unsubscribes when it was the last one. No I/O; idempotent."""
+        entry = self._channels.get(channel)
+        if entry is None or wake not in entry.wakes:
+            return
+        del entry.wakes[wake]
+        if wake.exclusive and not wake.won:
+            # It may have used up the only ring of an unlock (cancelled,
+            # timed out, failed): let the next local waiter look instead.
+            entry.pass_turn()
+        if not entry.wakes:
+            del self._channels[channel]
+            if not entry.ready.done():
+                entry.ready.cancel()
+            if not self._closed:
+                self._commands.put_nowait(("unsubscribe", channel))
 
     def _start(self) -> None:
         if self._commander is None:

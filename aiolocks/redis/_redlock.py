@@ -40,21 +40,23 @@ import random
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import final
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast, final
 
 from redis.exceptions import RedisError
 
 from .._core.doctor import Diagnosis
-from .._core.driver import Capabilities, Family, Grant, Mode, Request
+from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
 from .._core.participants import Participant
+from .._core.tasks import TaskSet
 from ._driver import (
     MODE_CODES,
+    TOMBSTONE_MS,
     TRANSIENT,
+    LockKeys,
     RedisHold,
     RedisNode,
-    _Attempt,
     _text,
     check_lock_options,
     lock_keys,
@@ -64,6 +66,9 @@ from ._driver import (
 )
 from ._pubsub import Wake
 from ._watchdog import Renewal, RenewResult, Watchdog
+
+if TYPE_CHECKING:
+    from ._admin import RedisAdmin
 
 __all__ = ["RedlockDriver"]
 
@@ -76,9 +81,12 @@ REDLOCK_FAMILIES = (Family.MUTEX, Family.SEMAPHORE_MUTEX, Family.LEADER)
 class RedlockDriver:
     """The :class:`~aiolocks._core.driver.Driver` over N independent masters."""
 
-    capabilities = Capabilities(fair=False, queue_visible=False, can_lose=True)
-    isolates_acquire = False
-    isolates_release = False
+    capabilities = Capabilities(
+        fair=False,
+        queue_visible=False,
+        can_lose=True,
+        primitives=frozenset({"mutex", "semaphore_mutex", "leader_latch"}),
+    )
 
     def __init__(
         self,
@@ -98,8 +106,9 @@ class RedlockDriver:
         self.client_uuid = uuid.uuid4().hex
         self._holds: set[RedisHold] = set()
         self._closed = False
+        self._tasks: TaskSet | None = None
         self.watchdog = Watchdog(
-            self._renew_many, self.nodes[0].spawn, name=f"aiolocks-redlock-watchdog:{describe}"
+            self._renew_many, self._spawn, name=f"aiolocks-redlock-watchdog:{describe}"
         )
 
     def describe(self) -> str:
@@ -112,7 +121,14 @@ class RedlockDriver:
             )
         return check_lock_options(family, options, allow_fair=False)
 
-    async def open(self) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """The watchdog's sender runs in the engine's task set."""
+        if self._tasks is None:
+            self._tasks = TaskSet()
+        return self._tasks.spawn(coro, name=name)
+
+    async def open(self, tasks: TaskSet) -> None:
+        self._tasks = tasks
         results = await asyncio.gather(*(n.open() for n in self.nodes), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         for r in failed:
@@ -151,9 +167,8 @@ class RedlockDriver:
 
     # -- acquire ---------------------------------------------------------------
 
-    async def acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
-        if self._closed:
-            raise BackendUnavailableError(f"the Redlock backend {self._describe} is closed")
+    def begin(self, request: Request) -> Attempt:
+        """Mint the one field id this acquire uses on every master."""
         lease = self._lease(request)
         keys = lock_keys(self.key_prefix, request.family, request.name)
         field = f"{self.client_uuid}:{secrets.token_hex(8)}"
@@ -161,118 +176,126 @@ class RedlockDriver:
             MODE_CODES[Mode.EXCLUSIVE], 1, int(lease * 1000), request.participant,
             "0", int(lease * 1000), "", "", field,
         ]  # fmt: skip
-        # One _Attempt per master per round: a round's cleanup may still run
-        # in the background while the next round is on the wire.
-        current: list[list[_Attempt]] = [[]]
+        return _RedlockAttempt(request, keys, field, lease, args, len(self.nodes))
 
-        def new_round() -> list[_Attempt]:
-            current[0] = [_Attempt(keys, [field], "", lease) for _ in self.nodes]
-            return current[0]
+    async def try_once(self, attempt: Attempt) -> list[Grant] | None:
+        """One round on every master; on no quorum, give back what it won."""
+        if self._closed:
+            raise BackendUnavailableError(f"the Redlock backend {self._describe} is closed")
+        a = cast(_RedlockAttempt, attempt)
+        a.wake.clear()
+        timeout = self._node_timeout(a.lease)
+        start = time.monotonic()
+        results = await asyncio.gather(
+            *(self._try_node(i, node, a, timeout) for i, node in enumerate(self.nodes))
+        )
+        validity = a.lease - (time.monotonic() - start) - self.drift(a.lease)
+        tokens = [value for kind, value in results if kind == "ok"]
+        if len(tokens) >= self.quorum and validity > 0:
+            # No await from here to the return.
+            a.written = [False] * len(self.nodes)
+            return [self._grant(a, max(tokens), start)]
+        a.results = results
+        # Not ours: give back what we got, on every master that may have it
+        # (bounded per master, so a stalled one does not hold up the next
+        # round; what is left there is abandon's).
+        await self._give_back(a, timeout)
+        down = sum(1 for kind, _ in results if kind == "down")
+        if down > len(self.nodes) - self.quorum:
+            raise BackendUnavailableError(
+                f"only {len(self.nodes) - down} of {len(self.nodes)} Redlock masters of "
+                f"{self._describe} answered; a lock needs {self.quorum}"
+            )
+        return None
 
-        try:
-            return await self._acquire(request, deadline, new_round, args, lease)
-        except BaseException:
-            await self._cleanup(current[0], [True] * len(current[0]))
-            raise
-
-    async def _cleanup(self, attempts: Sequence[_Attempt], wait: Sequence[bool]) -> None:
-        """Release on every master, answered or not: a lost reply may hide a grant.
-
-        Masters that did not answer are cleaned up in the background (owned
-        by their node, finished by close()), so a stalled master does not
-        hold up the next round.
-        """
-        waited = []
-        for node, attempt, must_wait in zip(self.nodes, attempts, wait, strict=True):
-            attempt.dirty = True
-            if must_wait:
-                waited.append(node.cleanup(attempt))
-            else:
-                node.spawn(node.cleanup(attempt), name="aiolocks-redlock-cleanup")
-        await asyncio.gather(*waited, return_exceptions=True)
+    def _node_timeout(self, lease: float) -> float:
+        return max(0.05, min(lease / 10, self.nodes[0].connect_timeout))
 
     async def _try_node(
-        self, node: RedisNode, attempt: _Attempt, args: Sequence[object], timeout: float
+        self, index: int, node: RedisNode, a: _RedlockAttempt, timeout: float
     ) -> tuple[str, int]:
         """('ok', token) | ('busy', wait_ms) | ('down', 0) for one master."""
+        a.written[index] = True
         try:
             async with asyncio.timeout(timeout):
-                reply, _ = await node.shielded(node.try_acquire(attempt.keys, args), attempt)
+                reply, _ = await node.try_acquire(a.keys, a.args)
         except (TimeoutError, *TRANSIENT):
+            # Unanswered: the script may still reach that master later.
+            a.send_lost[index] = True
             return "down", 0
         if int(reply[0]) == 1:
             return "ok", int(_text(reply[1]))
+        if not a.send_lost[index]:
+            a.written[index] = False  # a definite "no" wrote nothing
         return "busy", int(reply[1])
 
-    async def _round(
-        self, attempts: Sequence[_Attempt], args: Sequence[object], lease: float
-    ) -> tuple[list[tuple[str, int]], float]:
-        timeout = max(0.05, min(lease / 10, self.nodes[0].connect_timeout))
-        start = time.monotonic()
-        results = await asyncio.gather(
-            *(
-                self._try_node(node, a, args, timeout)
-                for node, a in zip(self.nodes, attempts, strict=True)
-            )
+    async def _give_back(self, a: _RedlockAttempt, timeout: float | None) -> None:
+        """``release.lua`` for our field on every master that may hold it."""
+
+        async def one(index: int, node: RedisNode) -> None:
+            if timeout is None:
+                done = await node.cleanup(
+                    a.keys, "", [a.field], a.lease, tombstone=a.send_lost[index]
+                )
+            else:
+                try:
+                    async with asyncio.timeout(timeout):
+                        tombstone_ms = (
+                            min(int(a.lease * 1000), TOMBSTONE_MS) if a.send_lost[index] else 0
+                        )
+                        await node.release(a.keys, "", [a.field], tombstone_ms)
+                    done = True
+                except (TimeoutError, RedisError, OSError):
+                    done = False
+            if done:
+                a.written[index] = False
+
+        await asyncio.gather(
+            *(one(i, node) for i, node in enumerate(self.nodes) if a.written[i]),
+            return_exceptions=True,
         )
-        return list(results), start
 
-    async def _acquire(
-        self,
-        request: Request,
-        deadline: float | None,
-        new_round: Callable[[], list[_Attempt]],
-        args: Sequence[object],
-        lease: float,
-    ) -> list[Grant] | None:
-        wake = Wake()
-        async with contextlib.AsyncExitStack() as stack:
-            subscribed = False
-            while True:
-                wake.clear()
-                attempts = new_round()
-                results, start = await self._round(attempts, args, lease)
-                validity = lease - (time.monotonic() - start) - self.drift(lease)
-                tokens = [value for kind, value in results if kind == "ok"]
-                if len(tokens) >= self.quorum and validity > 0:
-                    return [self._grant(request, attempts[0], max(tokens), lease, start)]
-                # Not ours: give back what we got, on every master.
-                await self._cleanup(attempts, [kind != "down" for kind, _ in results])
-                down = sum(1 for kind, _ in results if kind == "down")
-                if down > len(self.nodes) - self.quorum:
-                    raise BackendUnavailableError(
-                        f"only {len(self.nodes) - down} of {len(self.nodes)} Redlock masters of "
-                        f"{self._describe} answered; a lock needs {self.quorum}"
-                    )
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    return None
-                if not subscribed:
-                    # Subscribe on every master that answered, then try again
-                    # at once (an unlock may have come before the subscription).
-                    subscribed = True
-                    for node, (kind, _) in zip(self.nodes, results, strict=True):
-                        if kind != "down" and node.hub is not None:
-                            with contextlib.suppress(BackendUnavailableError):
-                                await stack.enter_async_context(
-                                    node.hub.listen(attempts[0].keys.channel, wake)
-                                )
-                    continue
-                waits = [value for kind, value in results if kind == "busy" and value >= 0]
-                bound = min(waits) / 1000 if waits else lease / 3
-                # A small random delay breaks split votes between contenders.
-                bound = min(bound, lease / 3) + random.uniform(0, 0.02)
-                if deadline is not None:
-                    bound = min(bound, max(0.0, deadline - now))
-                if await wake.wait(bound):
-                    # Woken by an unlock: contenders on other clients got the
-                    # same message; a jitter keeps them from splitting the vote.
-                    await asyncio.sleep(random.uniform(0, 0.005))
+    async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
+        """Subscribe on every master that answered (then return), later wait for an unlock."""
+        a = cast(_RedlockAttempt, attempt)
+        if not a.hubs:
+            # Subscribe on every master that answered, then try again at once
+            # (an unlock may have come before the subscription).
+            for node, (kind, _) in zip(self.nodes, a.results, strict=True):
+                if kind != "down" and node.hub is not None:
+                    with contextlib.suppress(BackendUnavailableError):
+                        node.hub.attach(a.keys.channel, a.wake)
+                        a.hubs.append(node)
+                        await node.hub.confirmed(a.keys.channel)
+            if a.hubs:
+                return
+        waits = [value for kind, value in a.results if kind == "busy" and value >= 0]
+        wait = min(waits) / 1000 if waits else a.lease / 3
+        # A small random delay breaks split votes between contenders.
+        wait = min(wait, a.lease / 3) + random.uniform(0, 0.02)
+        if bound is not None:
+            wait = min(wait, max(0.0, bound))
+        if await a.wake.wait(wait):
+            # Woken by an unlock: contenders on other clients got the same
+            # message; a jitter keeps them from splitting the vote.
+            await asyncio.sleep(random.uniform(0, 0.005))
 
-    def _grant(
-        self, request: Request, attempt: _Attempt, token: int, lease: float, start: float
-    ) -> Grant:
-        hold = RedisHold(attempt.keys, attempt.fields[0], lease)
+    async def abandon(self, attempt: Attempt) -> None:
+        """Give back our field on every master that may hold it (tombstones where unanswered)."""
+        await self._give_back(cast(_RedlockAttempt, attempt), None)
+
+    def finish(self, attempt: Attempt) -> None:
+        """Unsubscribe from every master."""
+        a = cast(_RedlockAttempt, attempt)
+        for node in a.hubs:
+            if node.hub is not None:
+                node.hub.detach(a.keys.channel, a.wake)
+        a.hubs.clear()
+
+    def _grant(self, a: _RedlockAttempt, token: int, start: float) -> Grant:
+        request, lease = a.request, a.lease
+        a.wake.won = True
+        hold = RedisHold(a.keys, a.field, lease)
         grant = Grant(request, token, hold)
         hold.watchdog = self.watchdog.watch(
             Renewal(
@@ -315,21 +338,34 @@ class RedlockDriver:
 
     # -- release / inspect -------------------------------------------------------
 
-    async def release(self, grant: Grant) -> None:
+    async def release(self, grant: Grant) -> bool:
+        """``release.lua`` on every master (a lost reply may hide a grant anywhere)."""
         hold = grant.handle
-        if not isinstance(hold, RedisHold) or hold.released:
-            return
+        if not isinstance(hold, RedisHold):
+            return True
         hold.stop()
         self._holds.discard(hold)
-        attempts = [_Attempt(hold.keys, [hold.field], "", hold.lease) for _ in self.nodes]
-        await self._cleanup(attempts, [True] * len(attempts))
+        await asyncio.gather(
+            *(
+                node.cleanup(hold.keys, "", [hold.field], hold.lease, tombstone=False)
+                for node in self.nodes
+            ),
+            return_exceptions=True,
+        )
+        return True
+
+    def admin(self) -> RedisAdmin:
+        """Listing and force-release (``aiolocks list``/``break``) on every master."""
+        from ._admin import RedisAdmin
+
+        return RedisAdmin(self.nodes, self.key_prefix, self.describe())
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         keys = lock_keys(self.key_prefix, family, name)
 
         async def one(node: RedisNode) -> list[Participant] | None:
             try:
-                return parse_participants(await node.shielded(node.inspect(keys)))
+                return parse_participants(await node.inspect(keys))
             except (RedisError, OSError):
                 return None
 
@@ -344,3 +380,41 @@ class RedlockDriver:
             if len(ps) >= self.quorum
         ]
         return sorted(holders, key=lambda p: p.fencing_token or 0)
+
+
+class _RedlockAttempt(Attempt):
+    """One Redlock acquire: one field on every master, and per master what may be there."""
+
+    __slots__ = (
+        "args",
+        "field",
+        "hubs",
+        "keys",
+        "lease",
+        "results",
+        "send_lost",
+        "wake",
+        "written",
+    )
+
+    def __init__(
+        self,
+        request: Request,
+        keys: LockKeys,
+        field: str,
+        lease: float,
+        args: list[object],
+        masters: int,
+    ) -> None:
+        super().__init__(request)
+        self.keys = keys
+        self.field = field
+        self.lease = lease
+        self.args = args
+        #: per master: our field may be there
+        self.written = [False] * masters
+        #: per master: a script went unanswered and may still arrive (tombstone on cleanup)
+        self.send_lost = [False] * masters
+        self.results: list[tuple[str, int]] = [("down", 0)] * masters
+        self.wake = Wake()
+        self.hubs: list[RedisNode] = []

@@ -133,7 +133,7 @@ class PgWireConnection:
         application_name: str = "aiolocks.testing",
     ) -> None:
         self._sock = socket.create_connection((host, port), timeout=timeout)
-        self._buffer = b""
+        self._received = b""
         #: ``pid`` half of the BackendKeyData the server (or a proxy) sent.
         self.backend_key_pid: int | None = None
         #: ParameterStatus values sent at login (``server_version``...).
@@ -150,12 +150,12 @@ class PgWireConnection:
         self._sock.sendall(kind + struct.pack("!i", len(payload) + 4) + payload)
 
     def _read_exact(self, size: int) -> bytes:
-        while len(self._buffer) < size:
+        while len(self._received) < size:
             chunk = self._sock.recv(65536)
             if not chunk:
                 raise ConnectionError("PostgreSQL closed the connection")
-            self._buffer += chunk
-        data, self._buffer = self._buffer[:size], self._buffer[size:]
+            self._received += chunk
+        data, self._received = self._received[:size], self._received[size:]
         return data
 
     def _read_message(self) -> tuple[bytes, bytes]:

@@ -48,7 +48,7 @@ async def lose(held: Lock | Lease | MultiLock, reason: str = DEFAULT_REASON) -> 
         raise LockNotOwnedError(f"lose(): {held!r} is not held in this process; nothing to lose")
     live = [hold for hold in holds if not (hold.lost or hold.released)]
     for hold in live:
-        await hold.backend._release_grant(hold.grant)
+        await hold.engine.release_grant(hold.grant)
     # No await from here on: marking a hold lost cancels the bodies running
     # under it, possibly this very task.
     for hold in live:

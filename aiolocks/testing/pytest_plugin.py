@@ -1,9 +1,12 @@
 """pytest fixtures that provide real ZooKeeper, Redis and PostgreSQL servers.
 
-pytest loads this module in every run through the ``aiolocks`` ``pytest11``
-entry point, so it imports only the standard library and the launchers
-(never ``aiozk`` or ``redis``), and a server starts only when a test asks
-for its fixture.
+Opt in: ``pytest -p aiolocks.testing.pytest_plugin``, ``addopts = "-p
+aiolocks.testing.pytest_plugin"`` in your pytest configuration, or
+``pytest_plugins = ["aiolocks.testing.pytest_plugin"]`` in your top-level
+``conftest.py``. Installing aiolocks registers nothing with pytest, so other
+projects' test runs are not changed. The module imports only the standard
+library and the launchers (never ``aiozk`` or ``redis``), and a server
+starts only when a test asks for its fixture.
 
 Session fixtures (shared, never stop them in a test):
 

@@ -17,7 +17,8 @@ Every launcher here follows one recipe:
    carrying the tail of its log.
 4. Stop by PID: SIGTERM to the process group, SIGKILL after a short grace,
    always reap (no zombies). ``kill()`` is SIGKILL at once, for crash tests.
-   An ``atexit`` hook kills whatever is still running and removes the folders;
+   An ``atexit`` hook (registered when the first server starts, never at
+   import) kills whatever is still running and removes the folders;
    on Linux, servers started from the main thread also get
    ``PR_SET_PDEATHSIG`` so they die when the test runner is killed.
 
@@ -245,7 +246,7 @@ class _RespConnection:
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
         self._sock = socket.create_connection((host, port), timeout=timeout)
-        self._buffer = bytearray()
+        self._received = bytearray()
 
     def close(self) -> None:
         self._sock.close()
@@ -264,20 +265,20 @@ class _RespConnection:
         chunk = self._sock.recv(65536)
         if not chunk:
             raise ConnectionError("the server closed the connection")
-        self._buffer += chunk
+        self._received += chunk
 
     def _read_line(self) -> bytes:
-        while (end := self._buffer.find(b"\r\n")) < 0:
+        while (end := self._received.find(b"\r\n")) < 0:
             self._fill()
-        line = bytes(self._buffer[:end])
-        del self._buffer[: end + 2]
+        line = bytes(self._received[:end])
+        del self._received[: end + 2]
         return line
 
     def _read_exact(self, size: int) -> bytes:
-        while len(self._buffer) < size + 2:
+        while len(self._received) < size + 2:
             self._fill()
-        data = bytes(self._buffer[:size])
-        del self._buffer[: size + 2]
+        data = bytes(self._received[:size])
+        del self._received[: size + 2]
         return data
 
     def _read_reply(self) -> RespValue:
@@ -351,6 +352,7 @@ def _make_dir(kind: str, base_dir: Path | None) -> Path:
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=f"aiolocks-{kind}-", dir=parent))
+    _track_for_exit()
     _owned_dirs.add(path)
     return path
 
@@ -436,6 +438,18 @@ def _find_binary(env_var: str, name: str, package: str) -> str:
 
 _running: set[_ServerProcess] = set()
 _owned_dirs: set[Path] = set()
+_exit_hook_registered = False
+
+
+def _track_for_exit() -> None:
+    """Register the ``atexit`` clean-up once, when the first server or folder appears.
+
+    Never at import: importing this module must not change the process.
+    """
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        _exit_hook_registered = True
+        atexit.register(_kill_everything_at_exit)
 
 
 class _Launcher:
@@ -628,6 +642,7 @@ class _ServerProcess(_Launcher):
                 start_new_session=True,
                 preexec_fn=_die_with_parent_hook(),
             )
+        _track_for_exit()
         _running.add(self)
 
     def wait_ready(self, timeout: float | None = None) -> None:
@@ -719,7 +734,6 @@ class _ServerProcess(_Launcher):
         return f"<{type(self).__name__} {self._host}:{self._port} {state}>"
 
 
-@atexit.register
 def _kill_everything_at_exit() -> None:
     # Last line of defence: a test run that crashed or forgot close() must not
     # leave servers behind.
@@ -1302,6 +1316,7 @@ class _RedisProcess(_ServerProcess):
                 start_new_session=True,
                 preexec_fn=_die_with_parent_hook(),
             )
+        _track_for_exit()
         _running.add(self)
 
 

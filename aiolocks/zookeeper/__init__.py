@@ -1,31 +1,34 @@
-"""The ZooKeeper backend (``zk://``): Apache Curator's lock recipes on asyncio, over aiozk.
+"""The ZooKeeper backend (``zk://``): Apache Curator's lock recipes on asyncio.
 
 >>> url = "zk://127.0.0.1:2181/myapp?session_timeout=10"
 >>> async with aiolocks.connect(url) as backend:  # doctest: +SKIP
 ...     async with backend.mutex("orders/42") as lock:
 ...         print(lock.fencing_token)      # czxid of our lock node
 
-Or on a client the application already has (closing the backend then leaves
-the client open)::
+Or with the configuration of an ``aiozk.ZKClient`` the application already
+has (servers, chroot, session timeout, default ACL); the backend runs its own
+session and never starts, uses or closes the client's::
 
     client = aiozk.ZKClient("zk1:2181,zk2:2181")
-    await client.start()
     backend = ZooKeeperBackend(client)
 
 One ZooKeeper session per backend, shared by every lock and task. Holds live
 as long as the session: when it expires (or when we have been disconnected for
 a whole session timeout), every hold is lost (``LockLostError`` in its
 ``async with`` body) while tasks still waiting keep waiting and queue again in
-the new session. See ``docs/zookeeper.md`` for the recipe, the node layout
-and the connection-state policy.
+the new session. The session and its connections are aiolocks' own
+(``_connection.py``); aiozk supplies the wire types and serializers. See
+``docs/zookeeper.md`` for the recipe, the node layout, the connection-state
+policy and the session layer.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final, final
+from typing import Any, Final, cast, final
 
 from .._core.backend import Backend
+from .._core.names import has_control_character
 from .._core.urls import parse_bool, parse_positive_float, parse_url
 from ._driver import ZooKeeperDriver, lock_path
 from ._session import ConnectionState
@@ -51,15 +54,20 @@ _URL_OPTIONS: Final = {
 
 @final
 class ZooKeeperBackend(Backend):
-    """A ZooKeeper lock backend on an ``aiozk.ZKClient`` you already have.
+    """A ZooKeeper lock backend configured like an ``aiozk.ZKClient`` you already have.
 
     >>> backend = ZooKeeperBackend(client)  # doctest: +SKIP
-    >>> async with backend:                 # opens; close() leaves `client` open
+    >>> async with backend:                 # opens; close() leaves `client` alone
     ...     async with backend.mutex("orders/42"):
     ...         ...
 
-    :param client: an ``aiozk.ZKClient``; started by ``open()`` if it is not
-        yet. The backend never closes it.
+    :param client: an ``aiozk.ZKClient``. The backend takes its servers,
+        chroot, session timeout and default ACL, and runs a session of its
+        own (with aiolocks' reconnect, request deadlines and watch
+        re-arming); it never starts, uses or closes the client's session.
+        So holds do not share the client's session, and authentication sent
+        through the client (per connection in ZooKeeper) does not apply to
+        the backend's session.
     :param connect_timeout: seconds a request may wait for a connection
         before :class:`aiolocks.BackendUnavailableError` (default 10)
     :param suspended_is_lost: treat a suspended connection as the loss of
@@ -70,7 +78,6 @@ class ZooKeeperBackend(Backend):
     Build one from a URL with :func:`aiolocks.connect` (``zk://...``).
     """
 
-    _zk: ZooKeeperDriver
 
     def __init__(
         self,
@@ -93,27 +100,25 @@ class ZooKeeperBackend(Backend):
             suspended_is_lost=bool(suspended_is_lost),
             description=f"zk://{hosts}{chroot}",
         )
-        self._init_driver(driver)
-
-    def _init_driver(self, driver: ZooKeeperDriver) -> None:
-        self._zk = driver
         super().__init__(driver)
 
-    @classmethod
-    def _from_driver(cls, driver: ZooKeeperDriver) -> ZooKeeperBackend:
-        backend = cls.__new__(cls)
-        backend._init_driver(driver)
-        return backend
+    @property
+    def _zk(self) -> ZooKeeperDriver:
+        return cast(ZooKeeperDriver, self._engine.driver)
 
     @property
     def client(self) -> Any:
-        """The ``aiozk.ZKClient`` in use (``None`` before ``open()`` for a URL-built backend)."""
+        """The ``aiozk.ZKClient`` this backend was built on; for a URL-built one, its own client.
+
+        The backend's own client (``None`` before ``open()``) has the session
+        in ``.session`` (``session_id``, ``password``, ``timeout``).
+        """
         return self._zk.client
 
     @property
     def session_id(self) -> int | None:
-        """The current ZooKeeper session id (``None`` before ``open()``)."""
-        client = self._zk.client
+        """The current id of the backend's own ZooKeeper session (``None`` before ``open()``)."""
+        client = self._zk.session_client
         return None if client is None else client.session.session_id
 
     @property
@@ -169,8 +174,8 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
     parsed = parse_url(url, schemes=("zk",), default_port=2181, options=_URL_OPTIONS)
     if parsed.username is not None or parsed.password is not None:
         raise ValueError(
-            "credentials in a zk:// URL are not supported (ZooKeeper auth is per client: "
-            "build ZooKeeperBackend(client) on an authenticated aiozk client)"
+            "credentials in a zk:// URL are not supported (ZooKeeper authentication "
+            "is not supported by aiolocks; protect lock paths with a chroot or network rules)"
         )
     chroot = parsed.path
     if chroot in ("", "/"):
@@ -182,7 +187,7 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
         for segment in body.split("/"):
             if segment in ("", ".", ".."):
                 raise ValueError(f"chroot {chroot!r} in {url!r} has an invalid segment {segment!r}")
-            if any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in segment):
+            if has_control_character(segment):
                 raise ValueError(f"chroot {chroot!r} in {url!r} contains a control character")
     values: dict[str, object] = dict(parsed.options)
     for key, value in options.items():
@@ -208,4 +213,4 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
         suspended_is_lost=suspended_is_lost,
         description=f"zk://{servers}{chroot}",
     )
-    return ZooKeeperBackend._from_driver(driver)
+    return ZooKeeperBackend._around(driver)

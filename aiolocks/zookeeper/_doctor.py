@@ -243,7 +243,7 @@ def _is_lock_node(name: str) -> bool:
 async def walk_lock_root(driver: ZooKeeperDriver, root: str) -> Leftovers:
     """Breadth-first over ``root`` (below the chroot), at most :data:`WALK_LIMIT` znodes."""
     monitor = driver.monitor
-    client = driver.client
+    client = driver.monitor.client
     found = Leftovers()
     queue = [root]
     while queue:
@@ -428,8 +428,8 @@ async def diagnose_zookeeper(driver: ZooKeeperDriver, root: str) -> Diagnosis:
                 details={"refused": refused},
             )
         )
-    # session timeout
-    client = driver.client
+    # session timeout (of the backend's own session)
+    client = driver.monitor.client
     negotiated = float(getattr(client.session, "timeout", 0) or 0)
     clamped = session_timeout_finding(driver._session_timeout, negotiated, bounds)
     if clamped is not None:

@@ -27,28 +27,33 @@ failure the partial leases are deleted (all or nothing).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
-import aiozk
-from aiozk import exc as zk_exc
 from aiozk import protocol
-from aiozk.states import States
 
 from .._core.doctor import Diagnosis
-from .._core.driver import Capabilities, Family, Grant, Mode, Request
+from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
 from .._core.options import check_portable_options
 from .._core.participants import Participant
-from .._core.tasks import TaskSet, wait_done
-from ._internals import LockInternals, Node, exclusive_predicate, read_predicate, sort_nodes
-from ._protocol import BufferedConnection
-from ._session import ConnectionState, SessionChanged, SessionMonitor, next_xid, wait_future
+from .._core.tasks import TaskSet
+from ._connection import Session, SessionClient, parse_hosts
+from ._internals import (
+    LockInternals,
+    Node,
+    QueueEntry,
+    exclusive_predicate,
+    read_predicate,
+    sort_nodes,
+)
+from ._session import ConnectionState, SessionChanged, SessionMonitor, wait_own
+
+if TYPE_CHECKING:
+    from ._admin import ZooKeeperAdmin
 
 __all__ = ["ZooKeeperDriver", "lock_path"]
 
@@ -111,11 +116,6 @@ class ZooKeeperDriver:
     """Driver protocol implementation for ZooKeeper (see :mod:`aiolocks._core.driver`)."""
 
     capabilities = Capabilities(fair=True, queue_visible=True, can_lose=True)
-    #: a cancelled acquire deletes its node (or sweeps a create whose reply was
-    #: lost) in tasks of its own; waits for deletes go through wait_finished
-    isolates_acquire = True
-    #: a cancelled release deletes again from a task of its own and waits for it
-    isolates_release = True
 
     def __init__(
         self,
@@ -128,17 +128,20 @@ class ZooKeeperDriver:
         suspended_is_lost: bool,
         description: str,
     ) -> None:
-        self._owns_client = client is None
-        self._client = client
+        #: an ``aiozk.ZKClient`` the application gave us (configuration only)
+        self._given = client
+        #: our own session's client; set by ``open()``
+        self._client: SessionClient | None = None
         self._servers = servers
         self._chroot = chroot
         self._session_timeout = session_timeout
         self._connect_timeout = connect_timeout
         self._suspended_is_lost = suspended_is_lost
         self._description = description
+        #: the engine's owned task set (given to open())
         self._tasks = TaskSet()
         self._grants: dict[Grant, None] = {}
-        self._ticker: asyncio.Task[None] | None = None
+        self._ticker: asyncio.TimerHandle | None = None
         self._monitor: SessionMonitor | None = None
         self._internals: LockInternals | None = None
         self._listeners: list[Callable[[ConnectionState], object]] = []
@@ -159,7 +162,12 @@ class ZooKeeperDriver:
 
     @property
     def client(self) -> Any:
-        """The ``aiozk.ZKClient`` (``None`` before ``open()`` for a URL-built backend)."""
+        """The ``aiozk.ZKClient`` given, else our session's client (``None`` before ``open()``)."""
+        return self._given if self._given is not None else self._client
+
+    @property
+    def session_client(self) -> SessionClient | None:
+        """The client of the backend's own session (``None`` before ``open()``)."""
         return self._client
 
     @property
@@ -177,31 +185,24 @@ class ZooKeeperDriver:
 
     # -- lifecycle ------------------------------------------------------------------
 
-    async def open(self) -> None:
-        """Connect (URL-built) or adopt the given client; start watching the session."""
-        if self._client is None:
-            self._client = aiozk.ZKClient(
-                self._servers, chroot=self._chroot, session_timeout=self._session_timeout
-            )
-            _install_fast_reconnect(self._client, self._tasks)
-        client = self._client
-        session = client.session
-        if not session.started or session.state != "connected":
-            try:
-                await asyncio.wait_for(client.start(), self._connect_timeout)
-            except (TimeoutError, OSError, zk_exc.ZKError) as exc:
-                if self._owns_client:
-                    await _abort_client(client)
-                    self._client = None
-                raise BackendUnavailableError(
-                    f"cannot connect to ZooKeeper at {self._description} within "
-                    f"{self._connect_timeout:g} s (connect_timeout)"
-                ) from exc
-            except BaseException:
-                if self._owns_client:
-                    await _abort_client(client)
-                    self._client = None
-                raise
+    async def open(self, tasks: TaskSet) -> None:
+        """Start the backend's own session; on a given client, with its configuration."""
+        self._tasks = tasks
+        if self._client is not None:
+            return
+        default_acl = None
+        if self._given is not None:
+            default_acl = getattr(self._given, "default_acl", None)
+        session = Session(parse_hosts(self._servers), timeout=self._session_timeout, events=None)
+        client = SessionClient(session, chroot=self._chroot, default_acl=default_acl)
+        try:
+            await session.start(self._connect_timeout)
+        except TimeoutError as exc:
+            raise BackendUnavailableError(
+                f"cannot connect to ZooKeeper at {self._description} within "
+                f"{self._connect_timeout:g} s (connect_timeout)"
+            ) from exc
+        self._client = client
         monitor = SessionMonitor(
             client,
             connect_timeout=self._connect_timeout,
@@ -211,64 +212,55 @@ class ZooKeeperDriver:
         for listener in self._listeners:
             monitor.add_listener(listener)
         self._monitor = monitor
-        self._internals = LockInternals(monitor, self._tasks)
+        client.sender = functools.partial(_send, monitor)
+        self._internals = LockInternals(monitor)
         monitor.start()
-        self._ticker = asyncio.get_running_loop().create_task(
-            self._keep_grants_valid(), name="aiolocks-zk-validity"
-        )
 
     def _horizon(self) -> float:
         """How long from now our holds are vouched for while the loop keeps running."""
         client = self._client
-        timeout = float(getattr(client.session, "timeout", 0) or 0) if client else 0.0
+        timeout = client.session.timeout if client else 0.0
         return time.monotonic() + STALL_FRACTION * (timeout or self._session_timeout)
 
-    async def _keep_grants_valid(self) -> None:
+    def _keep_grants_valid(self) -> None:
         """Move every grant's ``valid_until`` on while the event loop runs.
 
         Heartbeats run in this loop too: if it is blocked for most of the
         session timeout, the server may expire the session before we could
-        hear about it. This ticker stops with the loop, so when a body ends
+        hear about it. This timer stops with the loop, so when a body ends
         after such a stall the core finds ``valid_until`` passed and reports
-        the hold lost instead of letting it pass silently.
+        the hold lost instead of letting it pass silently. A timer callback,
+        not a task: it runs only while there are grants.
         """
-        while True:
-            horizon = self._horizon()
-            for grant in self._grants:
-                grant.valid_until = horizon
-            client = self._client
-            timeout = float(getattr(client.session, "timeout", 0) or 0) if client else 0.0
-            await asyncio.sleep((timeout or self._session_timeout) / 8)
+        self._ticker = None
+        if not self._grants:
+            return
+        horizon = self._horizon()
+        for grant in self._grants:
+            grant.valid_until = horizon
+        client = self._client
+        timeout = client.session.timeout if client else 0.0
+        self._ticker = asyncio.get_running_loop().call_later(
+            (timeout or self._session_timeout) / 8, self._keep_grants_valid
+        )
 
     async def close(self) -> None:
         """Stop background work; close the client only if we made it."""
         ticker, self._ticker = self._ticker, None
         if ticker is not None:
             ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
         monitor, self._monitor = self._monitor, None
-        # Deletes still pending (server unreachable) get a bounded chance;
-        # an owned session's close removes every ephemeral node anyway.
-        if len(self._tasks):
-            pending = asyncio.ensure_future(self._tasks.drain(cancel=False))
-            await asyncio.wait((pending,), timeout=self._connect_timeout)
-            if not pending.done():
-                pending.cancel()
+        # The engine has finished its tasks (deletes included); an owned
+        # session's close removes every ephemeral node anyway.
         if monitor is not None:
             await monitor.stop()
-        await self._tasks.drain(cancel=True)
-        client = self._client
-        if self._owns_client and client is not None:
-            self._client = None
-            if client.session.state == "connected":
-                try:
-                    await asyncio.wait_for(client.close(), self._connect_timeout)
-                except Exception:
-                    logger.warning("closing the ZooKeeper session failed", exc_info=True)
-                    await _abort_client(client)
-            else:
-                await _abort_client(client)
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await client.session.close(self._connect_timeout)
+            except Exception:
+                logger.warning("closing the ZooKeeper session failed", exc_info=True)
+                await client.session.abort()
 
     async def diagnose(self) -> Diagnosis:
         """``backend.doctor()``'s findings for this ensemble (see :mod:`._doctor`)."""
@@ -290,20 +282,20 @@ class ZooKeeperDriver:
         grant = Grant(request, node.czxid, node)
         grant.valid_until = self._horizon()
         self._grants[grant] = None
+        if self._ticker is None:
+            # Runs while there are grants to vouch for; a new one starts it again.
+            self._keep_grants_valid()
         return grant
 
     # -- acquire / release --------------------------------------------------------------
 
-    async def acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
-        """Take ``request.count`` holds (see the driver contract)."""
-        internals = self.internals
+    def begin(self, request: Request) -> Attempt:
+        """A queue entry with a fresh uid (Curator's protected mode); no I/O."""
         data = request.participant.encode("utf-8", "surrogatepass")
         parent = lock_path(request.family, request.name)
         if request.family is Family.SEMAPHORE:
-            nodes = await self._acquire_leases(parent, request, data, deadline)
-            if nodes is None:
-                return None
-            return [self._grant(request, node) for node in nodes]
+            entry = QueueEntry(f"{parent}/locks", "lock", data, exclusive_predicate)
+            return _ZkAttempt(request, entry, leases_dir=f"{parent}/leases", data=data)
         if request.family is Family.READ_WRITE:
             if request.mode is Mode.READ:
                 anchor = None
@@ -311,115 +303,160 @@ class ZooKeeperDriver:
                     held = request.downgrade_of.handle
                     assert isinstance(held, Node)
                     anchor = held.seq
-                node = await internals.acquire(
-                    parent, "read", data, deadline, read_predicate, anchor=anchor
-                )
+                entry = QueueEntry(parent, "read", data, read_predicate, anchor=anchor)
             else:
-                node = await internals.acquire(parent, "write", data, deadline, exclusive_predicate)
+                entry = QueueEntry(parent, "write", data, exclusive_predicate)
         else:
-            node = await internals.acquire(
-                parent, _KIND[request.family], data, deadline, exclusive_predicate
-            )
-        if node is None:
+            entry = QueueEntry(parent, _KIND[request.family], data, exclusive_predicate)
+        return _ZkAttempt(request, entry)
+
+    async def try_once(self, attempt: Attempt) -> list[Grant] | None:
+        """One step of the recipe; for a semaphore, the turnstile then the leases."""
+        a = cast(_ZkAttempt, attempt)
+        internals = self.internals
+        if a.leases_dir is not None:
+            return await self._try_leases(a)
+        if not await internals.try_take(a.entry, a.deadline):
             return None
-        # No await between the grant and its return: the core records it at once.
-        return [self._grant(request, node)]
+        node = a.entry.node
+        assert node is not None
+        a.entry.node = None  # the grant owns it now
+        # No await between the grant and its return: the engine records it at once.
+        return [self._grant(a.request, node)]
 
-    async def _acquire_leases(
-        self, parent: str, request: Request, data: bytes, deadline: float | None
-    ) -> list[Node] | None:
+    async def _try_leases(self, a: _ZkAttempt) -> list[Grant] | None:
+        """Semaphore (InterProcessSemaphoreV2): hold the turnstile, create leases, let go."""
         internals = self.internals
-        leases_dir = f"{parent}/leases"
-        while True:
-            turnstile = await internals.acquire(
-                f"{parent}/locks", "lock", data, deadline, exclusive_predicate
-            )
-            if turnstile is None:
+        assert a.leases_dir is not None
+        if not a.turnstile_held:
+            if not await internals.try_take(a.entry, a.deadline):
                 return None
-            leases: list[Node] = []
-            try:
-                while len(leases) < request.count:
-                    if not await self._wait_for_room(leases_dir, request.max_leases, deadline):
-                        break
-                    leases.append(
-                        await internals.create(
-                            leases_dir, "lease", data, deadline, session_id=turnstile.session_id
-                        )
-                    )
-            except (SessionChanged, TimeoutError):
-                # The turnstile's session is gone (its partial leases went with
-                # it), or time is up during a create: start over, or give up.
-                pass
-            except BaseException:
-                # Cancelled or failed: all or nothing, give back what we took.
-                # Both deletes run in tasks of their own; nothing is skipped.
-                for lease in leases:
-                    internals.spawn_delete(lease)
-                internals.spawn_delete(turnstile)
-                raise
-            try:
-                # Release the turnstile before returning, so a caller sees it gone.
-                await internals.delete(turnstile)
-            except BaseException:
-                # Cancelled while releasing the turnstile (the delete itself
-                # goes on): we will not return the leases, so give them back.
-                for lease in leases:
-                    internals.spawn_delete(lease)
-                raise
-            if len(leases) == request.count:
-                return leases
-            for lease in leases:  # partial: all or nothing
-                internals.spawn_delete(lease)
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-            # only a lost turnstile session gets here with time left: retry
+            a.turnstile_held = True
+        turnstile = a.entry.node
+        assert turnstile is not None
+        request = a.request
+        try:
+            while len(a.leases) < request.count:
+                if not await self._room(a, request.max_leases):
+                    return None
+                pending = a.pending = QueueEntry(a.leases_dir, "lease", a.data, exclusive_predicate)
+                node, _ = await internals.create_entry(
+                    pending, a.deadline, session_id=turnstile.session_id, prefetch=False
+                )
+                a.pending = None
+                a.leases.append(node)
+        except SessionChanged:
+            # The turnstile's session is gone, its partial leases with it:
+            # queue again for the turnstile.
+            a.leases.clear()
+            a.pending = None
+            a.turnstile_held = False
+            a.entry.requeue()
+            return None
+        except TimeoutError:
+            return None  # the deadline passed; abandon() gives back what we took
+        # Let go of the turnstile before returning, so a caller sees it gone.
+        await internals.delete(turnstile)
+        a.entry.node = None
+        leases, a.leases = a.leases, []
+        return [self._grant(request, node) for node in leases]
 
-    async def _wait_for_room(
-        self, leases_dir: str, max_leases: int, deadline: float | None
-    ) -> bool:
-        """As turnstile holder, wait until fewer than ``max_leases`` leases exist."""
+    async def _room(self, a: _ZkAttempt, max_leases: int) -> bool:
+        """As turnstile holder: fewer than ``max_leases`` leases exist now.
+
+        When full, a child watch is armed first (only the turnstile holder
+        ever watches ``leases/``, so no herd) and :meth:`wait_for_change`
+        waits for it.
+        """
         internals = self.internals
-        monitor = self.monitor
-        watch = False
-        while True:
-            waker = monitor.new_waker() if watch else None
-            target = internals._abs(leases_dir)
-            session = self.client.session
+        assert a.leases_dir is not None
+        self._unwatch_room(a)
+        children = await internals.list_children(a.leases_dir, a.deadline)
+        if len(sort_nodes(a.leases_dir, children)) < max_leases:
+            return True
+        waker = self.monitor.new_waker()
+        target = internals._abs(a.leases_dir)
 
-            def wake(_path: object, waker: asyncio.Future[None] | None = waker) -> None:
-                if waker is not None and not waker.done():
-                    waker.set_result(None)
+        def wake(_path: object) -> None:
+            if not waker.done():
+                waker.set_result(None)
 
-            if watch:
-                session.add_watch_callback(protocol.WatchEvent.CHILDREN_CHANGED, target, wake)
-            try:
-                try:
-                    children = await internals.list_children(leases_dir, deadline, watch=watch)
-                except TimeoutError:
-                    return False
-                count = len(sort_nodes(leases_dir, children))
-                if count < max_leases:
-                    return True
-                if deadline is not None and time.monotonic() >= deadline:
-                    return False
-                if waker is None:
-                    # Full: list again, this time with a child watch (only the
-                    # turnstile holder ever watches leases/, so no herd).
-                    watch = True
-                    continue
-                if not await wait_future(waker, deadline):
-                    return False
-            finally:
-                if watch:
-                    session.remove_watch_callback(
-                        protocol.WatchEvent.CHILDREN_CHANGED, target, wake
-                    )
-                if waker is not None:
-                    waker.cancel()
+        a.room = (waker, target, wake)
+        internals.client.session.add_watch_callback(
+            protocol.WatchEvent.CHILDREN_CHANGED, target, wake
+        )
+        children = await internals.list_children(a.leases_dir, a.deadline, watch=True)
+        if len(sort_nodes(a.leases_dir, children)) < max_leases:
+            self._unwatch_room(a)
+            return True
+        return False
 
-    async def release(self, grant: Grant) -> None:
-        """Delete the grant's node; idempotent; a lost grant is cleaned up in the background."""
+    def _unwatch_room(self, a: _ZkAttempt) -> None:
+        room, a.room = a.room, None
+        if room is not None:
+            waker, target, wake = room
+            if self._client is not None:
+                self._client.session.remove_watch_callback(
+                    protocol.WatchEvent.CHILDREN_CHANGED, target, wake
+                )
+            waker.cancel()
+
+    async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
+        """Wait on the watched predecessor (or the leases' child watch)."""
+        a = cast(_ZkAttempt, attempt)
+        if a.room is not None:
+            waker = a.room[0]
+            await wait_own(waker, None if bound is None else time.monotonic() + bound)
+            self._unwatch_room(a)
+            return
+        if a.turnstile_held:
+            return
+        await self.internals.wait(a.entry, bound)
+
+    async def abandon(self, attempt: Attempt) -> None:
+        """Delete every node the attempt made (or sweep for one whose create went unanswered).
+
+        Without a connection (now, or within ``connect_timeout``) the deletes
+        go on in the background (the engine's task set) until the session is
+        back or gone, taking its ephemeral nodes with it; the caller does not
+        wait for a reconnection.
+        """
+        a = cast(_ZkAttempt, attempt)
+        self._unwatch_room(a)
+        client = self._client
+        if client is None or not client.session.connected:
+            self._tasks.spawn(self._abandon_now(a), name=f"aiolocks-zk-abandon:{a.entry.parent}")
+            return
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await self._abandon_now(a)
+        except TimeoutError:
+            self._tasks.spawn(self._abandon_now(a), name=f"aiolocks-zk-abandon:{a.entry.parent}")
+
+    async def _abandon_now(self, a: _ZkAttempt) -> None:
+        internals = self.internals
+        while a.leases:
+            await internals.delete(a.leases[0])
+            a.leases.pop(0)
+        if a.pending is not None:
+            await internals.give_up(a.pending)
+            a.pending = None
+        await internals.give_up(a.entry)
+        a.turnstile_held = False
+
+    def finish(self, attempt: Attempt) -> None:
+        """Drop watch callbacks and wake-up futures."""
+        a = cast(_ZkAttempt, attempt)
+        self._unwatch_room(a)
+        if self._internals is not None:
+            self._internals.unwatch(a.entry)
+
+    async def release(self, grant: Grant) -> bool:
+        """Delete the grant's node; ``False`` when it was already gone."""
         self._grants.pop(grant, None)
+        if not self._grants and self._ticker is not None:
+            self._ticker.cancel()  # nothing left to vouch for
+            self._ticker = None
         node = grant.handle
         assert isinstance(node, Node)
         internals = self.internals
@@ -427,14 +464,23 @@ class ZooKeeperDriver:
             # The hold is already gone as far as the user is concerned; the
             # node (if the session survived after all) is deleted without
             # making the caller wait for a reconnection.
-            internals.spawn_delete(node)
-            return
-        if not await internals.delete_isolated(node):
-            # Our node was gone before we deleted it (deleted behind our back,
-            # or with an expired session): the hold had been lost.
-            grant.mark_lost("its lock node was already gone when it was released")
+            self._tasks.spawn(internals.delete(node), name=f"aiolocks-zk-delete:{node.path}")
+            return True
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                return await internals.delete(node)
+        except TimeoutError:
+            # No connection: the delete goes on until the session is back or gone.
+            self._tasks.spawn(internals.delete(node), name=f"aiolocks-zk-delete:{node.path}")
+            return True
 
     # -- inspection -----------------------------------------------------------------------
+
+    def admin(self) -> ZooKeeperAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import ZooKeeperAdmin
+
+        return ZooKeeperAdmin(self, self._connect_timeout)
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         """Holders first, then waiters in queue order, each with its node's data."""
@@ -502,179 +548,30 @@ class ZooKeeperDriver:
         return self.monitor.states()
 
 
-def _install_fast_reconnect(client: Any, tasks: TaskSet) -> None:
-    """Replace aiozk's server search on a client we own with one that retries sooner.
-
-    aiozk waits ``2**n`` seconds (up to 60 s) between rounds over the server
-    list. During a leader election every server refuses clients for a few
-    seconds, so the next round can come after our session (or our
-    client-side expiry timer) has run out, and a hold that the ensemble kept
-    is lost. This version retries after 50 ms, doubling up to a quarter of
-    the session timeout (at most 2 s), with jitter; it also logs refused
-    connections at DEBUG instead of a traceback per attempt.
-
-    Its connections read replies with :class:`BufferedConnection` and run
-    the callbacks of a node watch event at once (aiozk schedules each with
-    ``call_soon``: one more event-loop pass between a release and the wake-up
-    of the next waiter; our callbacks only resolve futures). A client the
-    user gave us keeps aiozk's behaviour.
-    """
-    session = client.session
-
-    def dispatch(event: Any) -> None:
-        if not event.type:
-            session.event_dispatch(event)  # session state events: aiozk's handling
-            return
-        for callback in list(session.watch_callbacks.get((event.type, event.path), ())):
-            try:
-                callback(event.path)
-            except Exception:
-                logger.exception("watch callback for %s failed", event.path)
-
-    async def make_connection(host: str, port: Any) -> Any:
-        conn = BufferedConnection(
-            host, port, watch_handler=dispatch, read_timeout=session.read_timeout
-        )
-        try:
-            await conn.connect()
-        except Exception as exc:
-            logger.debug("cannot connect to ZooKeeper %s:%s: %r", host, port, exc)
-            return None
-        return conn
-
-    async def find_server(allow_read_only: bool) -> None:
-        delay = 0.05
-        cap = min(2.0, max(0.1, float(session.timeout or 10.0) / 4))
-        conn = None
-        while conn is None:
-            for host, port in random.sample(session.hosts, len(session.hosts)):
-                conn = await make_connection(host, port)
-                if conn is None:
-                    continue
-                if conn.start_read_only and not allow_read_only:
-                    conn.writer.close()  # a read-only server: not for locks
-                    conn = None
-                    continue
-                break
-            if conn is None:
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(cap, delay * 2)
-        old_conn, session.conn = session.conn, conn
-        if old_conn is not None:
-            # Closing the old connection fails its pending requests (our
-            # callers then retry or reconcile); owned by the driver's task set.
-            tasks.spawn(old_conn.close(session.timeout), name="aiolocks-zk-close-old-conn")
-
-    session.find_server = find_server
-
-    async def establish_session() -> None:
-        # aiozk declares the session LOST whenever the server closes the
-        # handshake without an answer, which a server does while its
-        # ensemble elects a leader (or when it is behind our zxid), and then
-        # abandons a session the ensemble still keeps: every hold of it is
-        # lost for nothing. Like the Java client, try the next server
-        # instead. repair_loop bounds this by the session timeout; a server
-        # that answers "no such session" (session id 0) still means LOST.
-        while True:
-            response = await session.conn.send_connect(
-                protocol.ConnectRequest(
-                    protocol_version=0,
-                    last_seen_zxid=session.last_zxid or 0,
-                    timeout=int((session.timeout or 0) * 1000),
-                    session_id=session.session_id or 0,
-                    password=session.password,
-                    read_only=session.allow_read_only,
-                )
-            )
-            if response is not None:
-                break
-            await asyncio.sleep(0.05 * random.uniform(0.8, 1.2))
-            await find_server(session.allow_read_only)
-        zxid, reply = response
-        session.last_zxid = zxid
-        if reply.session_id == 0:
-            if session.state.current_state != States.LOST:
-                session.state.transition_to(States.LOST)
-            raise zk_exc.SessionLost()
-        session.session_id = reply.session_id
-        session.password = reply.password
-        session.timeout = reply.timeout / 1000
-
-    session.establish_session = establish_session
-
-    async def set_existing_watches() -> None:
-        # aiozk re-arms watches with Session.send, which waits for CONNECTED
-        # without a bound. If the fresh connection drops before the reply
-        # (another client took the session over, the server restarted), the
-        # repair loop, the only thing that can reconnect, waits for itself
-        # forever and the backend never reconnects. Send on the connection
-        # itself, bounded; on failure suspend, so the loop repairs again.
-        # Our waiters re-list after every reconnect, so a lost SetWatches
-        # costs nothing.
-        if not session.watch_callbacks:
-            return
-        request = protocol.SetWatchesRequest(
-            relative_zxid=session.last_zxid or 0,
-            data_watches=[],
-            exist_watches=[],
-            child_watches=[],
-        )
-        for event_type, path in list(session.watch_callbacks):
-            if event_type == protocol.WatchEvent.CREATED:
-                request.exist_watches.append(path)
-            elif event_type == protocol.WatchEvent.DATA_CHANGED:
-                request.data_watches.append(path)
-            elif event_type == protocol.WatchEvent.CHILDREN_CHANGED:
-                request.child_watches.append(path)
-        conn = session.conn
-        reply = conn.send(request, xid=next_xid(session))
-        if (
-            await wait_done(reply, float(session.timeout or 10.0) / 2)
-            and not reply.cancelled()
-            and reply.exception() is None
-        ):
-            return
-        logger.debug("re-arming watches on %s:%s failed; reconnecting", conn.host, conn.port)
-        if session.conn is conn and not session.closing:
-            if session.state.current_state in (States.CONNECTED, States.READ_ONLY):
-                with contextlib.suppress(zk_exc.InvalidStateTransition):
-                    session.state.transition_to(States.SUSPENDED)
-            conn.abort(zk_exc.ConnectError)
-        if not reply.done():
-            reply.cancel()
-
-    session.set_existing_watches = set_existing_watches
+async def _send(monitor: SessionMonitor, request: Any) -> Any:
+    """What the backend's client sends with: reads retried, writes once."""
+    return await monitor.call(request, None, retry=not request.writes_data)
 
 
-async def _abort_client(client: Any) -> None:
-    """Tear down an aiozk client that is not (or no longer) connected.
+class _ZkAttempt(Attempt):
+    """One acquire: its queue entry and, for a semaphore, the leases taken so far."""
 
-    ``ZKClient.close()`` first sends a CloseRequest and waits up to a whole
-    session timeout for a connection; with no server that only delays and
-    then raises. Stop its tasks and sockets directly instead.
-    """
-    session = client.session
-    session.closing = True
-    tasks = []
-    if session.repair_loop_task is not None:
-        session.repair_loop_task.cancel()
-        tasks.append(session.repair_loop_task)
-    if session.heartbeat_handle is not None:
-        session.heartbeat_handle.cancel()
-        session.heartbeat_handle = None
-    if session.heartbeat_task is not None and not session.heartbeat_task.done():
-        session.heartbeat_task.cancel()
-        tasks.append(session.heartbeat_task)
-    if tasks:
-        await asyncio.gather(*tasks, return_exceptions=True)
-    conn = session.conn
-    if conn is not None:
-        conn.abort(zk_exc.ConnectError)
-        if conn.read_loop_task is not None and not conn.read_loop_task.done():
-            conn.read_loop_task.cancel()
-            await asyncio.gather(conn.read_loop_task, return_exceptions=True)
-        conn.closing = True
-        if conn.writer is not None:
-            conn.writer.close()
-    session.started = False
-    session.closing = False
+    __slots__ = ("data", "entry", "leases", "leases_dir", "pending", "room", "turnstile_held")
+
+    def __init__(
+        self,
+        request: Request,
+        entry: QueueEntry,
+        *,
+        leases_dir: str | None = None,
+        data: bytes = b"",
+    ) -> None:
+        super().__init__(request)
+        self.entry = entry
+        self.leases_dir = leases_dir
+        self.data = data
+        self.leases: list[Node] = []
+        #: a lease being created (its uid, to sweep for it if the reply is lost)
+        self.pending: QueueEntry | None = None
+        self.turnstile_held = False
+        self.room: tuple[asyncio.Future[None], str, Callable[[object], None]] | None = None

@@ -22,9 +22,11 @@ The recipe (ZooKeeper's "Locks" recipe, as Apache Curator implements it in
    wake-up, including a (re)connection, is only a hint to re-list.
 4. Our own node missing from the listing means the session was lost: create
    a new node (a waiter keeps waiting across sessions, as in Curator).
-5. One deadline bounds every request (CURATOR-559). On timeout, cancellation
-   or error our node is deleted in a tracked task that runs to completion
-   (``NoNode`` and "session gone" count as done).
+5. One deadline bounds every request (CURATOR-559). The engine drives the
+   steps (:meth:`LockInternals.try_take`, :meth:`LockInternals.wait`); on
+   timeout, cancellation or error it calls :meth:`LockInternals.give_up`,
+   which deletes our node, or sweeps for it by uid when the create's reply
+   never came (``NoNode`` and "session gone" count as done).
 
 Known gaps: a node deleted behind our back while held is noticed only at
 session loss or release (watching our own node would cost a round trip per
@@ -48,11 +50,17 @@ from aiozk import exc as zk_exc
 from aiozk import protocol
 
 from .._core.errors import BackendUnavailableError
-from .._core.tasks import TaskSet, wait_finished
 from ._protocol import CreateContainerRequest
 from ._session import AmbiguousResult, SessionChanged, SessionMonitor, wait_future, wait_own
 
-__all__ = ["LockInternals", "Node", "exclusive_predicate", "read_predicate", "sort_nodes"]
+__all__ = [
+    "LockInternals",
+    "Node",
+    "QueueEntry",
+    "exclusive_predicate",
+    "read_predicate",
+    "sort_nodes",
+]
 
 logger = logging.getLogger("aiolocks.zookeeper")
 
@@ -150,10 +158,9 @@ class _Vanished(Exception):
 class LockInternals:
     """The acquire/wait/delete algorithm over one :class:`SessionMonitor`."""
 
-    def __init__(self, monitor: SessionMonitor, tasks: TaskSet) -> None:
+    def __init__(self, monitor: SessionMonitor) -> None:
         self.monitor = monitor
         self.client = monitor.client
-        self.tasks = tasks
 
     # -- small request helpers -------------------------------------------------
 
@@ -241,121 +248,107 @@ class LockInternals:
         data: bytes,
         deadline: float | None,
         *,
-        anchor: int | None = None,
         session_id: int | None = None,
     ) -> Node:
-        """Create our ephemeral-sequential node, at most once (Curator's protected mode).
+        """Create one ephemeral-sequential node, at most once (Curator's protected mode).
 
-        :param session_id: create only in this session (semaphore leases
-            under a turnstile), else :class:`SessionChanged`
-        :raises TimeoutError: the deadline passed; nothing of ours is left
-            behind (a background sweep deletes a node whose create reply was lost)
+        :param session_id: create only in this session, else :class:`SessionChanged`
+        :raises TimeoutError: the deadline passed (the caller's entry then
+            knows what to sweep: see :meth:`give_up`)
         """
-        node, _ = await self._create(parent, kind, data, deadline, anchor, session_id, False)
+        entry = QueueEntry(parent, kind, data, exclusive_predicate)
+        node, _ = await self.create_entry(entry, deadline, session_id=session_id, prefetch=False)
         return node
 
-    async def create_and_list(
-        self, parent: str, kind: str, data: bytes, deadline: float | None, *, anchor: int | None
+    async def create_entry(
+        self,
+        entry: QueueEntry,
+        deadline: float | None,
+        *,
+        session_id: int | None = None,
+        prefetch: bool = True,
     ) -> tuple[Node, list[str] | None]:
-        """:meth:`create`, with the parent's children listed in the same round trip.
+        """Create ``entry``'s node with its minted uid; with ``prefetch`` list in the same trip.
 
         The listing is sent right behind the create, without waiting for its
         reply; ZooKeeper answers a session's requests in order, so a listing
         that shows our node was taken after the create. ``None`` when it
         cannot be trusted (it failed, or does not show our node): list again.
         """
-        return await self._create(parent, kind, data, deadline, anchor, None, True)
-
-    async def _create(
-        self,
-        parent: str,
-        kind: str,
-        data: bytes,
-        deadline: float | None,
-        anchor: int | None,
-        session_id: int | None,
-        prefetch: bool,
-    ) -> tuple[Node, list[str] | None]:
-        uid = str(uuid.uuid4())  # minted before any I/O: a lost reply can be found again
-        prefix = f"_c_{uid}-{kind}" + (f"@{anchor:010d}" if anchor is not None else "") + "-"
-        maybe_created = False
-        try:
-            while True:
-                request = protocol.Create2Request(
-                    path=self._abs(f"{parent}/{prefix}"),
-                    data=data,
-                    acl=self.client.default_acl,
-                    flags=_EPHEMERAL_SEQUENTIAL,
+        parent = entry.parent
+        prefix = (
+            f"_c_{entry.uid}-{entry.kind}"
+            + (f"@{entry.anchor:010d}" if entry.anchor is not None else "")
+            + "-"
+        )
+        while True:
+            request = protocol.Create2Request(
+                path=self._abs(f"{parent}/{prefix}"),
+                data=entry.data,
+                acl=self.client.default_acl,
+                flags=_EPHEMERAL_SEQUENTIAL,
+            )
+            sid = self.monitor.client.session.session_id
+            # From here on the server may apply the create even if we never
+            # see the reply (cancelled, deadline, broken connection): the
+            # entry remembers it, so that give_up() sweeps by uid.
+            entry.maybe_created = True
+            entry.created_in = sid
+            listing: list[asyncio.Future[Any]] = []
+            then = None
+            if prefetch:
+                then = protocol.GetChildrenRequest(path=self._abs(parent), watch=False)
+                prefetch = False  # once: a retry lists the usual way
+            answered = False
+            try:
+                response = await self.monitor.call(
+                    request,
+                    deadline,
+                    retry=False,
+                    session_id=session_id,
+                    then=then,
+                    then_reply=listing,
                 )
-                sid = self.monitor.client.session.session_id
-                # From here on the server may apply the create even if we
-                # never see the reply (cancelled, deadline, broken connection).
-                maybe_created = True
-                listing: list[asyncio.Future[Any]] = []
-                then = None
-                if prefetch:
-                    then = protocol.GetChildrenRequest(path=self._abs(parent), watch=False)
-                    prefetch = False  # once: a retry lists the usual way
-                try:
-                    response = await self.monitor.call(
-                        request,
-                        deadline,
-                        retry=False,
-                        session_id=session_id,
-                        then=then,
-                        then_reply=listing,
-                    )
-                except zk_exc.NoNode:
-                    # Parent missing (first use, or the container was reaped
-                    # between our create and its recreation): make it, retry.
-                    _discard(listing)
-                    await self.ensure_parents(parent, deadline)
-                    continue
-                except AmbiguousResult:
-                    _discard(listing)
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise TimeoutError("deadline passed during create") from None
-                    found = await self._find_protected(parent, uid, deadline)
-                    if found is not None:
-                        return found, None
-                    continue
-                except SessionChanged:
-                    _discard(listing)
-                    if session_id is not None:
-                        raise
-                    # The server said SESSION_EXPIRED; wait for aiozk to move
-                    # on to a new session rather than spin.
-                    await self._wait_state_change(sid, deadline)
-                    continue
-                except BaseException:
-                    _discard(listing)
+                answered = True
+            except zk_exc.NoNode:
+                # Parent missing (first use, or the container was reaped
+                # between our create and its recreation): make it, retry.
+                await self.ensure_parents(parent, deadline)
+                continue
+            except AmbiguousResult:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError("deadline passed during create") from None
+                found = await self._find_protected(parent, entry.uid, deadline)
+                if found is not None:
+                    entry.node = found
+                    entry.maybe_created = False
+                    return found, None
+                continue
+            except SessionChanged:
+                if session_id is not None:
                     raise
-                stat = response.stat
-                node = parse_node(
-                    parent, str(self.client.denormalize_path(response.path)).rsplit("/", 1)[1]
-                )
-                assert node is not None, response.path
-                node = _with_stat(node, stat)
-                children: list[str] | None = None
-                if listing:
-                    try:
-                        children = await self._listing_result(listing[0], deadline)
-                    except BaseException:
-                        # We know our node: delete it now (one request, sent
-                        # ahead of anything queued later in this session)
-                        # rather than sweep for it by uuid.
-                        maybe_created = False
-                        self.spawn_delete(node)
-                        raise
-                    if children is not None and node.name not in children:
-                        children = None  # not taken after our create: list again
-                return node, children
-        except BaseException:
-            if maybe_created:
-                # The create may have reached the server: sweep by uuid, in
-                # the background, until done or the session is gone.
-                self._spawn_sweep(parent, uid, self.monitor.client.session.session_id)
-            raise
+                # The server said SESSION_EXPIRED; wait for aiozk to move on
+                # to a new session rather than spin.
+                await self._wait_state_change(sid, deadline)
+                continue
+            finally:
+                if not answered:
+                    _discard(listing)  # a pipelined listing we will not read
+            stat = response.stat
+            node = parse_node(
+                parent, str(self.client.denormalize_path(response.path)).rsplit("/", 1)[1]
+            )
+            assert node is not None, response.path
+            node = _with_stat(node, stat)
+            # Known now: give_up() deletes it by name.
+            entry.node = node
+            entry.maybe_created = False
+            children: list[str] | None = None
+            if listing:
+                children = await self._listing_result(listing[0], deadline)
+                if children is not None and node.name not in children:
+                    children = None  # not taken after our create: list again
+            return node, children
 
     async def _listing_result(
         self, reply: asyncio.Future[Any], deadline: float | None
@@ -366,9 +359,9 @@ class LockInternals:
             deadline = max(deadline, time.monotonic() + self.monitor.reply_grace)
         try:
             done = await wait_future(reply, deadline)
-        except BaseException:
-            _discard([reply])
-            raise
+        finally:
+            if not reply.done():
+                _discard([reply])
         if not done or reply.cancelled() or reply.exception() is not None:
             _discard([reply])
             return None
@@ -402,130 +395,131 @@ class LockInternals:
                 return _with_stat(node, stat)
             # Created by an earlier connection's session that is still alive
             # (or being expired): not ours to use. Delete it and create anew.
-            # (session_id=None: delete it whichever session we are in by then)
-            self.spawn_delete(node)
+            await self.delete(node)
             return None
         return None
 
-    # -- the wait loop ---------------------------------------------------------
+    # -- one queue entry, step by step (driven by the engine) ---------------------
 
-    async def acquire(
-        self,
-        parent: str,
-        kind: str,
-        data: bytes,
-        deadline: float | None,
-        predicate: Predicate,
-        *,
-        anchor: int | None = None,
-    ) -> Node | None:
-        """Create a node and wait until ``predicate`` says it holds; ``None`` on timeout.
+    async def try_take(self, entry: QueueEntry, deadline: float | None) -> bool:
+        """One step of the lock recipe for ``entry``: ``True`` once it holds.
 
-        Whatever way this exits without returning the node (timeout, error,
-        cancellation), the node is deleted.
+        Creates the node on the first call (and again after its session was
+        lost), lists the queue, and when it does not hold yet, arms a watch
+        on the node the predicate names; :meth:`wait` then waits for it.
         """
-        while True:
-            try:
-                node, children = await self.create_and_list(
-                    parent, kind, data, deadline, anchor=anchor
-                )
-            except TimeoutError:
-                return None
-            try:
-                held = await self._wait_turn(node, deadline, predicate, children)
-            except (_Vanished, SessionChanged):
-                # The session that held our node is gone (or someone deleted
-                # it): queue again with a new node in the current session,
-                # unless our time is up (the vanished node needs no delete).
-                logger.info("lock node %s vanished; queueing again", node.path)
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                continue
-            except BaseException:
-                # Cancellation, errors: our node must not stay in the queue.
-                self.spawn_delete(node)
-                raise
-            if held:
-                return node
-            await self.delete(node)
-            return None
+        self.unwatch(entry)
+        try:
+            return await self._try_take(entry, deadline)
+        except (_Vanished, SessionChanged):
+            # The session that held our node is gone (or someone deleted it):
+            # queue again with a new node in the current session.
+            if entry.node is not None:
+                logger.info("lock node %s vanished; queueing again", entry.node.path)
+            entry.requeue()
+            return False
+        except TimeoutError:
+            return False  # the deadline passed; the engine gives the entry up
 
-    async def _wait_turn(
-        self,
-        node: Node,
-        deadline: float | None,
-        predicate: Predicate,
-        children: list[str] | None = None,
-    ) -> bool:
-        monitor = self.monitor
-        while True:
-            if children is None:
-                try:
-                    children = await self.list_children(node.parent, deadline)
-                except TimeoutError:
-                    return False
-            nodes = sort_nodes(node.parent, children)
-            children = None
-            index = next((i for i, n in enumerate(nodes) if n.name == node.name), -1)
-            if index < 0:
+    async def _try_take(self, entry: QueueEntry, deadline: float | None) -> bool:
+        children: list[str] | None = None
+        node = entry.node
+        if node is None:
+            node, children = await self.create_entry(entry, deadline)
+        if entry.handoff:
+            entry.handoff = False
+            # CURATOR-696: hold only with a node of the current session.
+            if node.session_id != self.client.session.session_id:
                 raise _Vanished
-            holds, watch = predicate(nodes, index)
-            if holds:
-                # CURATOR-696: hold only with a node of the current session.
-                if node.session_id != self.client.session.session_id:
-                    raise _Vanished
-                return True
-            assert watch is not None
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            # The wake-up future exists before the watched read is sent, so an
-            # event that arrives with or right after the reply is not missed.
-            waker = monitor.new_waker()
-            target = self._abs(watch.path)
+            return True
+        if children is None:
+            children = await self.list_children(node.parent, deadline)
+        nodes = sort_nodes(node.parent, children)
+        index = next((i for i, n in enumerate(nodes) if n.name == node.name), -1)
+        if index < 0:
+            raise _Vanished
+        holds, watch = entry.predicate(nodes, index)
+        if holds:
+            if node.session_id != self.client.session.session_id:
+                raise _Vanished
+            return True
+        assert watch is not None
+        # The wake-up future exists before the watched read is sent, so an
+        # event that arrives with or right after the reply is not missed.
+        entry.sole_blocker = _was_sole_blocker(nodes, index, entry.predicate)
+        self._watch(entry, self._abs(watch.path))
+        try:
+            await self.monitor.call(
+                protocol.GetDataRequest(path=entry.target, watch=True), deadline, retry=True
+            )
+        except zk_exc.NoNode:
+            entry.retry = True  # predecessor already gone: list again at once
+        return False
 
-            deleted = False
+    def _watch(self, entry: QueueEntry, target: str) -> None:
+        waker = self.monitor.new_waker()
+        entry.waker = waker
+        entry.target = target
+        entry.deleted = False
 
-            def wake(_path: object, waker: asyncio.Future[None] = waker) -> None:
-                if not waker.done():
-                    waker.set_result(None)
+        def wake(_path: object) -> None:
+            if not waker.done():
+                waker.set_result(None)
 
-            def wake_deleted(_path: object, waker: asyncio.Future[None] = waker) -> None:
-                nonlocal deleted
-                if not waker.done():
-                    deleted = True
-                    waker.set_result(None)
+        def wake_deleted(_path: object) -> None:
+            if not waker.done():
+                entry.deleted = True
+                waker.set_result(None)
 
+        entry.callbacks = (wake, wake_deleted)
+        session = self.client.session
+        # DATA_CHANGED as well as DELETED: aiozk re-arms only data watches
+        # after a reconnect (SetWatches), so the watch survives a blip.
+        session.add_watch_callback(protocol.WatchEvent.DELETED, target, wake_deleted)
+        session.add_watch_callback(protocol.WatchEvent.DATA_CHANGED, target, wake)
+
+    def unwatch(self, entry: QueueEntry) -> None:
+        """Drop ``entry``'s watch callbacks and wake-up future (no I/O)."""
+        callbacks, entry.callbacks = entry.callbacks, None
+        if callbacks is not None:
+            wake, wake_deleted = callbacks
             session = self.client.session
-            # DATA_CHANGED as well as DELETED: aiozk re-arms only data watches
-            # after a reconnect (SetWatches), so the watch survives a blip.
-            session.add_watch_callback(protocol.WatchEvent.DELETED, target, wake_deleted)
-            session.add_watch_callback(protocol.WatchEvent.DATA_CHANGED, target, wake)
-            try:
-                try:
-                    await monitor.call(
-                        protocol.GetDataRequest(path=target, watch=True), deadline, retry=True
-                    )
-                except zk_exc.NoNode:
-                    continue  # predecessor already gone: re-list at once
-                except TimeoutError:
-                    return False
-                if not await wait_own(waker, deadline):
-                    return False
-            finally:
-                session.remove_watch_callback(protocol.WatchEvent.DELETED, target, wake_deleted)
-                session.remove_watch_callback(protocol.WatchEvent.DATA_CHANGED, target, wake)
-                waker.cancel()
-            if deleted and _was_sole_blocker(nodes, index, predicate):
-                # Handoff without a second listing: the node we watched was
-                # the only one ahead of us, and a new node can only sort
-                # after ours (mutex nodes carry no downgrade anchors).
-                if node.session_id != self.client.session.session_id:
-                    raise _Vanished
-                return True
+            session.remove_watch_callback(protocol.WatchEvent.DELETED, entry.target, wake_deleted)
+            session.remove_watch_callback(protocol.WatchEvent.DATA_CHANGED, entry.target, wake)
+        waker, entry.waker = entry.waker, None
+        if waker is not None:
+            waker.cancel()
+
+    async def wait(self, entry: QueueEntry, bound: float | None) -> None:
+        """Wait for the watched node to change, a (re)connection, or ``bound`` seconds."""
+        if entry.retry:
+            entry.retry = False
+            return
+        waker = entry.waker
+        if waker is None:
+            return
+        await wait_own(waker, None if bound is None else time.monotonic() + bound)
+        if waker.done() and entry.deleted and entry.sole_blocker:
+            # Handoff without a second listing: the node we watched was the
+            # only one ahead of us, and a new node can only sort after ours
+            # (mutex nodes carry no downgrade anchors).
+            entry.handoff = True
+        self.unwatch(entry)
+
+    async def give_up(self, entry: QueueEntry) -> None:
+        """Delete ``entry``'s node, or sweep for it by uid when its create went unanswered."""
+        self.unwatch(entry)
+        node = entry.node
+        if node is not None:
+            await self.delete(node)
+            entry.node = None
+        if entry.maybe_created:
+            await self._sweep(entry.parent, entry.uid, entry.created_in)
+            entry.maybe_created = False
 
     # -- deletes -----------------------------------------------------------------
 
-    async def _delete_now(self, node: Node) -> bool:
+    async def delete(self, node: Node) -> bool:
         """Delete ``node`` until done: NoNode, or its session is gone, count as done.
 
         Returns False when the node was already gone (deleted behind our back,
@@ -548,71 +542,84 @@ class LockInternals:
             logger.warning("lock node %s not deleted: the backend closed first", node.path)
         return True
 
-    def spawn_delete(self, node: Node) -> asyncio.Task[bool]:
-        """Guaranteed delete in a task owned by the driver (runs even if the caller is gone)."""
-        return self.tasks.spawn(self._delete_now(node), name=f"aiolocks-zk-delete:{node.path}")
-
-    async def delete_isolated(self, node: Node) -> bool:
-        """:meth:`delete` from the caller's task (the driver's release: ``isolates_release``).
-
-        Sends the delete from this task (no second task, one loop pass less
-        on every handoff). Past ``connect_timeout`` (no connection) the
-        delete goes on in the background. If this task is cancelled, the
-        delete is sent again from a task of the driver's (deleting is
-        idempotent: "no node" then means done), which is waited for, through
-        further cancellations, up to ``connect_timeout``; then the
-        cancellation propagates.
-        """
+    async def _sweep(self, parent: str, uid: str, session_id: int | None) -> None:
+        """Delete our node with ``uid`` under ``parent``, if it exists in ``session_id``."""
+        if self.client.session.session_id != session_id:
+            return  # that session is gone, and its ephemerals with it
         try:
-            async with asyncio.timeout(self.monitor.connect_timeout):
-                return await self._delete_now(node)
-        except TimeoutError:
-            self.spawn_delete(node)
-            return True
-        except asyncio.CancelledError:
-            await wait_finished(self.spawn_delete(node), timeout=self.monitor.connect_timeout)
-            raise
+            children = await self.monitor.call(
+                protocol.GetChildrenRequest(path=self._abs(parent), watch=False),
+                None,
+                retry=True,
+                session_id=session_id,
+                wait_for_connection=False,
+            )
+        except (zk_exc.NoNode, SessionChanged, BackendUnavailableError):
+            return
+        for name in children.children:
+            node = parse_node(parent, name)
+            if node is not None and node.uid == uid:
+                await self.delete(Node(**{**_fields(node), "session_id": session_id}))
 
-    async def delete(self, node: Node) -> bool:
-        """Delete ``node``; wait for the server up to ``connect_timeout``, then let it finish
-        in the background. A cancelled caller still gets the delete (it runs in its own task).
 
-        Returns False only when the server said the node was already gone.
-        """
-        task = self.spawn_delete(node)
-        cancelled = await wait_finished(task, timeout=self.monitor.connect_timeout)
-        found = True
-        if task.done() and not task.cancelled():
-            exc = task.exception()
-            if exc is not None and cancelled is None:
-                raise exc
-            found = exc is not None or task.result()
-        if cancelled is not None:
-            raise cancelled
-        return found
+class QueueEntry:
+    """One place in one queue: what the recipe needs between the engine's steps."""
 
-    def _spawn_sweep(self, parent: str, uid: str, session_id: int | None) -> None:
-        async def sweep() -> None:
-            while True:
-                if self.client.session.session_id != session_id:
-                    return  # that session is gone, and its ephemerals with it
-                try:
-                    children = await self.monitor.call(
-                        protocol.GetChildrenRequest(path=self._abs(parent), watch=False),
-                        None,
-                        retry=True,
-                        session_id=session_id,
-                        wait_for_connection=False,
-                    )
-                except (zk_exc.NoNode, SessionChanged, BackendUnavailableError):
-                    return
-                for name in children.children:
-                    node = parse_node(parent, name)
-                    if node is not None and node.uid == uid:
-                        await self._delete_now(Node(**{**_fields(node), "session_id": session_id}))
-                return
+    __slots__ = (
+        "anchor",
+        "callbacks",
+        "created_in",
+        "data",
+        "deleted",
+        "handoff",
+        "kind",
+        "maybe_created",
+        "node",
+        "parent",
+        "predicate",
+        "retry",
+        "sole_blocker",
+        "target",
+        "uid",
+        "waker",
+    )
 
-        self.tasks.spawn(sweep(), name=f"aiolocks-zk-sweep:{parent}")
+    def __init__(
+        self,
+        parent: str,
+        kind: str,
+        data: bytes,
+        predicate: Predicate,
+        *,
+        anchor: int | None = None,
+    ) -> None:
+        self.parent = parent
+        self.kind = kind
+        self.data = data
+        self.predicate = predicate
+        self.anchor = anchor
+        #: minted before any I/O: a lost create reply can be found again by it
+        self.uid = str(uuid.uuid4())
+        self.node: Node | None = None
+        #: a create with ``uid`` was sent and its node is not known
+        self.maybe_created = False
+        self.created_in: int | None = None
+        self.waker: asyncio.Future[None] | None = None
+        self.target = ""
+        self.callbacks: tuple[Callable[[object], None], Callable[[object], None]] | None = None
+        self.deleted = False
+        self.sole_blocker = False
+        self.handoff = False
+        #: try again without waiting (the watched node was already gone)
+        self.retry = False
+
+    def requeue(self) -> None:
+        """The node went with its session: the next try creates a new one (new uid)."""
+        self.node = None
+        self.maybe_created = False
+        self.uid = str(uuid.uuid4())
+        self.handoff = False
+        self.retry = True
 
 
 def _fields(node: Node) -> dict[str, Any]:

@@ -1,28 +1,23 @@
 """One ZooKeeper session as aiolocks sees it: connection states and bounded requests.
 
-Why this layer exists (measured against aiozk 0.32 on ZooKeeper 3.8):
+:class:`SessionMonitor` sits on our own :class:`~._connection.Session`:
 
-* aiozk has no listener API and its ``lost`` state means both "never
-  connected" and "expired"; Curator's states (CONNECTED, SUSPENDED,
-  RECONNECTED, LOST) are what lock users reason with. :class:`SessionMonitor`
-  derives them from aiozk's state machine *and* the session id, so an expiry
-  that aiozk only notices at reconnect time, or a SUSPENDED -> CONNECTED blip
-  that happened between two observations, is still reported.
-* aiozk learns that a session expired only after it reconnects. While the
+* Curator's states (CONNECTED, SUSPENDED, RECONNECTED, LOST) are what lock
+  users reason with; the monitor derives them from the session's reports
+  (connected in session X, disconnected, expired) and the session id, so a
+  reconnection into a new session is reported as LOST then RECONNECTED.
+* A session learns that it expired only once it reconnects. While the
   network is partitioned another client may already hold our lock. Like the
   Java client since ZOOKEEPER-4508 and Curator's "simulated expiry", we
   declare LOST locally once we have been disconnected for a whole negotiated
   session timeout.
-* ``aiozk.Session.send`` waits for a connection without a deadline and retries
-  every request forever, so a sequential ``create`` can run twice and
-  ``acquire(timeout=2)`` can take ten seconds. :meth:`SessionMonitor.call`
-  sends each request itself: one deadline bounds the wait for a connection and
-  the reply, and a write whose reply is lost is reported as ambiguous
-  (:class:`AmbiguousResult`) instead of being re-sent; the caller reconciles
-  (protected nodes, Curator's trick).
-* After a reconnect aiozk re-arms only some watches (DELETED-only watches are
-  dropped). Every waiter registers a wake-up future here, and every
-  (re)connection resolves all of them: a wake-up is a hint to re-list.
+* :meth:`SessionMonitor.call` sends each request with one deadline bounding
+  the wait for a connection and the reply; a write whose reply is lost is
+  reported as ambiguous (:class:`AmbiguousResult`) instead of being re-sent;
+  the caller reconciles (protected nodes, Curator's trick).
+* Every waiter registers a wake-up future here, and every (re)connection
+  resolves all of them: a wake-up is a hint to re-list, whatever became of
+  the watches while we were away.
 """
 
 from __future__ import annotations
@@ -36,10 +31,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 from aiozk import exc as zk_exc
-from aiozk.states import States
 
 from .._core.errors import BackendUnavailableError
 from .._core.tasks import wait_done
+from ._connection import SessionClient
 
 __all__ = [
     "AmbiguousResult",
@@ -50,16 +45,12 @@ __all__ = [
 
 logger = logging.getLogger("aiolocks.zookeeper")
 
-_ALL_STATES: Final = (States.CONNECTED, States.SUSPENDED, States.READ_ONLY, States.LOST)
-
 #: errors that mean "the connection broke while the request was in flight":
 #: the server may or may not have applied it.
 _CONNECTION_ERRORS: Final = (
     zk_exc.ConnectError,
     zk_exc.TimeoutError,
-    zk_exc.SessionLost,
     zk_exc.ConnectionLoss,
-    zk_exc.UnfinishedRead,
     ConnectionError,
     OSError,
 )
@@ -111,12 +102,6 @@ async def wait_future(fut: asyncio.Future[Any], deadline: float | None) -> bool:
     return await wait_done(fut, remaining(deadline))
 
 
-def next_xid(session: Any) -> int:
-    """The next request xid of an aiozk session (a positive signed 32-bit int, as aiozk does)."""
-    session.xid = session.xid + 1 if session.xid < 0x7FFFFFFF else 1
-    return int(session.xid)
-
-
 async def wait_own(fut: asyncio.Future[Any], deadline: float | None) -> bool:
     """Like :func:`wait_future` for a future only the caller waits on (a waker).
 
@@ -138,9 +123,10 @@ async def wait_own(fut: asyncio.Future[Any], deadline: float | None) -> bool:
 
 
 class SessionMonitor:
-    """Watches one aiozk client's session; sends requests with deadlines.
+    """Watches one session (it reports to the monitor); sends requests with deadlines.
 
-    :param client: the ``aiozk.ZKClient``
+    :param client: the :class:`~._connection.SessionClient` whose session
+        reports to this monitor (``client.session.events = monitor``)
     :param connect_timeout: how long a request may wait for a connection
         before :class:`BackendUnavailableError`
     :param suspended_is_lost: treat SUSPENDED as loss of every hold
@@ -151,7 +137,7 @@ class SessionMonitor:
 
     def __init__(
         self,
-        client: Any,
+        client: SessionClient,
         *,
         connect_timeout: float,
         suspended_is_lost: bool,
@@ -163,7 +149,6 @@ class SessionMonitor:
         self.reply_grace = min(2.0, connect_timeout)
         self.suspended_is_lost = suspended_is_lost
         self._on_lost = on_lost
-        self._task: asyncio.Task[None] | None = None
         self._wakers: set[asyncio.Future[None]] = set()
         self._waker_count = 0
         self._queues: set[asyncio.Queue[ConnectionState | None]] = set()
@@ -180,110 +165,66 @@ class SessionMonitor:
     # -- lifecycle ---------------------------------------------------------
 
     def start(self) -> None:
-        """Begin watching; the client must be connected."""
+        """Begin reporting; the session must be connected."""
         session = self.client.session
         self.session_id = session.session_id
         self._closed_fut = asyncio.get_running_loop().create_future()
+        session.events = self
         self._emit(ConnectionState.CONNECTED)
-        self._watch_connection()
-        self._task = asyncio.get_running_loop().create_task(
-            self._monitor(), name="aiolocks-zk-session-monitor"
-        )
 
     async def stop(self) -> None:
-        """Stop watching (awaited by ``close()``); ends every state iterator."""
+        """Stop reporting (awaited by ``close()``); ends every state iterator."""
         self._closed = True
+        if self.client.session.events is self:
+            self.client.session.events = None
         if self._closed_fut is not None and not self._closed_fut.done():
             self._closed_fut.set_result(None)
-        if self._expiry_timer is not None:
-            self._expiry_timer.cancel()
-            self._expiry_timer = None
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        self._cancel_timer()
         self.wake_all()
         for queue in list(self._queues):
             queue.put_nowait(None)
 
-    # -- state observation ---------------------------------------------------
+    # -- what the session reports ---------------------------------------------------
 
-    async def _monitor(self) -> None:
-        machine = self.client.session.state
-        last = machine.current_state
-        while True:
-            fut = machine.wait_for(*(s for s in _ALL_STATES if s != last))
-            try:
-                await fut
-            finally:
-                _discard_state_future(machine, fut)
-            now = machine.current_state
-            sid = self.client.session.session_id
-            # A future fired, so at least one transition happened since `last`,
-            # even if we now see the same state again (a SUSPENDED blip).
-            self._observe(last, now, sid)
-            last = now
-
-    def _watch_connection(self) -> None:
-        """Notice at once when the server closes our socket.
-
-        aiozk's reader returns silently when the socket closes (a killed
-        server, a follower dropping clients during leader election) and only
-        the next missed heartbeat, up to 2/3 of a session timeout later,
-        suspends the session; requests sent meanwhile hang. We suspend it
-        ourselves when the reader of the current connection ends, so aiozk's
-        repair loop reconnects right away and in-flight requests fail fast.
-        """
-        session = self.client.session
-        conn = session.conn
-        task = getattr(conn, "read_loop_task", None)
-        if task is None:
+    def session_connected(self, session_id: int) -> None:
+        """Connected (again), in ``session_id``: RECONNECTED, after LOST if it is a new session."""
+        if self._closed:
             return
-
-        def on_reader_done(_task: object) -> None:
-            if self._closed or session.closing or session.conn is not conn:
-                return
-            if session.state == States.CONNECTED:
-                with contextlib.suppress(zk_exc.InvalidStateTransition):
-                    session.state.transition_to(States.SUSPENDED)
-            conn.abort(zk_exc.ConnectError)
-
-        task.add_done_callback(on_reader_done)
-
-    def _observe(self, last: str, now: str, sid: int | None) -> None:
-        if now in (States.CONNECTED, States.READ_ONLY):
-            self._watch_connection()
-            if sid != self.session_id:
-                # A new session: whatever the old one held is gone on the server.
-                if not self._lost_locally:
-                    self._declare_lost("the ZooKeeper session expired")
-                self.session_id = sid
-            elif not self._suspended and last == now:
-                # A whole SUSPENDED -> CONNECTED cycle happened between two looks.
-                self._emit(ConnectionState.SUSPENDED)
-            self._cancel_timer()
-            self._suspended = False
-            self._lost_locally = False
-            self._emit(ConnectionState.RECONNECTED)
-            # Watches may have been dropped while disconnected (aiozk re-arms
-            # only some of them): every waiter re-lists.
-            self.wake_all()
-        elif now == States.SUSPENDED:
-            self._enter_suspended()
-        elif now == States.LOST:
-            self._enter_suspended()
-            if not self._lost_locally and not self._closed:
+        if session_id != self.session_id:
+            # A new session: whatever the old one held is gone on the server.
+            if not self._lost_locally:
+                self._enter_suspended()
                 self._declare_lost("the ZooKeeper session expired")
+            self.session_id = session_id
+        elif not self._suspended:
+            # Not reported as down (a drop the session noticed only now).
+            self._emit(ConnectionState.SUSPENDED)
+        self._cancel_timer()
+        self._suspended = False
+        self._lost_locally = False
+        self._emit(ConnectionState.RECONNECTED)
+        # Watches may have fired (or been dropped) while we were away: every
+        # waiter re-lists.
+        self.wake_all()
+
+    def session_disconnected(self) -> None:
+        """The connection is down: SUSPENDED, and the client-side expiry timer runs."""
+        if not self._closed:
+            self._enter_suspended()
+
+    def session_expired(self) -> None:
+        """The server said our session is gone: LOST (a new session follows)."""
+        if self._closed:
+            return
+        self._enter_suspended()
+        if not self._lost_locally:
+            self._declare_lost("the ZooKeeper session expired")
 
     def purge_watch_keys(self) -> None:
-        """Drop aiozk's empty watch-callback sets.
+        """Drop empty watch-callback sets, so that SetWatches re-arms only live watches.
 
-        aiozk's ``event_dispatch`` indexes its defaultdict for every event, so
-        an event for a path nobody listens to any more leaves an empty set
-        behind; those keys grow without bound and are all re-sent in
-        SetWatches after a reconnect. We purge them while suspended (before
-        aiozk re-registers) and now and then while waiting.
+        The session removes a key with its last callback; this also drops
+        any left empty by a caller that edited the sets directly.
         """
         callbacks = self.client.session.watch_callbacks
         for key in [k for k, v in callbacks.items() if not v]:
@@ -298,6 +239,7 @@ class SessionMonitor:
         if self.suspended_is_lost:
             self._on_lost(self.session_id, "the ZooKeeper connection was suspended")
         timeout = float(self.client.session.timeout or 10.0)
+        self._cancel_timer()
         # Curator's simulated expiry: the server expires the session
         # `timeout` after it last heard from us, which is earlier than now;
         # once that long has passed without contact, assume it did.
@@ -379,39 +321,34 @@ class SessionMonitor:
 
     @property
     def connected(self) -> bool:
-        """The aiozk session is in a state where requests can be sent."""
-        return bool(self.client.session.state == States.CONNECTED)
+        """The session is connected: requests can be sent."""
+        return self.client.session.connected
 
     async def _wait_connected(
         self, deadline: float | None, unavailable_after: float | None
     ) -> None:
-        machine = self.client.session.state
-        while machine.current_state != States.CONNECTED:
+        session = self.client.session
+        while not session.connected:
             if self._closed:
                 raise BackendUnavailableError("the ZooKeeper backend is closed")
             limit = deadline
             if unavailable_after is not None and (limit is None or unavailable_after < limit):
                 limit = unavailable_after
-            fut = machine.wait_for(States.CONNECTED)
-            try:
-                # close() must also end this wait (background deletes wait
-                # here without a time limit).
-                waits: list[asyncio.Future[Any]] = [fut]
-                if self._closed_fut is not None:
-                    waits.append(self._closed_fut)
-                timeout = remaining(limit)
-                if timeout is None or timeout > 0:
-                    await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                done = fut.done() or self._closed
-            finally:
-                _discard_state_future(machine, fut)
+            # close() must also end this wait (background deletes wait here
+            # without a time limit).
+            waits: list[asyncio.Future[Any]] = [session.connected_future()]
+            if self._closed_fut is not None:
+                waits.append(self._closed_fut)
+            timeout = remaining(limit)
+            if timeout is None or timeout > 0:
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if self._closed:
                 raise BackendUnavailableError("the ZooKeeper backend is closed")
-            if not done:
+            if not session.connected and timeout is not None and remaining(limit) == 0:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise _DeadlinePassed
                 raise BackendUnavailableError(
-                    f"ZooKeeper {self.client.session.hosts} unreachable for "
+                    f"ZooKeeper {session.hosts} unreachable for "
                     f"{self.connect_timeout:g} s (connect_timeout)"
                 )
 
@@ -476,10 +413,11 @@ class SessionMonitor:
             if session_id is not None and session.session_id != session_id:
                 raise SessionChanged
             conn = session.conn
+            assert conn is not None
             sent_in = session.session_id
-            fut = conn.send(request, xid=next_xid(session))
+            fut = conn.send(request, xid=session.next_xid())
             if then is not None and then_reply is not None:
-                then_reply.append(conn.send(then, xid=next_xid(session)))
+                then_reply.append(conn.send(then, xid=session.next_xid()))
                 then = None
             # Once sent, the reply gets at least `reply_grace` seconds even if
             # the lock deadline has passed: a deadline in the past means "try
@@ -492,7 +430,7 @@ class SessionMonitor:
                 done = await wait_future(fut, reply_deadline)
             except BaseException:
                 # Cancelled while in flight: the reply (if any) is dropped by
-                # aiozk's reader because the future is done.
+                # the connection because the future is done.
                 fut.cancel()
                 raise
             if not done:
@@ -501,7 +439,7 @@ class SessionMonitor:
                     raise AmbiguousResult("deadline passed before the reply")
                 raise TimeoutError("deadline passed before the reply")
             try:
-                zxid, response = fut.result()
+                _zxid, response = fut.result()
             except zk_exc.SessionExpired:
                 # Sent in a session the server had already expired: it did
                 # not run. A request bound to that session cannot be sent
@@ -513,25 +451,13 @@ class SessionMonitor:
                     await self._next_connection(deadline)
                 continue
             except _CONNECTION_ERRORS as exc:
-                # Same as aiozk: a connection error suspends the session and
-                # its repair loop reconnects.
-                if session.state == States.CONNECTED and session.conn is conn:
-                    with contextlib.suppress(zk_exc.InvalidStateTransition):
-                        session.state.transition_to(States.SUSPENDED)
+                # The connection broke: make sure it is dropped, so that the
+                # session reconnects (it reports the drop to us).
+                if session.conn is conn:
+                    conn.abort()
                 if not retry:
                     raise AmbiguousResult(
                         f"connection lost during {type(request).__name__}"
                     ) from exc
                 continue
-            if zxid:
-                session.last_zxid = zxid
-            session.set_heartbeat()
             return response
-
-
-def _discard_state_future(machine: Any, fut: asyncio.Future[None]) -> None:
-    """Forget a state future we stop waiting for (aiozk's remove_waiting raises if drained)."""
-    if not fut.done():
-        fut.cancel()
-    for state in _ALL_STATES:
-        machine.futures[state].discard(fut)

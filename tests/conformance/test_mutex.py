@@ -57,29 +57,25 @@ async def test_name_is_kept_and_leading_slash_is_same_lock(
 
 async def test_reentrant_per_task(backend: aiolocks.Backend, names: Callable[[], str]) -> None:
     lock = backend.mutex(names())
-    calls = 0
-    real_acquire = backend._driver.acquire
-
-    async def counting(*args: object, **kwargs: object) -> object:
-        nonlocal calls
-        calls += 1
-        return await real_acquire(*args, **kwargs)  # type: ignore[arg-type]
-
-    backend._driver.acquire = counting  # type: ignore[method-assign,assignment]
+    # Every acquire that reaches the engine (and so the server) ends in one
+    # event: acquired, timeout or cancelled. Re-entry must produce none.
+    events: list[aiolocks.LockEvent] = []
+    backend.add_event_hook(events.append)
     try:
         assert await lock.acquire()
         token = lock.fencing_token
         assert await lock.acquire(timeout=0)
         async with lock:
             assert lock.fencing_token == token
-        assert calls == 1, "re-entry must not reach the server"
+        attempts = [e.kind for e in events if e.kind in ("acquired", "timeout", "cancelled")]
+        assert attempts == ["acquired"], "re-entry must not reach the server"
         await lock.release()
         # still held once: another task cannot take it
         assert await in_task(backend.mutex(lock.name).acquire(timeout=0)) is False
         await lock.release()
         assert not lock.is_owned_by_current_task()
     finally:
-        backend._driver.acquire = real_acquire  # type: ignore[method-assign]
+        backend.remove_event_hook(events.append)
 
 
 async def test_two_objects_same_name_share_task_ownership(

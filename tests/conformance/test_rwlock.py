@@ -11,7 +11,7 @@ import aiolocks
 
 from .conftest import settle, wait_queued
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.primitives("read_write_lock")]
 
 
 async def test_readers_share_writer_excludes(

@@ -11,7 +11,7 @@ import aiolocks
 
 from .conftest import settle, wait_queued
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.primitives("semaphore")]
 
 
 async def test_leases_have_distinct_increasing_tokens(

@@ -93,3 +93,71 @@ async def test_prometheus_hook_records_metrics() -> None:
         assert registry.get_sample_value("aiolocks_hold_seconds_count", labels) == 4
         assert registry.get_sample_value("aiolocks_acquire_timeouts_total", labels) == 1
         assert registry.get_sample_value("aiolocks_holds", labels) == 0
+
+
+async def test_leader_latch_events_follow_its_holds() -> None:
+    """A leadership term is a hold: acquired, then lost or released; never only acquired."""
+    events: list[aiolocks.LockEvent] = []
+    async with aiolocks.connect("memory://events-leader") as backend:
+        backend.add_event_hook(events.append)
+        first = backend.leader_latch("ev/leader", participant_id="a")
+        second = backend.leader_latch("ev/leader", participant_id="b")
+        await first.start()
+        assert await first.wait_for_leadership(5)
+        await second.start()
+        term = first.fencing_token
+        hold = first._hold
+        assert hold is not None
+        hold.grant.mark_lost("test: lease lapsed")
+        assert await second.wait_for_leadership(5)
+        second_term = second.fencing_token
+        await second.close()
+        assert await first.wait_for_leadership(5)
+        third_term = first.fencing_token
+        await first.close()
+        assert all(e.lock_kind == "leader latch" and e.name == "ev/leader" for e in events)
+        by_token: dict[int | None, list[str]] = {}
+        for event in events:
+            by_token.setdefault(event.fencing_token, []).append(event.kind)
+        assert by_token[term] == ["acquired", "lost", "released"]
+        assert by_token[second_term] == ["acquired", "released"]
+        assert by_token[third_term] == ["acquired", "released"]
+        lost = next(e for e in events if e.kind == "lost")
+        assert lost.reason == "test: lease lapsed"
+
+
+async def test_leader_latch_gauge_returns_to_zero() -> None:
+    registry = CollectorRegistry()
+    hook = PrometheusHook(registry)
+    async with aiolocks.connect("memory://events-leader-prom") as backend:
+        backend.add_event_hook(hook)
+        labels = {"backend": "memory://events-leader-prom", "kind": "leader latch"}
+        latches = [backend.leader_latch("ev/leader-g", participant_id=str(i)) for i in range(3)]
+        for latch in latches:
+            await latch.start()
+        assert await latches[0].wait_for_leadership(5)
+        assert registry.get_sample_value("aiolocks_holds", labels) == 1
+        await latches[0].close()
+        assert await latches[1].wait_for_leadership(5)
+        assert registry.get_sample_value("aiolocks_holds", labels) == 1
+        hold = latches[1]._hold
+        assert hold is not None
+        hold.grant.mark_lost("test")
+        assert await latches[2].wait_for_leadership(5)
+        assert registry.get_sample_value("aiolocks_holds", labels) == 1
+        assert registry.get_sample_value("aiolocks_holds_lost_total", labels) == 1
+        await latches[2].close()
+        await latches[1].close()
+        assert registry.get_sample_value("aiolocks_holds", labels) == 0
+    # still open while the backend closes with a leader: the gauge comes back too
+    registry2 = CollectorRegistry()
+    hook2 = PrometheusHook(registry2)
+    backend = await aiolocks.connect("memory://events-leader-close")
+    backend.add_event_hook(hook2)
+    latch = backend.leader_latch("ev/leader-c")
+    await latch.start()
+    assert await latch.wait_for_leadership(5)
+    labels = {"backend": "memory://events-leader-close", "kind": "leader latch"}
+    assert registry2.get_sample_value("aiolocks_holds", labels) == 1
+    await backend.close()
+    assert registry2.get_sample_value("aiolocks_holds", labels) == 0

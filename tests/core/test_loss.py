@@ -223,9 +223,9 @@ async def test_leader_loses_and_requeues(backend: aiolocks.Backend) -> None:
     await first.start()
     assert await first.wait_for_leadership(5)
     await second.start()
-    grant = first._grant
-    assert grant is not None
-    grant.mark_lost("test: lease lapsed")
+    hold = first._hold
+    assert hold is not None
+    hold.grant.mark_lost("test: lease lapsed")
     assert not first.has_leadership
     assert await second.wait_for_leadership(5)
     leader = await first.leader()
@@ -240,15 +240,15 @@ async def test_grant_expired_before_the_block_starts(backend: aiolocks.Backend) 
     """A grant whose lease ran out before the body began (loop blocked) is refused."""
     import time
 
-    real = backend._driver.acquire
+    real = backend._driver.try_once
 
     async def stale(*args: object, **kwargs: object) -> object:
-        grants = await real(*args, **kwargs)  # type: ignore[arg-type]
+        grants = await real(*args, **kwargs)
         for grant in grants or []:
             grant.valid_until = time.monotonic() - 1  # as if the loop had stalled
         return grants
 
-    backend._driver.acquire = stale  # type: ignore[method-assign,assignment]
+    backend._driver.try_once = stale
     lock = backend.mutex("loss/stale")
     entered = False
     with pytest.raises(aiolocks.LockLostError, match="before the block could start"):
@@ -260,7 +260,7 @@ async def test_grant_expired_before_the_block_starts(backend: aiolocks.Backend) 
         async with backend.semaphore("loss/stale-sem", 1):
             entered = True
     assert not entered
-    backend._driver.acquire = real  # type: ignore[method-assign]
+    backend._driver.try_once = real
     assert await asyncio.create_task(lock.acquire(timeout=0))
     await backend.close()
 

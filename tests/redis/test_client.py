@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
 def _client(backend: aiolocks.Backend) -> Any:
     assert isinstance(backend, RedisBackend)
-    return backend._driver.node.client  # type: ignore[attr-defined]
+    return backend._driver.node.client
 
 
 ARGUMENT_LISTS: list[tuple[Any, ...]] = [

@@ -328,7 +328,7 @@ async def test_owner_task_ending_while_holding_frees_the_lock(
 async def test_acquire_script_resent_returns_the_same_grant(
     raw: redis.asyncio.Redis, prefix: str
 ) -> None:
-    """A resend after a lost reply must not take a second hold (R3)."""
+    """A resend after a lost reply must not take a second hold."""
     from aiolocks.redis._scripts import source
 
     key = holders_key(prefix, "resend/x")

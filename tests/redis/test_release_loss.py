@@ -77,7 +77,7 @@ async def test_a_refused_first_unlock_does_not_hide_the_loss(
 
     prefix = f"test-release-loss-{uuid.uuid4().hex[:8]}:"
     async with aiolocks.connect(redis_server.url, key_prefix=prefix) as backend:
-        node = backend._driver.node  # type: ignore[attr-defined]
+        node = backend._driver.node
         real_release = node.release
         refusals: list[int] = []
 

@@ -86,7 +86,7 @@ async def test_a_reconnect_after_failover_asks_the_sentinels_again() -> None:
     await asyncio.to_thread(sentinels.start)
     try:
         async with aiolocks.connect(f"{sentinels.url}?connect_timeout=2") as backend:
-            client = backend._driver.node.client  # type: ignore[attr-defined]
+            client = backend._driver.node.client
             pool = client.connection_pool
             # redis-py before 5.3 wants a command name here; later ones warn about it
             params = inspect.signature(redis.asyncio.ConnectionPool.get_connection).parameters

@@ -22,7 +22,7 @@ LEASE = 0.6
 def _record_batches(backend: aiolocks.Backend) -> list[int]:
     """Wrap the driver's renew function; the sizes of the batches it was given."""
     assert isinstance(backend, RedisBackend)
-    watchdog = backend._driver.watchdog  # type: ignore[attr-defined]
+    watchdog = backend._driver.watchdog
     original = watchdog._renew_many
     sizes: list[int] = []
 

@@ -84,33 +84,30 @@ async def expire_session(hosts: str, backend: ZooKeeperBackend) -> None:
     (it reconnects at once when the server drops its socket), so repeat
     until the server has really closed that session.
     """
+    from aiolocks.zookeeper._connection import Session, parse_hosts
+
     session_id = backend.client.session.session_id
     password = backend.client.session.password
     for _ in range(20):
         if backend.session_id != session_id:
             break
-        intruder = aiozk.ZKClient(hosts, session_timeout=SESSION_TIMEOUT)
-        intruder.session.session_id = session_id
-        intruder.session.password = password
+        intruder = Session(parse_hosts(hosts), timeout=SESSION_TIMEOUT, events=None)
+        intruder.session_id = session_id
+        intruder.password = password
         try:
-            await asyncio.wait_for(intruder.start(), 5)
-            if intruder.session.session_id != session_id:
-                break  # the server no longer knows it: expired
-            await asyncio.wait_for(intruder.session.send(protocol.CloseRequest()), 2)
-            break
-        except (TimeoutError, aiozk.exc.ZKError):
+            await intruder.start(5)
+        except TimeoutError:
             continue  # the backend won the session back first; again
+        try:
+            if intruder.session_id != session_id:
+                break  # the server no longer knows it: expired
         finally:
-            await _discard(intruder)
+            # Closes the joined session (or the new one the server gave us);
+            # if the backend took the session back first, the next round sees it.
+            await intruder.close(2)
     else:
         raise AssertionError(f"could not expire session 0x{session_id:x}")
     await until(lambda: backend.session_id not in (None, session_id), what="new session")
-
-
-async def _discard(client: Any) -> None:
-    from aiolocks.zookeeper._driver import _abort_client
-
-    await _abort_client(client)
 
 
 def count_requests(backend: ZooKeeperBackend) -> Callable[[], list[str]]:

@@ -164,7 +164,7 @@ async def test_lost_create_reply_adopts_the_node(
     raises=aiolocks.LockLostError,
     reason=(
         "ZooKeeper driver bug, found when release() stopped hiding losses: the handoff "
-        "fast path of _wait_turn (the watched predecessor was deleted and was the sole "
+        "fast path of LockInternals.try_take (the watched predecessor was deleted and was the sole "
         "blocker) grants without listing again, so a waiter whose own node was deleted "
         "behind its back is granted on the vanished node (nothing held on the server) "
         "instead of queueing again; the loss only shows at release"

@@ -1,37 +1,35 @@
-"""The reply reader of the connections aiolocks makes (``BufferedConnection``).
+"""Our connection to a ZooKeeper server (``aiolocks.zookeeper._connection.Connection``).
 
-It must decode exactly what aiozk's own reader decodes, from any split of
-the byte stream, and keep aiozk's bound on a reply that stops half-way.
-The byte streams are fed to the readers directly; the last test checks that
-a backend built from a URL uses this reader against a real server.
+Its reader cuts replies out of the byte stream inside ``data_received`` and
+must decode exactly what aiozk's own reader decodes, from any split of the
+stream; the hot-path codec must encode and decode byte for byte as aiozk's
+serializers do. The byte streams are fed to the readers directly; the
+tests marked ``zookeeper`` check the same against a real server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import struct
+import subprocess
+import sys
+import uuid
 from typing import Any
 
 import aiozk
 import pytest
 from aiozk import exc, protocol
-from aiozk.connection import Connection, reply_header_struct, size_struct
+from aiozk.connection import Connection as AiozkConnection
+from aiozk.connection import reply_header_struct, size_struct
 from aiozk.protocol.stat import Stat
 
 from aiolocks.zookeeper import ZooKeeperBackend
-from aiolocks.zookeeper._protocol import BufferedConnection
+from aiolocks.zookeeper._connection import Connection, Session
 
 pytestmark = [pytest.mark.asyncio]
 
 GET_CHILDREN = 8
 GET_DATA = 4
-
-
-def _connection(cls: type[Any], read_timeout: float = 0.3) -> tuple[Any, asyncio.StreamReader]:
-    conn = cls("127.0.0.1", 2181, watch_handler=lambda event: None, read_timeout=read_timeout)
-    reader = asyncio.StreamReader()
-    conn.reader = reader
-    return conn, reader
 
 
 def _frame(xid: int, zxid: int, error: int, body: Any = None) -> bytes:
@@ -59,11 +57,14 @@ def _stat(czxid: int) -> Stat:
     )
 
 
+WATCHED = "/a/lock-1"
+
+
 def _stream() -> tuple[bytes, dict[int, int]]:
     """Replies of several kinds back to back, and the opcodes their xids were sent with."""
     children = protocol.GetChildrenResponse(children=["lock-0000000001", "lock-0000000002"])
     data = protocol.GetDataResponse(data=b"abc", stat=_stat(77))
-    watch = protocol.WatchEvent(type=protocol.WatchEvent.DELETED, state=3, path="/a/lock-1")
+    watch = protocol.WatchEvent(type=protocol.WatchEvent.DELETED, state=3, path=WATCHED)
     stream = (
         _frame(1, 100, 0, children)
         + _frame(2, 101, 0, data)
@@ -73,9 +74,12 @@ def _stream() -> tuple[bytes, dict[int, int]]:
     return stream, {1: GET_CHILDREN, 2: GET_DATA, 3: GET_DATA}
 
 
-async def _read_all(cls: type[Any], chunk: int) -> list[tuple[Any, Any, Any]]:
+async def _aiozk_reads(chunk: int) -> list[tuple[Any, Any, Any]]:
+    """What aiozk's own reader makes of the stream (the reference)."""
     stream, opcodes = _stream()
-    conn, reader = _connection(cls)
+    conn = AiozkConnection("127.0.0.1", 2181, watch_handler=lambda event: None, read_timeout=1)
+    reader = asyncio.StreamReader()
+    conn.reader = reader
     conn.opcode_xref.update(opcodes)
 
     async def feed() -> None:
@@ -86,64 +90,109 @@ async def _read_all(cls: type[Any], chunk: int) -> list[tuple[Any, Any, Any]]:
     feeder = asyncio.create_task(feed())
     replies = [await conn.read_response() for _ in range(4)]
     await feeder
-    assert conn.opcode_xref == {}
     return replies
+
+
+def _ours() -> tuple[Connection, Session]:
+    session = Session([("127.0.0.1", 2181)], timeout=4.0, events=None)
+    return Connection("127.0.0.1", 2181, session), session
+
+
+def _expect(conn: Connection, opcodes: dict[int, int]) -> dict[int, asyncio.Future[Any]]:
+    loop = asyncio.get_running_loop()
+    futures: dict[int, asyncio.Future[Any]] = {}
+    for xid, opcode in opcodes.items():
+        futures[xid] = loop.create_future()
+        conn.pending[xid] = (opcode, futures[xid])
+    return futures
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 20])
 async def test_replies_decode_as_aiozk_decodes_them_from_any_split(chunk: int) -> None:
-    ours = await _read_all(BufferedConnection, chunk)
-    theirs = await _read_all(Connection, chunk)
-    for (xid, zxid, reply), (their_xid, their_zxid, their_reply) in zip(ours, theirs, strict=True):
-        assert (xid, zxid) == (their_xid, their_zxid)
-        if isinstance(reply, Exception):
-            assert type(reply) is type(their_reply) is exc.NoNode
+    stream, opcodes = _stream()
+    conn, session = _ours()
+    futures = _expect(conn, opcodes)
+    events: list[tuple[str, bool]] = []
+    session.add_watch_callback(
+        protocol.WatchEvent.DELETED, WATCHED, lambda path: events.append((path, futures[2].done()))
+    )
+    for i in range(0, len(stream), chunk):
+        conn.data_received(stream[i : i + chunk])
+    assert conn.pending == {}
+    # the watch event ran its callback as it was read: after reply 2, before reply 3
+    assert events == [(WATCHED, True)]
+    theirs = await _aiozk_reads(chunk)
+    for xid, (their_xid, their_zxid, their_reply) in zip(
+        (1, 2, 3), (theirs[0], theirs[1], theirs[3]), strict=True
+    ):
+        assert xid == their_xid
+        fut = futures[xid]
+        if isinstance(their_reply, Exception):
+            assert type(fut.exception()) is type(their_reply) is exc.NoNode
         else:
+            zxid, reply = fut.result()
+            assert zxid == their_zxid
             assert type(reply) is type(their_reply)
             assert reply == their_reply
-    assert ours[0][2].children == ["lock-0000000001", "lock-0000000002"]
-    assert ours[1][2].stat.created_zxid == 77
-    assert ours[2][2].path == "/a/lock-1"
+    assert futures[1].result()[1].children == ["lock-0000000001", "lock-0000000002"]
+    assert futures[2].result()[1].stat.created_zxid == 77
+    assert session.last_zxid == 102  # the last reply header's zxid
 
 
-async def test_a_reply_that_stops_half_way_is_unfinished_after_read_timeout() -> None:
-    conn, reader = _connection(BufferedConnection, read_timeout=0.2)
-    conn.opcode_xref[1] = GET_CHILDREN
+async def test_a_reply_split_half_way_waits_for_its_rest() -> None:
+    conn, _session = _ours()
+    futures = _expect(conn, {1: GET_CHILDREN})
     frame = _frame(1, 5, 0, protocol.GetChildrenResponse(children=["x"]))
-    reader.feed_data(frame[:-3])
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    with pytest.raises(exc.UnfinishedRead):
-        await conn.read_response()
-    assert 0.15 <= loop.time() - started < 2.0
+    conn.data_received(frame[:-3])
+    assert not futures[1].done()
+    conn.data_received(frame[-3:])
+    assert futures[1].result()[1].children == ["x"]
 
 
-async def test_a_stream_that_ends_half_way_is_a_closed_connection() -> None:
-    conn, reader = _connection(BufferedConnection)
-    conn.opcode_xref[1] = GET_CHILDREN
+async def test_a_stream_that_ends_half_way_fails_what_is_pending() -> None:
+    conn, _session = _ours()
+    futures = _expect(conn, {1: GET_CHILDREN, 2: GET_DATA})
     frame = _frame(1, 5, 0, protocol.GetChildrenResponse(children=["x"]))
-    reader.feed_data(frame[:-3])
-    reader.feed_eof()
-    with pytest.raises(ConnectionAbortedError):
-        await conn.read_response()
+    conn.data_received(frame[:-3])
+    conn.connection_lost(None)
+    for fut in futures.values():
+        assert isinstance(fut.exception(), exc.ConnectError)
+    assert conn.closed.done() and not conn.is_open
+    late = conn.send(protocol.GetChildrenRequest(path="/", watch=False))
+    assert isinstance(late.exception(), exc.ConnectError)
+
+
+async def test_a_reply_nobody_waits_for_is_dropped() -> None:
+    """A caller that gave up (cancelled) leaves no entry; its late reply changes nothing."""
+    conn, _session = _ours()
+    futures = _expect(conn, {1: GET_CHILDREN, 2: GET_CHILDREN})
+    futures[1].cancel()
+    conn.data_received(
+        _frame(1, 5, 0, protocol.GetChildrenResponse(children=["x"]))
+        + _frame(7, 6, 0, protocol.GetChildrenResponse(children=["y"]))  # unknown xid
+        + _frame(2, 7, 0, protocol.GetChildrenResponse(children=["z"]))
+    )
+    assert futures[2].result()[1].children == ["z"]
+    assert conn.pending == {}
 
 
 @pytest.mark.zookeeper
 async def test_backends_built_from_a_url_read_with_it(backend: ZooKeeperBackend) -> None:
     async with backend.mutex("reader/check"):
-        conn = backend._driver._client.session.conn  # type: ignore[attr-defined]
-        assert type(conn) is BufferedConnection
+        conn = backend.client.session.conn
+        assert type(conn) is Connection
+        assert conn.is_open
 
 
 @pytest.mark.zookeeper
 async def test_watch_callbacks_run_as_the_event_is_read(
-    backend: ZooKeeperBackend, caplog: pytest.LogCaptureFixture
+    backend: ZooKeeperBackend, observer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No ``call_soon`` hop: callbacks run in the reader; one failing does not stop the rest."""
-    client = backend._driver._client  # type: ignore[attr-defined]
+    client = backend.client
     session = client.session
-    path = "/aiolocks-watch-dispatch"
-    await client.create(path, b"x")
+    path = f"/watch-dispatch-{uuid.uuid4().hex}"
+    await observer.create(path, b"x")
     ran_in: list[asyncio.Task[Any] | None] = []
     delivered = asyncio.Event()
 
@@ -158,15 +207,17 @@ async def test_watch_callbacks_run_as_the_event_is_read(
     for callback in (failing, recording):
         session.add_watch_callback(protocol.WatchEvent.DELETED, full, callback)
     try:
-        await client.exists(path, watch=True)
-        await client.delete(path)
+        monitor = backend._driver.monitor
+        await monitor.call(protocol.ExistsRequest(path=full, watch=True), None, retry=True)
+        await observer.delete(path)
         await asyncio.wait_for(delivered.wait(), 10)
     finally:
         for callback in (failing, recording):
             session.remove_watch_callback(protocol.WatchEvent.DELETED, full, callback)
-    # aiozk would run it from call_soon, outside any task
-    assert ran_in == [session.conn.read_loop_task]
+    # run from data_received itself (in no task), not scheduled with call_soon
+    assert ran_in == [None]
     assert f"watch callback for {full} failed" in caplog.text
+    assert not session.watch_callbacks.get((protocol.WatchEvent.DELETED, full))
     async with backend.mutex("reader/still-works"):
         pass
 
@@ -202,8 +253,6 @@ async def test_requests_encode_byte_for_byte_as_aiozk_serializes_them(index: int
 
 
 def _replies() -> list[tuple[int, Any]]:
-    from aiolocks.zookeeper._protocol import CreateContainerResponse
-
     return [
         (GET_CHILDREN, protocol.GetChildrenResponse(children=[])),
         (GET_CHILDREN, protocol.GetChildrenResponse(children=["ü-lock-0000000003", "b"])),
@@ -213,7 +262,6 @@ def _replies() -> list[tuple[int, Any]]:
         (2, protocol.DeleteResponse()),
         (1, protocol.CreateResponse(path="/a/b")),
         (15, protocol.Create2Response(path="/a/lock-0000000009", stat=_stat(12))),
-        (19, CreateContainerResponse(path="/a", stat=_stat(13))),
         (5, protocol.SetDataResponse(stat=_stat(14))),  # aiozk's own path
     ]
 
@@ -230,3 +278,36 @@ async def test_replies_decode_as_aiozk_deserializes_them(index: int) -> None:
     assert type(ours) is type(theirs) is type(reply)
     assert ours == theirs == reply
     assert vars(ours) == vars(theirs)
+
+
+async def test_create_container_replies_decode_as_create2_replies() -> None:
+    """Opcode 19 is decoded by us (aiozk has no reply class for it registered by us)."""
+    from aiolocks.zookeeper._protocol import CREATE_CONTAINER, decode_reply
+
+    reply = protocol.Create2Response(path="/a", stat=_stat(13))
+    fmt, data = reply.render()
+    ours = decode_reply(CREATE_CONTAINER, struct.pack("!" + fmt, *data))
+    assert type(ours) is protocol.Create2Response
+    assert ours == reply and ours.stat.created_zxid == 13
+
+
+async def test_importing_the_backend_leaves_aiozk_tables_alone() -> None:
+    """Other aiozk users in the process must see aiozk as it ships."""
+    code = (
+        "from aiozk import protocol\n"
+        "before = dict(protocol.response_xref)\n"
+        "import aiolocks, aiolocks.zookeeper, aiolocks.zookeeper._protocol\n"
+        "import aiolocks.zookeeper._connection, aiolocks.zookeeper._driver\n"
+        "assert protocol.response_xref == before, set(protocol.response_xref) ^ set(before)\n"
+        "print(all(protocol.response_xref[k] is v for k, v in before.items()))\n"
+    )
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"

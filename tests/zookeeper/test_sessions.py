@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -132,12 +133,12 @@ async def test_a_listing_answered_session_expired_is_sent_again(
     from aiozk import exc as zk_exc
     from aiozk import protocol
 
-    from aiolocks.zookeeper._protocol import BufferedConnection
+    from aiolocks.zookeeper._connection import Connection
 
     name = f"expired-reply/{uuid.uuid4().hex}"
     a = await _connect(zk_url)
     b = await _connect(zk_url)
-    original = BufferedConnection.send
+    original = Connection.send
     answered: list[str] = []
 
     def send(self: Any, request: Any, xid: int | None = None) -> Any:
@@ -152,11 +153,11 @@ async def test_a_listing_answered_session_expired_is_sent_again(
         assert await holder.wait()
         waiting = Held(a.mutex(name))
         await until(lambda: _count(b, name, 2), what="waiter queued")
-        monkeypatch.setattr(BufferedConnection, "send", send)
-        a._driver._monitor.wake_all()  # type: ignore[attr-defined]  # the waiter lists again
+        monkeypatch.setattr(Connection, "send", send)
+        a._driver._monitor.wake_all()  # the waiter lists again
         await until(lambda: bool(answered), what="listing answered SESSION_EXPIRED")
         monkeypatch.undo()
-        a._driver._monitor.wake_all()  # type: ignore[attr-defined]  # as a new session would
+        a._driver._monitor.wake_all()  # as a new session would
         await _hand_over(holder, waiting)
     finally:
         monkeypatch.undo()
@@ -168,13 +169,12 @@ async def test_a_listing_answered_session_expired_is_sent_again(
 async def test_connection_dropped_while_rearming_watches_reconnects(
     zk_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """aiozk's repair loop re-arms watches with a request that waits for a
-    connection, so a connection dropped right then deadlocked it: the backend
-    never reconnected (an intermittent failure of the expiry test above)."""
+    """Watches are re-armed (SetWatches) first thing on a new connection of
+    the same session; a drop right then must not stall reconnection (with
+    aiozk's repair loop it did: the backend never reconnected)."""
     from aiozk import protocol
-    from aiozk.states import States
 
-    from aiolocks.zookeeper._protocol import BufferedConnection as Connection
+    from aiolocks.zookeeper._connection import Connection
 
     name = f"rearm/{uuid.uuid4().hex}"
     a = await _connect(zk_url)
@@ -188,7 +188,7 @@ async def test_connection_dropped_while_rearming_watches_reconnects(
         fut = original(self, request, xid=xid)
         if isinstance(request, protocol.SetWatchesRequest) and not dropped:
             dropped.append(type(request).__name__)
-            self.writer.transport.abort()  # the connection drops before the reply
+            self.transport.abort()  # the connection drops before the reply
         return fut
 
     try:
@@ -198,14 +198,11 @@ async def test_connection_dropped_while_rearming_watches_reconnects(
         await until(lambda: _count(b, name, 2), what="waiter queued")
         sid = a.session_id
         monkeypatch.setattr(Connection, "send", send)
-        a.client.session.conn.writer.transport.abort()
+        a.client.session.conn.transport.abort()
         await until(lambda: bool(dropped), what="SetWatches sent on the new connection")
         # suspended twice (the cut, then the drop), reconnected twice
         await until(
-            lambda: (
-                states.count(ConnectionState.RECONNECTED) >= 2
-                and a.client.session.state == States.CONNECTED
-            ),
+            lambda: states.count(ConnectionState.RECONNECTED) >= 2 and a.client.session.connected,
             what="reconnected after the drop",
         )
         assert a.session_id == sid  # the same session all along: nothing lost
@@ -244,7 +241,7 @@ async def test_server_restart_mid_hold_and_mid_wait(
             (False, None),
         ]
         assert not waiting.acquired.is_set()
-        # ... and the waiter, whose watch aiozk would not re-arm, still wakes up
+        # ... and the waiter, whose watch was re-armed, still wakes up
         await holder.release()
         assert holder.was_lost is False
         assert await waiting.wait()
@@ -260,7 +257,7 @@ async def test_partition_declares_loss_client_side(
     zookeeper_server: ZooKeeperServer, chroot: str, zk_url: str
 ) -> None:
     """While partitioned, the hold is declared lost after a session timeout, before
-    aiozk could learn of the expiry (Curator's simulated expiry)."""
+    the session could learn of the expiry (Curator's simulated expiry)."""
     name = f"partition/{uuid.uuid4().hex}"
     async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
         a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout={SESSION_TIMEOUT}")
@@ -372,3 +369,187 @@ async def test_ensemble_leader_kill_keeps_holds(zookeeper_ensemble: ZooKeeperEns
         await b.close()
         await asyncio.to_thread(leader.start)
         await asyncio.to_thread(zookeeper_ensemble.wait_for_leader)
+
+
+@pytest.mark.asyncio
+async def test_a_server_closing_the_handshake_is_skipped_and_the_session_kept(
+    zookeeper_server: ZooKeeperServer, chroot: str
+) -> None:
+    """A server that closes the handshake without an answer (ZooKeeper does so
+    while electing a leader, when it is behind our zxid, or when it is
+    read-only) is not an expiry: the next server resumes the same session."""
+    refused = 0
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal refused
+        if await reader.read(4096):  # the ConnectRequest
+            refused += 1
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"zk://127.0.0.1:{port},{zookeeper_server.hosts}{chroot}?session_timeout=10"
+    a = await _connect(url)
+    states: list[ConnectionState] = []
+    a.add_connection_listener(states.append)
+    try:
+        sid = a.session_id
+        lock = a.mutex(f"refused/{uuid.uuid4().hex}")
+        await lock.acquire()
+        drops = 0
+        # the server order is random: drop the connection until the refusing
+        # server has been tried a few times
+        while refused < 3 and drops < 100:
+            session = a.client.session
+            conn = session.conn
+            conn.abort()
+            drops += 1
+            await until(functools.partial(_reconnected, session, conn), what="reconnected")
+        assert refused >= 3
+        assert a.session_id == sid
+        assert ConnectionState.LOST not in states
+        assert states.count(ConnectionState.RECONNECTED) == drops
+        assert not lock.is_lost
+        parts = await lock.participants()
+        assert [p.fencing_token for p in parts] == [lock.fencing_token]
+        await lock.release()
+    finally:
+        await a.close()
+        server.close()
+        await server.wait_closed()
+
+
+def _reconnected(session: Any, old: Any) -> bool:
+    return bool(session.connected and session.conn is not old)
+
+
+@pytest.mark.asyncio
+async def test_a_silent_connection_is_dropped_and_the_session_resumed(
+    zookeeper_server: ZooKeeperServer, chroot: str
+) -> None:
+    """A partition that keeps the socket open sends nothing back: after two
+    thirds of the session timeout without a byte the connection is dropped
+    (SUSPENDED) and, once the network heals, the same session resumes with
+    its holds (RECONNECTED, no LOST)."""
+    name = f"silent/{uuid.uuid4().hex}"
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout=15")
+        states: list[ConnectionState] = []
+        a.add_connection_listener(states.append)
+        try:
+            sid = a.session_id
+            lock = a.mutex(name)
+            await lock.acquire()
+            proxy.stall()  # nothing forwarded; no socket closed
+            await until(
+                lambda: ConnectionState.SUSPENDED in states, timeout=30, what="silence noticed"
+            )
+            proxy.heal()
+            await until(lambda: states[-1] is ConnectionState.RECONNECTED, timeout=30, what="back")
+            assert ConnectionState.LOST not in states
+            assert a.session_id == sid
+            assert not lock.is_lost
+            parts = await lock.participants()
+            assert [p.fencing_token for p in parts] == [lock.fencing_token]
+            await lock.release()
+        finally:
+            proxy.heal()
+            await a.close()
+
+
+@pytest.mark.asyncio
+async def test_closing_leaves_no_task_or_socket_behind(
+    zookeeper_server: ZooKeeperServer, chroot: str
+) -> None:
+    """Open and close backends, one of them while its server is unreachable
+    (its reconnect loop running): no task of ours and no connection stay."""
+    before = set(asyncio.all_tasks())
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        url = f"zk://{proxy.netloc}{chroot}?session_timeout=10&connect_timeout=2"
+        reachable = await _connect(url)
+        async with reachable.mutex(f"leak/{uuid.uuid4().hex}"):
+            pass
+        await reachable.close()
+        cut_off = await _connect(url)
+        lock = cut_off.mutex(f"leak/{uuid.uuid4().hex}")
+        await lock.acquire()
+        proxy.refuse()
+        proxy.cut()
+        await until(lambda: not cut_off.client.session.connected, what="disconnected")
+        await cut_off.close()
+        assert lock.is_lost  # closing the backend ends its holds
+        await until(lambda: proxy.active_connections == 0, what="sockets closed")
+    await asyncio.sleep(0)
+    left = [
+        t for t in asyncio.all_tasks() - before if t is not asyncio.current_task() and not t.done()
+    ]
+    assert not [t.get_name() for t in left if t.get_name().startswith("aiolocks")]
+
+
+@pytest.mark.asyncio
+async def test_watches_are_rearmed_and_fire_for_changes_made_while_away(
+    zookeeper_server: ZooKeeperServer, chroot: str, observer: Any
+) -> None:
+    """A watch set through the backend's client (no waiter re-lists for it)
+    fires for a deletion that happened while the connection was down: the
+    reconnection re-arms it with SetWatches from the last zxid seen."""
+    from aiozk import protocol
+
+    path = f"/rearm-{uuid.uuid4().hex}"
+    await observer.create(path, b"x")
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout=10")
+        states: list[ConnectionState] = []
+        a.add_connection_listener(states.append)
+        try:
+            sid = a.session_id
+            deleted = a.client.wait_for_events([protocol.WatchEvent.DELETED], path)
+            assert await a.client.exists(path, watch=True) is True
+            proxy.refuse()
+            proxy.cut()
+            await until(lambda: ConnectionState.SUSPENDED in states, what="disconnected")
+            await observer.delete(path)
+            assert not deleted.done()
+            proxy.heal()
+            await asyncio.wait_for(deleted, 20)
+            assert a.session_id == sid
+            assert ConnectionState.LOST not in states
+        finally:
+            proxy.heal()
+            await a.close()
+
+
+def test_set_watches_are_split_below_the_packet_limit() -> None:
+    from aiozk import protocol
+
+    from aiolocks.zookeeper._connection import _SET_WATCHES_BYTES, Session
+
+    session = Session([("127.0.0.1", 2181)], timeout=10.0, events=None)
+    session.last_zxid = 0x1234
+    kinds = {
+        protocol.WatchEvent.DELETED: "data_watches",
+        protocol.WatchEvent.DATA_CHANGED: "data_watches",
+        protocol.WatchEvent.CREATED: "exist_watches",
+        protocol.WatchEvent.CHILDREN_CHANGED: "child_watches",
+    }
+    expected: dict[str, set[str]] = {
+        "data_watches": set(),
+        "exist_watches": set(),
+        "child_watches": set(),
+    }
+    for i in range(12_000):
+        event_type = list(kinds)[i % 4]
+        path = f"/aiolocks/mutex/name-{i:05d}/_c_{uuid.uuid4()}-lock-{i:010d}"
+        session.add_watch_callback(event_type, path, print)
+        expected[kinds[event_type]].add(path)
+    requests = session.set_watches_requests()
+    assert len(requests) > 1
+    seen: dict[str, list[str]] = {kind: [] for kind in expected}
+    for request in requests:
+        assert request.relative_zxid == 0x1234
+        paths = request.data_watches + request.exist_watches + request.child_watches
+        assert sum(len(p.encode()) + 4 for p in paths) <= _SET_WATCHES_BYTES
+        for kind in expected:
+            seen[kind] += getattr(request, kind)
+    for kind, paths in expected.items():
+        assert sorted(seen[kind]) == sorted(paths)  # each path once, in its kind

@@ -1,0 +1,376 @@
+"""The engine: one driver, the shared per-task ledgers, and every owned task.
+
+The public :class:`~aiolocks._core.backend.Backend` is a façade over one
+:class:`Engine`; the primitives (locks, semaphore, leader latch) talk to the
+engine through its public methods. The engine owns:
+
+* the attempt lifecycle of every acquire (see :mod:`aiolocks._core.driver`):
+  the driver's steps run inline in the caller's task on the fast path, and
+  when the caller is cancelled (once, or again and again under anyio) the
+  driver's ``abandon`` runs to completion in the engine's owned task set;
+* releases, which complete even when the caller is cancelled (sent again
+  from an owned task), and the loss a ``False`` release reports;
+* holds, reentrancy ledgers, orphan release when a task ends while holding;
+* event hooks;
+* ``close()``, which finishes every owned task.
+
+There is exactly one :class:`~aiolocks._core.tasks.TaskSet` per backend, here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+import weakref
+from collections.abc import Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .driver import Attempt, Capabilities, Driver, Family, Grant, Request
+from .errors import BackendUnavailableError
+from .events import EventHook, EventKind, LockEvent, lock_kind
+from .names import validate_name
+from .participants import Participant
+from .tasks import TaskSet, wait_finished
+
+if TYPE_CHECKING:
+    from .hold import Hold
+    from .leader import LeaderLatch
+
+__all__ = ["Engine"]
+
+T = TypeVar("T")
+
+logger = logging.getLogger("aiolocks")
+
+Ledger = dict[asyncio.Task[object], "Hold"]
+
+
+class Engine:
+    """Runs one driver for one backend: attempts, releases, holds, ledgers, owned tasks."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self.client_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self.tasks = TaskSet()
+        self.holds: set[Hold] = set()
+        #: (family, name, mode) -> {task: hold}: the per-task reentrancy ledgers
+        self.ledgers: dict[tuple[Family, str, str], Ledger] = {}
+        self.latches: weakref.WeakSet[LeaderLatch] = weakref.WeakSet()
+        self.hooks: list[EventHook] = []
+        self._open_lock: asyncio.Lock | None = None
+        self.opened = False
+        self.closed = False
+
+    # -- identity -----------------------------------------------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the driver promises."""
+        return self.driver.capabilities
+
+    @property
+    def url(self) -> str:
+        """The server(s), without credentials."""
+        return self.driver.describe()
+
+    def check_open(self) -> None:
+        """Raise :class:`BackendUnavailableError` once the backend is closed."""
+        if self.closed:
+            raise BackendUnavailableError(f"backend {self.url} is closed")
+
+    def lock_options(self, family: Family, options: Mapping[str, object]) -> Mapping[str, object]:
+        """The driver's validation of per-lock options (before any I/O)."""
+        return self.driver.lock_options(family, options)
+
+    def validate_name(self, name: object) -> str:
+        """The canonical lock name, or :class:`InvalidLockNameError`."""
+        return validate_name(name)
+
+    def participant_id(self, task: asyncio.Task[object] | None) -> str:
+        """``<client-id>/<task name>``, or the client id alone for object-owned holds."""
+        if task is None:
+            return self.client_id
+        return f"{self.client_id}/{task.get_name()}"
+
+    # -- ledgers and holds ----------------------------------------------------
+
+    def ledger(self, family: Family, name: str, mode: str) -> Ledger:
+        """The ``task -> hold`` ledger of one (family, name, mode), created on demand."""
+        key = (family, name, mode)
+        ledger = self.ledgers.get(key)
+        if ledger is None:
+            ledger = self.ledgers[key] = {}
+        return ledger
+
+    def drop_ledger_if_empty(self, family: Family, name: str, mode: str) -> None:
+        """Forget an empty ledger (keeps the dict small)."""
+        key = (family, name, mode)
+        if not self.ledgers.get(key, True):
+            del self.ledgers[key]
+
+    def is_held_here(self, family: Family, name: str, mode: str) -> bool:
+        """Some task of this backend holds (family, name, mode)."""
+        return bool(self.ledgers.get((family, name, mode)))
+
+    def register_hold(self, hold: Hold) -> None:
+        """Track a new hold (``close()`` releases what is left)."""
+        self.holds.add(hold)
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+        """Start a task owned by this backend (finished by ``close()``)."""
+        return self.tasks.spawn(coro, name=name)
+
+    # -- events -------------------------------------------------------------
+
+    def emit(
+        self,
+        kind: EventKind,
+        request: Request,
+        *,
+        token: int | None = None,
+        wait_time: float | None = None,
+        hold_time: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Build one :class:`LockEvent` and pass it to every hook (errors are logged)."""
+        event = LockEvent(
+            kind=kind,
+            lock_kind=lock_kind(request.family.value, request.mode.value),
+            name=request.name,
+            backend=self.url,
+            fencing_token=token,
+            wait_time=wait_time,
+            hold_time=hold_time,
+            reason=reason,
+        )
+        for hook in list(self.hooks):
+            try:
+                hook(event)
+            except Exception:
+                logger.exception("aiolocks event hook %r failed", hook)
+
+    def emit_hold(self, kind: EventKind, hold: Hold) -> None:
+        """An event about a hold (released, lost, orphaned), if anybody listens."""
+        if self.hooks:
+            self.emit(
+                kind,
+                hold.grant.request,
+                token=hold.token,
+                hold_time=time.monotonic() - hold.acquired_at,
+                reason=hold.grant.lost_reason if kind == "lost" else None,
+            )
+
+    def grant_event(self, kind: str, grant: Grant) -> None:
+        """Driver-side events (renewals) of a grant held through a Hold."""
+        if self.hooks and kind == "renewed":
+            self.emit("renewed", grant.request, token=grant.token)
+
+    def _emit_outcome(self, request: Request, grants: list[Grant] | None, started: float) -> None:
+        if not self.hooks:
+            return
+        waited = time.monotonic() - started
+        if grants:
+            for grant in grants:
+                self.emit("acquired", request, token=grant.token, wait_time=waited)
+        else:
+            self.emit("timeout", request, wait_time=waited)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect the driver once."""
+        if self.opened:
+            return
+        self.check_open()
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if not self.opened:
+                await self.driver.open(self.tasks)
+                self.opened = True
+
+    async def close(self) -> None:
+        """Mark live holds lost, release them, finish owned tasks, close the driver."""
+        if self.closed:
+            return
+        self.closed = True
+        cancelled: asyncio.CancelledError | None = None
+        for latch in list(self.latches):
+            latch.stop_on_close()
+        holds = list(self.holds)
+        for hold in holds:
+            hold.grant.mark_lost("the backend was closed")
+        releases = [
+            self.tasks.spawn(self._release_quietly(hold), name="aiolocks-close-release")
+            for hold in holds
+        ]
+        if releases:
+            cancelled = await wait_finished(asyncio.gather(*releases, return_exceptions=True))
+        try:
+            await self.tasks.drain(cancel=True)
+        except asyncio.CancelledError as exc:
+            cancelled = cancelled or exc
+        if self.opened:
+            closing = asyncio.ensure_future(self.driver.close())
+            cancelled = await wait_finished(closing) or cancelled
+            if not closing.cancelled() and closing.exception() is not None:
+                logger.warning("closing %s failed", self.url, exc_info=closing.exception())
+        if cancelled is not None:
+            raise cancelled
+
+    # -- acquire --------------------------------------------------------------
+
+    async def acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
+        """Take ``request.count`` holds, or ``None`` once ``deadline`` passed.
+
+        Cancelling the caller at any await leaves nothing on the server: the
+        driver's ``abandon`` runs to completion in an owned task before the
+        ``CancelledError`` propagates.
+        """
+        if not self.opened:
+            await self.open()
+        self.check_open()
+        started = time.monotonic()
+        driver = self.driver
+        attempt = driver.begin(request)
+        attempt.deadline = deadline
+        try:
+            while True:
+                grants = await driver.try_once(attempt)
+                if grants is not None:
+                    break
+                bound = None
+                if deadline is not None:
+                    bound = deadline - time.monotonic()
+                    if bound <= 0:
+                        await driver.abandon(attempt)
+                        break
+                await driver.wait_for_change(attempt, bound)
+        except BaseException as exc:
+            cancelled = await self._abandon(driver, attempt)
+            if self.hooks:
+                if isinstance(exc, asyncio.CancelledError):
+                    self.emit("cancelled", request, wait_time=time.monotonic() - started)
+                elif isinstance(exc, Exception):
+                    # ``failed``: the acquire raised; the error's class is the reason
+                    self.emit(
+                        "failed",
+                        request,
+                        wait_time=time.monotonic() - started,
+                        reason=type(exc).__name__,
+                    )
+            if cancelled is not None and not isinstance(exc, asyncio.CancelledError):
+                raise cancelled from exc
+            raise
+        finally:
+            driver.finish(attempt)
+        self._emit_outcome(request, grants, started)
+        return grants
+
+    async def _abandon(self, driver: Driver, attempt: Attempt) -> asyncio.CancelledError | None:
+        """Run ``driver.abandon`` to completion in an owned task, through cancellations."""
+        task = self.tasks.spawn(
+            driver.abandon(attempt),
+            name=f"aiolocks-abandon:{attempt.request.family.value}:{attempt.request.name}",
+            log_errors=False,
+        )
+        cancelled = await wait_finished(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning(
+                "giving up an acquire of %r left something behind",
+                attempt.request.name,
+                exc_info=task.exception(),
+            )
+        return cancelled
+
+    # -- release --------------------------------------------------------------
+
+    async def release(self, hold: Hold) -> None:
+        """Release ``hold`` on the server; completes even if the caller is cancelled.
+
+        A release the server answers "not ours any more" marks the hold lost.
+        Errors are raised unless the hold is already lost.
+        """
+        if hold.released:
+            return
+        hold.released = True
+        self.holds.discard(hold)
+        grant = hold.grant
+        try:
+            ok = await self.driver.release(grant)
+        except asyncio.CancelledError:
+            # The command may or may not have run; release is idempotent, so
+            # send it again where no cancellation reaches, wait for it, and
+            # ignore its answer (the first send may have done the work).
+            resend = self.tasks.spawn(
+                self._release_again(grant), name=f"aiolocks-release:{hold.name}", log_errors=False
+            )
+            await wait_finished(resend)
+            if not resend.cancelled() and resend.exception() is not None and not hold.lost:
+                logger.warning("releasing %r failed", hold.name, exc_info=resend.exception())
+            self.emit_hold("released", hold)
+            raise
+        except Exception:
+            self.emit_hold("released", hold)
+            if not hold.lost:
+                raise
+            return
+        if ok is False:
+            grant.mark_lost("it was already gone on the server when it was released")
+        self.emit_hold("released", hold)
+
+    async def _release_again(self, grant: Grant) -> None:
+        await self.driver.release(grant)
+
+    async def release_grant(self, grant: Grant) -> bool:
+        """Release ``grant`` on the server only (no hold bookkeeping, no events).
+
+        For test helpers that take a hold away behind the body's back
+        (``aiolocks.testing.lose``); the hold's own release later finds
+        nothing and is idempotent.
+        """
+        return await self.driver.release(grant)
+
+    async def _release_quietly(self, hold: Hold) -> None:
+        try:
+            await self.release(hold)
+        except Exception:
+            logger.warning("releasing %r failed", hold.name, exc_info=True)
+
+    def release_orphan(self, hold: Hold) -> None:
+        """Release, in an owned task, a hold whose owner task ended while holding."""
+        if hold.released or self.closed:
+            return
+        logger.warning(
+            "task %r ended while holding %s %r (fencing token %d); releasing it",
+            hold.owner.get_name() if hold.owner is not None else None,
+            hold.kind,
+            hold.name,
+            hold.token,
+            extra={
+                "aiolocks_event": "orphaned",
+                "aiolocks_lock": hold.name,
+                "aiolocks_kind": hold.kind,
+                "aiolocks_token": hold.token,
+            },
+        )
+        self.emit_hold("orphaned", hold)
+        self.tasks.spawn(self._release_quietly(hold), name=f"aiolocks-orphan:{hold.name}")
+
+    # -- inspection -----------------------------------------------------------
+
+    async def participants(self, family: Family, name: str) -> list[Participant]:
+        """Holders first, then waiters, as the driver reports them."""
+        await self.open()
+        self.check_open()
+        return await self.driver.participants(name, family)
+
+    def remove_hook(self, hook: EventHook) -> None:
+        """Stop calling ``hook``; unknown hooks are ignored."""
+        with contextlib.suppress(ValueError):
+            self.hooks.remove(hook)
