@@ -1,12 +1,13 @@
 """DRAFT, NOT ACTIVE: the etcd driver, written against the attempt-lifecycle driver contract.
 
 Nothing imports this module: ``aiolocks.connect()`` does not know ``etcd://``
-yet, and the driver contract it follows (``begin`` / ``try_once`` /
-``wait_for_change`` / ``abandon`` / ``finish`` / ``release -> bool``) is not
-on this branch yet. When that contract lands: make :class:`EtcdAttempt` a
-subclass of the contract's ``Attempt``, take ``open(tasks)``'s task set from
-the engine, wire ``etcd://`` into ``connect()`` and run the conformance suite.
-Until then the recipe is exercised directly by ``tests/etcd/test_driver_draft.py``.
+yet. The driver follows the attempt-lifecycle contract of
+``aiolocks._core.driver`` (``begin`` / ``try_once`` / ``wait_for_change`` /
+``abandon`` / ``finish`` / ``release -> bool``; :class:`EtcdAttempt` is an
+``Attempt``). What is left: wire ``etcd://`` into ``connect()`` (a backend
+over :class:`EtcdDriver`) and run the conformance and fault-injection suites
+against it. Until then the recipe is exercised directly by
+``tests/etcd/test_driver_draft.py``.
 
 Known gaps of the draft: ``request.count > 1`` (several semaphore leases in
 one acquire) and ``request.downgrade_of`` are refused with a clear error;
@@ -55,9 +56,10 @@ import secrets
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
-from .._core.driver import Capabilities, Family, Grant, Mode, Request
+from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
 from .._core.participants import Participant
+from .._core.tasks import TaskSet
 from ._client import (
     Compare,
     DeleteOp,
@@ -112,8 +114,8 @@ class _Hold:
         self.watch_task: asyncio.Task[None] | None = None
 
 
-class EtcdAttempt:
-    """One acquire attempt (becomes a subclass of the contract's ``Attempt``).
+class EtcdAttempt(Attempt):
+    """One acquire attempt.
 
     ``attempt_id`` is minted in ``begin``; the key is bound to the session's
     lease at the first try and re-bound if the session changes.
@@ -124,14 +126,13 @@ class EtcdAttempt:
         "key",
         "predecessor",
         "read_revision",
-        "request",
         "revision",
         "session",
         "unanswered",
     )
 
     def __init__(self, request: Request, attempt_id: str) -> None:
-        self.request = request
+        super().__init__(request)
         self.attempt_id = attempt_id
         self.key: bytes | None = None
         self.session: _Session | None = None
@@ -196,8 +197,14 @@ class EtcdDriver:
     def _queue(self, request: Request) -> bytes:
         return self._root + f"{request.family.value}\x00{request.name}\x00".encode()
 
-    async def open(self) -> None:
-        """Connect and start the first session; ``BackendUnavailableError`` in time."""
+    async def open(self, tasks: TaskSet | None = None) -> None:
+        """Connect and start the first session; ``BackendUnavailableError`` in time.
+
+        Background work (hold watches, tombstone removal) goes into the
+        engine's ``tasks`` when given.
+        """
+        if tasks is not None and self._spawn_hook is None:
+            self._spawn_hook = lambda coro, name: tasks.spawn(coro, name=name)
         await self._client.connect()
         await self._live_session()
 
