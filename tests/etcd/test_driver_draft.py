@@ -1,0 +1,225 @@
+"""The draft etcd driver's recipe against a real server, driven the way the engine will drive it
+(begin / try_once / wait_for_change / abandon / finish / release)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from aiolocks._core.driver import Family, Grant, Mode, Request
+from aiolocks.etcd._client import EtcdClient, RangeOp, Watch
+from aiolocks.etcd._driver import EtcdDriver
+from aiolocks.etcd._url import parse_etcd_url
+from aiolocks.testing import EtcdServer
+
+pytestmark = pytest.mark.etcd
+
+PATIENCE = 30.0
+
+
+@pytest_asyncio.fixture
+async def url(etcd: EtcdServer) -> str:
+    prefix = f"t-{uuid.uuid4().hex[:10]}"
+    return f"etcd://{','.join(etcd.endpoints)}/{prefix}?lease_ttl=5&request_timeout=2"
+
+
+@pytest_asyncio.fixture
+async def driver(url: str) -> AsyncIterator[EtcdDriver]:
+    d = EtcdDriver(parse_etcd_url(url))
+    await d.open()
+    try:
+        yield d
+    finally:
+        await d.close()
+
+
+async def _acquire(driver: EtcdDriver, request: Request, timeout: float) -> Grant | None:
+    """The engine's loop, reduced to what the driver contract says."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    attempt = driver.begin(request)
+    try:
+        while True:
+            grants = await driver.try_once(attempt)
+            if grants is not None:
+                return grants[0]
+            left = deadline - loop.time()
+            if left <= 0:
+                await driver.abandon(attempt)
+                return None
+            await driver.wait_for_change(attempt, left)
+    except BaseException:
+        await asyncio.shield(driver.abandon(attempt))
+        raise
+    finally:
+        driver.finish(attempt)
+
+
+def _request(name: str, mode: Mode = Mode.EXCLUSIVE, *, who: str = "p", n: int = 1) -> Request:
+    family = {
+        Mode.EXCLUSIVE: Family.MUTEX,
+        Mode.LEASE: Family.SEMAPHORE,
+        Mode.READ: Family.READ_WRITE,
+        Mode.WRITE: Family.READ_WRITE,
+    }[mode]
+    return Request(name=name, family=family, mode=mode, participant=who, max_leases=n)
+
+
+async def _keys(url: str) -> list[bytes]:
+    options = parse_etcd_url(url)
+    async with EtcdClient(list(options.endpoints)) as client:
+        result = await client.range(RangeOp.of(options.prefix + "/", prefix=True, keys_only=True))
+    return [kv.key for kv in result.kvs]
+
+
+@pytest.mark.asyncio
+async def test_mutex_excludes_and_tokens_increase_and_nothing_leaks(
+    driver: EtcdDriver, url: str
+) -> None:
+    inside = 0
+    most = 0
+    tokens: list[int] = []
+
+    async def worker(index: int) -> None:
+        nonlocal inside, most
+        for _ in range(4):
+            grant = await _acquire(driver, _request("a/b", who=f"w{index}"), PATIENCE)
+            assert grant is not None
+            inside += 1
+            most = max(most, inside)
+            tokens.append(grant.token)
+            await asyncio.sleep(0.005)
+            inside -= 1
+            assert await driver.release(grant)
+
+    await asyncio.gather(*(worker(i) for i in range(6)))
+    assert most == 1
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens) == 24
+    assert await _keys(url) == []
+    # Every hold's loss watch and every waiter's watch is closed again.
+    async with asyncio.timeout(PATIENCE):
+        while any(isinstance(s, Watch) for s in driver._client._streams):
+            await asyncio.sleep(0.02)
+
+
+@pytest.mark.asyncio
+async def test_names_that_are_prefixes_of_each_other_do_not_contend(driver: EtcdDriver) -> None:
+    first = await _acquire(driver, _request("a/b"), PATIENCE)
+    second = await _acquire(driver, _request("a/b/c"), PATIENCE)
+    third = await _acquire(driver, _request("a/b", Mode.LEASE, n=1), PATIENCE)
+    assert first is not None and second is not None and third is not None
+    for grant in (first, second, third):
+        assert await driver.release(grant)
+
+
+@pytest.mark.asyncio
+async def test_semaphore_admits_max_leases(driver: EtcdDriver, url: str) -> None:
+    inside = 0
+    most = 0
+
+    async def worker() -> None:
+        nonlocal inside, most
+        grant = await _acquire(driver, _request("sem", Mode.LEASE, n=2), PATIENCE)
+        assert grant is not None
+        inside += 1
+        most = max(most, inside)
+        await asyncio.sleep(0.05)
+        inside -= 1
+        assert await driver.release(grant)
+
+    await asyncio.gather(*(worker() for _ in range(6)))
+    assert most == 2
+    assert await _keys(url) == []
+
+
+@pytest.mark.asyncio
+async def test_readers_share_and_a_queued_writer_blocks_later_readers(driver: EtcdDriver) -> None:
+    r1 = await _acquire(driver, _request("rw", Mode.READ, who="r1"), PATIENCE)
+    r2 = await _acquire(driver, _request("rw", Mode.READ, who="r2"), PATIENCE)
+    assert r1 is not None and r2 is not None
+    writer = asyncio.create_task(_acquire(driver, _request("rw", Mode.WRITE, who="w"), PATIENCE))
+    # The writer is queued once it shows up as a waiter.
+    async with asyncio.timeout(PATIENCE):
+        while len(await driver.participants("rw", Family.READ_WRITE)) < 3:
+            await asyncio.sleep(0.02)
+    late_reader = await _acquire(driver, _request("rw", Mode.READ, who="r3"), 0.3)
+    assert late_reader is None  # fair: it does not overtake the queued writer
+    assert not writer.done()
+    assert await driver.release(r1)
+    assert await driver.release(r2)
+    async with asyncio.timeout(PATIENCE):
+        w = await writer
+    assert w is not None and w.token > r2.token
+    people = await driver.participants("rw", Family.READ_WRITE)
+    assert [(p.id, p.is_holder, p.mode) for p in people] == [("w", True, "write")]
+    assert await driver.release(w)
+
+
+@pytest.mark.asyncio
+async def test_key_deleted_behind_our_back_is_a_prompt_loss(
+    driver: EtcdDriver, etcd: EtcdServer, url: str
+) -> None:
+    grant = await _acquire(driver, _request("gone"), PATIENCE)
+    assert grant is not None
+    lost = asyncio.Event()
+    grant.add_loss_listener(lambda _: lost.set())
+    prefix = parse_etcd_url(url).prefix
+    await asyncio.to_thread(etcd.etcdctl, "del", "--prefix", prefix + "/")
+    async with asyncio.timeout(PATIENCE):
+        await lost.wait()
+    assert grant.lost and "deleted behind our back" in (grant.lost_reason or "")
+    assert not await driver.release(grant)
+    # Someone else can take it now.
+    again = await _acquire(driver, _request("gone"), PATIENCE)
+    assert again is not None and again.token > grant.token
+    assert await driver.release(again)
+
+
+@pytest.mark.asyncio
+async def test_lease_revoked_holds_are_lost_and_waiters_go_on_in_a_new_session(
+    driver: EtcdDriver, etcd: EtcdServer
+) -> None:
+    holder = await _acquire(driver, _request("s", who="holder"), PATIENCE)
+    assert holder is not None
+    waiter = asyncio.create_task(_acquire(driver, _request("s", who="waiter"), PATIENCE))
+    async with asyncio.timeout(PATIENCE):
+        while len(await driver.participants("s", Family.MUTEX)) < 2:
+            await asyncio.sleep(0.02)
+    lost = asyncio.Event()
+    holder.add_loss_listener(lambda _: lost.set())
+    session = driver._session
+    assert session is not None
+    await asyncio.to_thread(etcd.etcdctl, "lease", "revoke", f"{session.lease_id:x}")
+    async with asyncio.timeout(PATIENCE):
+        await lost.wait()
+        granted = await waiter
+    assert granted is not None and granted.token > holder.token
+    new_session = driver._session
+    assert new_session is not None and new_session.lease_id != session.lease_id
+    assert await driver.release(granted)
+    assert not await driver.release(holder)
+
+
+@pytest.mark.asyncio
+async def test_timeout_and_cancellation_leave_no_key(driver: EtcdDriver, url: str) -> None:
+    holder = await _acquire(driver, _request("t"), PATIENCE)
+    assert holder is not None
+    assert await _acquire(driver, _request("t"), 0.2) is None
+    for delay in (0, 0.001, 0.01, 0.05):
+        task = asyncio.create_task(_acquire(driver, _request("t"), PATIENCE))
+        await asyncio.sleep(delay)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    keys = await _keys(url)
+    queued = [key for key in keys if b"\x00abandoned\x00" not in key]
+    assert len(queued) == 1, keys  # the holder's key only; tombstones may wait out their grace
+    assert await driver.release(holder)
+    async with asyncio.timeout(PATIENCE):  # tombstones go after their grace period
+        while await _keys(url):
+            await asyncio.sleep(0.2)
