@@ -17,6 +17,10 @@ same Lua scripts as the single-server driver:
    split votes), then try again.
 4. Fail fast: if more than ``N - quorum`` masters are unreachable, raise
    :class:`BackendUnavailableError` at once instead of waiting.
+5. Release (and the clean-up of a given-up acquire) runs ``release.lua`` on
+   every master, each bounded by ``min(lease / 5, connect_timeout)``: a
+   master that does not answer keeps our field only until the lease runs
+   out, and must not hold up the release for that long.
 
 The watchdog renews on every master; a renewal counts when a majority
 confirms, and the hold is lost when a majority reports the field gone or no
@@ -45,6 +49,7 @@ from typing import TYPE_CHECKING, Any, cast, final
 
 from redis.exceptions import RedisError
 
+from .._core.backoff import Backoff
 from .._core.doctor import Diagnosis
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
@@ -230,19 +235,20 @@ class RedlockDriver:
         return "busy", int(reply[1])
 
     async def _give_back(self, a: _RedlockAttempt, timeout: float | None) -> None:
-        """``release.lua`` for our field on every master that may hold it."""
+        """``release.lua`` for our field on every master that may hold it.
+
+        ``timeout``: one try per master within it (between rounds); ``None``:
+        the clean-up of :meth:`_clean_node` (abandon).
+        """
 
         async def one(index: int, node: RedisNode) -> None:
+            tombstone = a.send_lost[index]
             if timeout is None:
-                done = await node.cleanup(
-                    a.keys, "", [a.field], a.lease, tombstone=a.send_lost[index]
-                )
+                done = await self._clean_node(node, a.keys, a.field, a.lease, tombstone=tombstone)
             else:
                 try:
                     async with asyncio.timeout(timeout):
-                        tombstone_ms = (
-                            min(int(a.lease * 1000), TOMBSTONE_MS) if a.send_lost[index] else 0
-                        )
+                        tombstone_ms = min(int(a.lease * 1000), TOMBSTONE_MS) if tombstone else 0
                         await node.release(a.keys, "", [a.field], tombstone_ms)
                     done = True
                 except (TimeoutError, RedisError, OSError):
@@ -254,6 +260,47 @@ class RedlockDriver:
             *(one(i, node) for i, node in enumerate(self.nodes) if a.written[i]),
             return_exceptions=True,
         )
+
+    def cleanup_bound(self, lease: float) -> float:
+        """How long clean-up (release, abandon) keeps trying one master, in seconds.
+
+        A master that does not answer within it is left alone: what we wrote
+        there lapses with the lease. Trying until the lease runs out would make
+        every release wait that long while one master is down, though the
+        masters that answered already let the next holder in.
+        """
+        return max(0.1, min(lease / 5, self.nodes[0].connect_timeout))
+
+    async def _clean_node(
+        self, node: RedisNode, keys: LockKeys, field: str, lease: float, *, tombstone: bool
+    ) -> bool:
+        """``release.lua`` for ``field`` on one master, retried within :meth:`cleanup_bound`.
+
+        True when the master answered; False when it did not in time (or
+        refused), so the field there, if any, lapses with the lease.
+        """
+        tombstone_ms = min(int(lease * 1000), TOMBSTONE_MS) if tombstone else 0
+        give_up = time.monotonic() + self.cleanup_bound(lease)
+        backoff = Backoff(give_up, first=0.02, cap=0.25)
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, give_up - time.monotonic())):
+                    await node.release(keys, "", [field], tombstone_ms)
+                return True
+            except (TimeoutError, *TRANSIENT) as exc:
+                if await backoff.wait():
+                    continue
+                logger.info(
+                    "Redlock master %s did not answer the clean-up of %s (%s); "
+                    "what is there lapses with the lease",
+                    node.describe,
+                    keys.holders,
+                    str(exc) or type(exc).__name__,
+                )
+                return False
+            except RedisError as exc:
+                logger.warning("cleaning up %s on %s failed: %s", keys.holders, node.describe, exc)
+                return False
 
     async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
         """Subscribe on every master that answered (then return), later wait for an unlock."""
@@ -339,15 +386,21 @@ class RedlockDriver:
     # -- release / inspect -------------------------------------------------------
 
     async def release(self, grant: Grant) -> bool:
-        """``release.lua`` on every master (a lost reply may hide a grant anywhere)."""
+        """``release.lua`` on every master (a lost reply may hide a grant anywhere).
+
+        Each master is tried within :meth:`cleanup_bound`; one that does not
+        answer keeps our field only until the lease runs out.
+        """
         hold = grant.handle
         if not isinstance(hold, RedisHold):
             return True
         hold.stop()
         self._holds.discard(hold)
+        # Each master within a short bound: a dead one must not hold the
+        # release up (its copy lapses with the lease).
         await asyncio.gather(
             *(
-                node.cleanup(hold.keys, "", [hold.field], hold.lease, tombstone=False)
+                self._clean_node(node, hold.keys, hold.field, hold.lease, tombstone=False)
                 for node in self.nodes
             ),
             return_exceptions=True,
