@@ -239,9 +239,18 @@ class Engine:
         driver = self.driver
         attempt = driver.begin(request)
         attempt.deadline = deadline
+        task = asyncio.current_task()
         try:
             while True:
+                cancels = task.cancelling() if task is not None else 0
                 grants = await driver.try_once(attempt)
+                if grants is None and task is not None and task.cancelling() > cancels:
+                    # A client library swallowed a cancellation that arrived
+                    # during the try (seen with redis-py's cluster client):
+                    # honour it, or the caller would go on waiting for a lock
+                    # it gave up. (Granted: the caller has the lock, as if the
+                    # cancel had come a moment later.)
+                    raise asyncio.CancelledError()
                 if grants is not None:
                     break
                 bound = None
