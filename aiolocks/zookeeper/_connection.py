@@ -272,8 +272,11 @@ class Session:
         self.xid = 0
         self.conn: Connection | None = None
         self.events = events
-        #: (event type, path) -> callbacks, each called with the path
-        self.watch_callbacks: dict[tuple[int, str], set[Callable[[str], object]]] = {}
+        #: (event type, path) -> callbacks, each called with the path. A tuple,
+        #: replaced on each change: most paths have one callback, and a set of
+        #: one costs about four times a tuple of one (there is one such key per
+        #: waiting task, so this is most of the session's memory per waiter).
+        self.watch_callbacks: dict[tuple[int, str], tuple[Callable[[str], object], ...]] = {}
         self._connected: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._ticker: asyncio.TimerHandle | None = None
@@ -305,7 +308,10 @@ class Session:
         self, event_type: int, path: str, callback: Callable[[str], object]
     ) -> None:
         """Call ``callback(path)`` for events of ``event_type`` on ``path`` (absolute)."""
-        self.watch_callbacks.setdefault((event_type, path), set()).add(callback)
+        key = (event_type, path)
+        callbacks = self.watch_callbacks.get(key, ())
+        if callback not in callbacks:
+            self.watch_callbacks[key] = (*callbacks, callback)
 
     def remove_watch_callback(
         self, event_type: int, path: str, callback: Callable[[str], object]
@@ -313,9 +319,11 @@ class Session:
         """Forget a callback; the key goes with its last callback."""
         key = (event_type, path)
         callbacks = self.watch_callbacks.get(key)
-        if callbacks is not None:
-            callbacks.discard(callback)
-            if not callbacks:
+        if callbacks is not None and callback in callbacks:
+            rest = tuple(c for c in callbacks if c != callback)
+            if rest:
+                self.watch_callbacks[key] = rest
+            else:
                 del self.watch_callbacks[key]
 
     def dispatch(self, event: Any) -> None:
@@ -323,7 +331,7 @@ class Session:
         callbacks = self.watch_callbacks.get((event.type, event.path))
         if not callbacks:
             return
-        for callback in list(callbacks):
+        for callback in callbacks:  # a tuple: callbacks may add or remove others
             try:
                 callback(event.path)
             except Exception:

@@ -221,10 +221,10 @@ class SessionMonitor:
             self._declare_lost("the ZooKeeper session expired")
 
     def purge_watch_keys(self) -> None:
-        """Drop empty watch-callback sets, so that SetWatches re-arms only live watches.
+        """Drop empty watch-callback entries, so that SetWatches re-arms only live watches.
 
         The session removes a key with its last callback; this also drops
-        any left empty by a caller that edited the sets directly.
+        any left empty by a caller that edited the mapping directly.
         """
         callbacks = self.client.session.watch_callbacks
         for key in [k for k, v in callbacks.items() if not v]:
