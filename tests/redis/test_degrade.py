@@ -180,3 +180,41 @@ async def test_no_split_brain_promise_two_processes_both_hold(
         assert out.split() == [b"True", b"True"]
         assert a.is_degraded and a.is_owned_by_current_task()
         await a.release()
+
+
+async def test_waiter_falls_back_when_the_server_goes_away_mid_wait(
+    redis_restartable: RedisServer,
+) -> None:
+    url = redis_restartable.url
+    async with (
+        aiolocks.connect(url, lease_time=2, connect_timeout=1) as one,
+        aiolocks.connect(url, connect_timeout=1, on_unavailable="local") as two,
+    ):
+        holder = one.mutex("dg/wait")
+        waiter = two.mutex("dg/wait")
+        holding = asyncio.Event()
+        outcome: list[str] = []
+
+        async def hold() -> None:
+            try:
+                async with holder:
+                    holding.set()
+                    await asyncio.sleep(60)
+            except aiolocks.LockLostError:
+                outcome.append("holder lost")
+
+        async def wait() -> None:
+            await holding.wait()
+            async with waiter:
+                outcome.append(f"waiter degraded={waiter.is_degraded}")
+
+        async with asyncio.timeout(60):
+            holder_task = asyncio.create_task(hold())
+            waiter_task = asyncio.create_task(wait())
+            await holding.wait()
+            await asyncio.sleep(0.2)  # the waiter is queued on the server
+            assert not waiter_task.done()
+            await asyncio.to_thread(redis_restartable.stop)
+            await asyncio.gather(holder_task, waiter_task)
+        assert sorted(outcome) == ["holder lost", "waiter degraded=True"]
+        assert not one._holds and not two._holds
