@@ -218,3 +218,56 @@ async def test_waiter_falls_back_when_the_server_goes_away_mid_wait(
             await asyncio.gather(holder_task, waiter_task)
         assert sorted(outcome) == ["holder lost", "waiter degraded=True"]
         assert not one._holds and not two._holds
+
+
+async def test_cancelled_degraded_waiters_leave_nothing_behind(
+    redis_restartable: RedisServer,
+) -> None:
+    url = redis_restartable.url
+    async with aiolocks.connect(url, connect_timeout=1, on_unavailable="local") as backend:
+        server_hold = backend.mutex("dg/cancel")
+        await server_hold.acquire()  # held from the server, before the outage
+        await asyncio.to_thread(redis_restartable.stop)
+
+        async def take(hold_for: asyncio.Event | None = None) -> None:
+            mine = backend.mutex("dg/cancel")
+            async with mine:
+                assert mine.is_degraded
+                if hold_for is not None:
+                    await hold_for.wait()
+
+        # waits for the server hold of this backend (no overlap in the process): cancel it there
+        early = asyncio.create_task(take())
+        await asyncio.sleep(2)
+        assert not early.done()
+        early.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await early
+        with pytest.raises(aiolocks.BackendUnavailableError):
+            await server_hold.release()  # the server is down: the release says so, hold gone
+        assert not server_hold.is_owned_by_current_task()
+
+        # one degraded holder, one degraded waiter in the local queue: cancel the waiter
+        release = asyncio.Event()
+        first = asyncio.create_task(take(release))
+        async with asyncio.timeout(30):
+            while not backend._holds:
+                await asyncio.sleep(0.05)
+        queued = asyncio.create_task(take())
+        await asyncio.sleep(2)
+        assert not queued.done()
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        release.set()
+        async with asyncio.timeout(30):
+            await first
+        assert not backend._holds and not backend._ledgers
+        fallback = backend._engine._fallback
+        assert fallback is not None
+        from aiolocks._core.driver import Family
+
+        assert await fallback.participants("dg/cancel", Family.MUTEX) == []
+        async with asyncio.timeout(30):
+            await take()  # nothing left queued: taken at once
+        await asyncio.to_thread(redis_restartable.start)
