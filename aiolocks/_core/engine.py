@@ -12,6 +12,8 @@ engine through its public methods. The engine owns:
   from an owned task), and the loss a ``False`` release reports;
 * holds, reentrancy ledgers, orphan release when a task ends while holding;
 * event hooks;
+* the opt-in fallback to a process-local lock when the server cannot be
+  reached (``on_unavailable="local"``, see :meth:`Engine._acquire_degraded`);
 * ``close()``, which finishes every owned task.
 
 There is exactly one :class:`~aiolocks._core.tasks.TaskSet` per backend, here.
