@@ -92,3 +92,36 @@ async def test_local_fallback_while_stopped_then_server_again(
                 await asyncio.sleep(0.2)
         assert holders == 1
         assert not backend._holds
+
+
+async def test_degraded_acquire_waits_for_this_backends_server_hold_to_end(
+    zookeeper_restartable: ZooKeeperServer,
+) -> None:
+    url = _url(zookeeper_restartable, on_unavailable="local")
+    async with aiolocks.connect(url) as backend:
+        order: list[str] = []
+        holding = asyncio.Event()
+
+        async def server_holder() -> None:
+            lock = backend.mutex("dg/guard")
+            try:
+                async with lock:
+                    assert not lock.is_degraded
+                    holding.set()
+                    await asyncio.sleep(120)
+            except aiolocks.LockLostError:
+                order.append("server hold lost")
+
+        async def degraded_taker() -> None:
+            lock = backend.mutex("dg/guard")
+            async with lock:
+                order.append(f"taken degraded={lock.is_degraded}")
+
+        async with asyncio.timeout(90):
+            first = asyncio.create_task(server_holder())
+            await holding.wait()
+            await asyncio.to_thread(zookeeper_restartable.stop)
+            await asyncio.gather(first, degraded_taker())
+        # the session ran out, the hold was lost, and only then the local lock was taken
+        assert order == ["server hold lost", "taken degraded=True"]
+        assert not backend._holds
