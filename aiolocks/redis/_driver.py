@@ -79,6 +79,12 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 REPLICA_WAIT_MS = 1000
 #: how long a cleanup's tombstone keeps a late acquire script from granting
 TOMBSTONE_MS = 2000
+#: longest a waiter's queue entry outlives its last try: how long a dead
+#: waiter at the queue head can hold up the next one (live waiters refresh
+#: their entry at least three times per period)
+QUEUE_TIMEOUT = 5.0
+#: ``acquire.lua``'s ARGV[5] (0-based 4): '0' no queue, '1' fair FIFO, 'q' waiter queue
+QUEUE_ARG = 4
 #: why a renewal found no hold to extend
 GONE = "its Redis field is gone (deleted, overwritten or expired)"
 
@@ -174,6 +180,7 @@ class RedisAttempt(Attempt):
         "lease",
         "maybe_written",
         "member",
+        "queue_timeout",
         "send_lost",
         "unanswered",
         "wait_ms",
@@ -206,6 +213,13 @@ class RedisAttempt(Attempt):
         #: from the last "no": how long the blocking hold has left (ms, -1 unknown)
         self.wait_ms = -1
         self.wake: Wake | None = None
+        #: how long our queue entry lasts unrefreshed (s)
+        self.queue_timeout = min(lease, QUEUE_TIMEOUT)
+
+    @property
+    def queued(self) -> bool:
+        """Our tries keep an entry in the lock's waiter queue (fair, or subscribed exclusive)."""
+        return self.args[QUEUE_ARG] != "0"
 
 
 class RedisNode:
@@ -573,7 +587,11 @@ class RedisDriver:
         lease = self._lease(request)
         fair = bool(request.options.get("fair", False))
         fields = [f"{self.client_uuid}:{secrets.token_hex(8)}" for _ in range(request.count)]
-        member = f"{fields[0]}|{request.participant}" if fair else ""
+        # An exclusive waiter queues up (fair: FIFO; unfair: only for its
+        # wake-up), so a release wakes the queue head and nobody else.
+        queues = fair or (request.mode is Mode.EXCLUSIVE and request.count == 1)
+        member = f"{fields[0]}|{request.participant}" if queues else ""
+        queue_ms = int(min(lease, QUEUE_TIMEOUT) * 1000)
         downgrade = ""
         if request.downgrade_of is not None and isinstance(request.downgrade_of.handle, RedisHold):
             downgrade = request.downgrade_of.handle.field
@@ -584,7 +602,7 @@ class RedisDriver:
             int(lease * 1000),
             request.participant,
             "1" if fair else "0",
-            int(lease * 1000),
+            max(queue_ms, 1),
             downgrade,
             member,
             *fields,
@@ -643,7 +661,7 @@ class RedisDriver:
                 f"{self.describe()} acknowledged the lock write; released it"
             )
         a.unanswered = False
-        if not granted and not a.fair and not a.send_lost:
+        if not granted and not a.queued and not a.send_lost:
             a.maybe_written = False  # a definite "no" wrote nothing, and nothing else is coming
         return granted, reply, sent
 
@@ -653,8 +671,13 @@ class RedisDriver:
         Subscribing (confirmed) before the second try means an unlock
         published between that try and the wait is not missed. The wait is
         never longer than the blocking hold's TTL (expiry publishes nothing)
-        or, in a fair queue, a third of our queue entry's timeout (we
+        or, in the waiter queue, a third of our queue entry's timeout (we
         refresh it by trying).
+
+        An exclusive waiter joins the lock's waiter queue from its next try
+        on: a release then publishes the queue head's member, and only that
+        waiter, in whichever process, is woken (no herd). Other waiters get
+        the plain ``released`` message and all look.
         """
         a = cast(RedisAttempt, attempt)
         hub = self.node.hub
@@ -663,13 +686,16 @@ class RedisDriver:
             # Only an unfair exclusive waiter can be woken alone: one unlock
             # frees one slot for anybody. Fair waiters must all look (only the
             # queue head may take it), and leases/readers may all fit.
-            a.wake = Wake(exclusive=not a.fair and a.request.mode is Mode.EXCLUSIVE)
+            exclusive = not a.fair and a.request.mode is Mode.EXCLUSIVE
+            if a.member and not a.fair:
+                a.args[QUEUE_ARG] = "q"
+            a.wake = Wake(exclusive=exclusive, member=a.member or None)
             hub.attach(a.keys.channel, a.wake)
             await hub.confirmed(a.keys.channel)
             return
         wait = a.lease if a.wait_ms < 0 else a.wait_ms / 1000
-        if a.fair:
-            wait = min(wait, a.lease / 3)
+        if a.queued:
+            wait = min(wait, a.queue_timeout / 3)
         if bound is not None:
             wait = min(wait, bound)
         await a.wake.wait(wait)

@@ -44,11 +44,13 @@ class Wake:
     leaving with the lock; a waiter leaving without it passes its turn on.
     """
 
-    __slots__ = ("_event", "exclusive", "won")
+    __slots__ = ("_event", "exclusive", "member", "won")
 
-    def __init__(self, *, exclusive: bool = False) -> None:
+    def __init__(self, *, exclusive: bool = False, member: str | None = None) -> None:
         self._event = asyncio.Event()
         self.exclusive = exclusive
+        #: our entry in the lock's waiter queue: a message naming it rings us alone
+        self.member = member
         self.won = False
 
     def is_set(self) -> bool:
@@ -87,8 +89,18 @@ class _Channel:
         for wake in self.wakes:
             wake.ring()
 
-    def ring_message(self) -> None:
-        """An unlock: every shared waiter, and one exclusive waiter unless one is already rung."""
+    def ring_message(self, payload: str) -> None:
+        """An unlock addressed to a queue member rings that waiter only (if it is ours).
+
+        Otherwise (``released``: nobody queued): every shared waiter, and one
+        exclusive waiter unless one is already rung.
+        """
+        if payload != "released":
+            for wake in self.wakes:
+                if wake.member == payload:
+                    wake.ring()
+                    return
+            return
         pending = False
         first: Wake | None = None
         for wake in self.wakes:
@@ -104,7 +116,8 @@ class _Channel:
     def pass_turn(self) -> None:
         """An exclusive waiter left without the lock: ring the next one."""
         for wake in self.wakes:
-            if wake.exclusive and not wake.is_set():
+            # a queued waiter's turn is passed on by the server (release.lua)
+            if wake.exclusive and wake.member is None and not wake.is_set():
                 wake.ring()
                 return
 
@@ -282,7 +295,8 @@ class PubSubHub:
                         current.ready.set_result(None)
                     current.ring_all()
             elif kind == "message" and current is not None:
-                current.ring_message()
+                data = message.get("data")
+                current.ring_message(data.decode() if isinstance(data, bytes) else str(data))
 
     async def close(self) -> None:
         """Stop both tasks and close the pub/sub connection (not the client)."""

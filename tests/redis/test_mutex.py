@@ -218,6 +218,9 @@ async def test_cancellation_at_every_point_leaves_nothing(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
                 fields = await raw.hkeys(key)
+                # no waiter queue entry outlives a cancelled attempt
+                assert await raw.llen(f"{key}:queue") == 0, steps
+                assert await raw.zcard(f"{key}:queue-timeouts") == 0, steps
                 if contended:
                     assert len(fields) == 1, fields  # only the holder's field
                 else:
@@ -429,3 +432,88 @@ async def test_unlock_wakes_one_local_waiter_not_the_herd(
         assert calls["evalsha"] <= 1 + 2 * 10 + 5, calls
     finally:
         await raw.aclose()
+
+
+@pytest.mark.parametrize("fair", [False, True])
+async def test_release_wakes_only_the_queue_head_across_processes(
+    redis_restartable: RedisServer, fair: bool
+) -> None:
+    """One waiter per backend (its own connection and pub/sub, as a separate
+    process has): a release wakes the queue head only, never every process."""
+    url = redis_restartable.url
+    waiters = 8
+    raw = redis.asyncio.Redis.from_url(url)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            holder_backend = await stack.enter_async_context(aiolocks.connect(url))
+            backends = [
+                await stack.enter_async_context(aiolocks.connect(url)) for _ in range(waiters)
+            ]
+            holder = holder_backend.mutex("herd/procs", fair=fair)
+            await holder.acquire()
+            inside = 0
+            most = 0
+
+            async def waiter(backend: aiolocks.Backend) -> None:
+                nonlocal inside, most
+                async with backend.mutex("herd/procs", fair=fair):
+                    inside += 1
+                    most = max(most, inside)
+                    await asyncio.sleep(0.01)
+                    inside -= 1
+
+            tasks = [asyncio.create_task(waiter(b)) for b in backends]
+
+            async def all_queued() -> bool:
+                # the holder's acquire, two tries per waiter (before and after
+                # subscribing), and every waiter in the queue
+                tries = (await command_calls(raw)).get("evalsha", 0)
+                queued = int(await raw.llen("aiolocks:{mutex:herd/procs}:queue"))
+                return tries >= 1 + 2 * waiters and queued == waiters
+
+            await eventually(all_queued, what="every waiter to queue up")
+            await raw.config_resetstat()
+            await holder.release()
+            await asyncio.gather(*tasks)
+            calls = await command_calls(raw)
+        assert most == 1
+        # 1 release, then per waiter one winning try and one release. Waking
+        # every process on every release would cost W*(W-1)/2 = 28 tries more.
+        assert calls["evalsha"] <= 1 + 2 * waiters + 3, calls
+        assert await raw.exists("aiolocks:{mutex:herd/procs}:queue") == 0
+    finally:
+        await raw.aclose()
+
+
+async def test_dead_waiter_at_the_queue_head_does_not_hold_up_the_next(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """The head of the waiter queue died with the wake-up of a release: the next
+    waiter still gets the lock once the dead entry times out."""
+    key = holders_key(prefix, "queue/dead")
+    async with aiolocks.connect(url) as one, aiolocks.connect(url) as two:
+        holder, lock = one.mutex("queue/dead"), two.mutex("queue/dead")
+        await holder.acquire()
+        now_ms = int((await raw.time())[0]) * 1000
+        await raw.rpush(f"{key}:queue", "dead:1|ghost")
+        await raw.zadd(f"{key}:queue-timeouts", {"dead:1|ghost": now_ms + 1500})
+
+        async def take() -> bool:
+            if not await lock.acquire(timeout=20):
+                return False
+            await lock.release()
+            return True
+
+        waiting = asyncio.create_task(take())
+
+        async def queued() -> bool:
+            return int(await raw.llen(f"{key}:queue")) == 2
+
+        await eventually(queued, what="the waiter to queue up behind the dead one")
+        await raw.config_resetstat()
+        await holder.release()  # its wake-up goes to the dead head
+        assert await waiting
+        calls = await command_calls(raw)
+        # release, the try at the dead entry's timeout, the waiter's release:
+        # woken by that timeout, not by polling
+        assert calls["evalsha"] <= 4, calls
