@@ -85,6 +85,12 @@ TOMBSTONE_MS = 2000
 QUEUE_TIMEOUT = 5.0
 #: ``acquire.lua``'s ARGV[5] (0-based 4): '0' no queue, '1' fair FIFO, 'q' waiter queue
 QUEUE_ARG = 4
+#: ``notify-keyspace-events`` flags a hold's loss needs: keyspace channel,
+#: generic (DEL, RENAME, EXPIRE...), hash, expired, evicted
+LOSS_EVENT_FLAGS = "Kghxe"
+#: keyspace events that cannot remove our field (our own acquires and renewals
+#: cause them); an HSET overwriting our very field is left to the renewal
+HARMLESS_EVENTS = frozenset({"hset", "expire", "persist", "hincrby", "hincrbyfloat"})
 #: why a renewal found no hold to extend
 GONE = "its Redis field is gone (deleted, overwritten or expired)"
 
@@ -153,7 +159,7 @@ def validate_key_prefix(value: object) -> str:
 class RedisHold:
     """The driver handle of one grant (``Grant.handle``)."""
 
-    __slots__ = ("field", "keys", "lease", "released", "watchdog")
+    __slots__ = ("checking", "field", "keys", "lease", "on_stop", "recheck", "released", "watchdog")
 
     def __init__(self, keys: LockKeys, field: str, lease: float) -> None:
         self.keys = keys
@@ -161,12 +167,20 @@ class RedisHold:
         self.lease = lease
         self.released = False
         self.watchdog: Renewal | None = None
+        #: undoes the keyspace-event subscription (see ``RedisDriver._watch_key``)
+        self.on_stop: Callable[[], None] | None = None
+        #: a check of our field is on the wire / another event came meanwhile
+        self.checking = False
+        self.recheck = False
 
     def stop(self) -> None:
         """Mark released and stop renewing, synchronously (before any unlock is sent)."""
         self.released = True
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.on_stop is not None:
+            on_stop, self.on_stop = self.on_stop, None
+            on_stop()
 
 
 class RedisAttempt(Attempt):
@@ -246,6 +260,9 @@ class RedisNode:
         self.client: Any = None
         self.scripts: Scripts | None = None
         self.hub: PubSubHub | None = None
+        #: keyspace notifications: None not checked yet, True on, False refused
+        self.loss_events: bool | None = None
+        self._loss_events_task: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -280,6 +297,49 @@ class RedisNode:
                 await self.client.aclose()
         if self._on_close is not None:
             await self._on_close()
+
+    # -- keyspace events (prompt loss) ------------------------------------------
+
+    def keyspace_channel(self, key: str) -> str | None:
+        """The keyspace-notification channel of ``key``, or None where we do not use them.
+
+        On a cluster the notifications stay on the node that owns the key,
+        which our single pub/sub connection need not be on: renewal timing only.
+        """
+        if self.cluster or self.loss_events is False or self.client is None:
+            return None
+        db = self.client.connection_pool.connection_kwargs.get("db", 0)
+        return f"__keyspace@{db}__:{key}"
+
+    def ensure_loss_events(self, spawn: Callable[[Coroutine[Any, Any, None], str], Any]) -> None:
+        """Once per node: make sure the server publishes the events we listen to."""
+        if self.loss_events is None and self._loss_events_task is None:
+            self._loss_events_task = spawn(
+                self._enable_loss_events(), f"aiolocks-redis-keyspace-events:{self.describe}"
+            )
+
+    async def _enable_loss_events(self) -> None:
+        """Add ``K`` (keyspace channel) and ``g h x e`` (generic, hash, expired,
+        evicted) to ``notify-keyspace-events``, keeping what is there; warn once
+        and fall back to renewal timing if the server will not have it."""
+        try:
+            current = await self.client.config_get("notify-keyspace-events")
+            flags = _text(next(iter(current.values()), "")) if current else ""
+            have = set(flags.replace("A", "g$lshzxetd"))
+            missing = [c for c in LOSS_EVENT_FLAGS if c not in have]
+            if missing:
+                await self.client.config_set("notify-keyspace-events", flags + "".join(missing))
+        except (RedisError, OSError) as exc:
+            self.loss_events = False
+            logger.warning(
+                "Redis %s will not publish keyspace events (%s): a hold deleted or "
+                "overwritten behind our back is noticed at its next renewal (a third "
+                "of lease_time), not at once",
+                self.describe,
+                exc,
+            )
+            return
+        self.loss_events = True
 
     # -- commands ------------------------------------------------------------
 
@@ -690,7 +750,9 @@ class RedisDriver:
             if a.member and not a.fair:
                 a.args[QUEUE_ARG] = "q"
             a.wake = Wake(exclusive=exclusive, member=a.member or None)
-            hub.attach(a.keys.channel, a.wake)
+            # the keyspace channel the hold will watch, in the same SUBSCRIBE
+            companion = self.node.keyspace_channel(a.keys.holders)
+            hub.attach(a.keys.channel, a.wake, companion)
             await hub.confirmed(a.keys.channel)
             return
         wait = a.lease if a.wait_ms < 0 else a.wait_ms / 1000
@@ -731,8 +793,70 @@ class RedisDriver:
                 )
             )
             self._holds.add(hold)
+            self._watch_key(hold)
             grants.append(grant)
         return grants
+
+    # -- prompt loss -------------------------------------------------------------
+
+    def _watch_key(self, hold: RedisHold) -> None:
+        """Check our field whenever the server reports a change of its key.
+
+        A keyspace event (DEL, HDEL, HSET, expiry, eviction, RENAME...) on
+        the lock's hash, or a pub/sub reconnect (events may have been lost),
+        makes us read our field: gone or not ours any more, the grant is
+        marked lost at once, without waiting for the next renewal. No I/O
+        here: the grant goes straight to the engine.
+        """
+        hub = self.node.hub
+        channel = self.node.keyspace_channel(hold.keys.holders)
+        if hub is None or channel is None or hold.watchdog is None:
+            return
+        self.node.ensure_loss_events(self._spawn)
+
+        def changed(event: str | None) -> None:
+            # Our own acquire and renewals write the hash too (hset, expire):
+            # those cannot take our field away, so they cost no check.
+            if hold.released or event in HARMLESS_EVENTS:
+                return
+            if hold.checking:
+                hold.recheck = True
+                return
+            hold.checking = True
+            self._spawn(self._check_hold(hold), f"aiolocks-redis-check:{hold.keys.holders}")
+
+        hub.watch(channel, changed)
+        hold.on_stop = functools.partial(hub.unwatch, channel, changed)
+
+    async def _check_hold(self, hold: RedisHold) -> None:
+        """Read our field; mark the grant lost if it is gone, lapsed or of another type."""
+        try:
+            while not hold.released:
+                hold.recheck = False
+                try:
+                    value = await self.node.client.hget(hold.keys.holders, hold.field)
+                except TRANSIENT:
+                    return  # the connection is down: renewal timing decides
+                except RedisError as exc:  # WRONGTYPE: the key was overwritten
+                    self._lose(hold, f"its Redis key was overwritten ({exc})")
+                    return
+                if value is None:
+                    self._lose(hold, GONE)
+                    return
+                if not hold.recheck:
+                    return
+        finally:
+            hold.checking = False
+
+    def _lose(self, hold: RedisHold, reason: str) -> None:
+        renewal = hold.watchdog
+        if hold.released or renewal is None or renewal.stopped:
+            return
+        renewal.stop()
+        if hold.on_stop is not None:
+            on_stop, hold.on_stop = hold.on_stop, None
+            on_stop()
+        renewal.grant.mark_lost(reason)
 
     # -- release ---------------------------------------------------------------
 

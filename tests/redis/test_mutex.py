@@ -137,15 +137,16 @@ async def test_key_tampered_behind_our_back_loses_the_hold(
         with pytest.raises(aiolocks.LockLostError):
             async with lock:
                 assert await raw.exists(key) == 1
-                if tamper == "delete":
-                    await raw.delete(key)
-                elif tamper == "overwrite":
-                    await raw.set(key, "somebody else", px=2000)
-                else:
-                    field = next(iter(await raw.hkeys(key)))
-                    await raw.hdel(key, field)
-                    await raw.hset(key, "intruder:1", "9999999999999|1|x|intruder")
                 try:
+                    # the keyspace event may cancel the body before the sleep
+                    if tamper == "delete":
+                        await raw.delete(key)
+                    elif tamper == "overwrite":
+                        await raw.set(key, "somebody else", px=2000)
+                    else:
+                        field = next(iter(await raw.hkeys(key)))
+                        await raw.hdel(key, field)
+                        await raw.hset(key, "intruder:1", "9999999999999|1|x|intruder")
                     await asyncio.sleep(5)  # one renewal is 0.2 s away
                 except asyncio.CancelledError:
                     body_cancelled = True
@@ -517,3 +518,79 @@ async def test_dead_waiter_at_the_queue_head_does_not_hold_up_the_next(
         # release, the try at the dead entry's timeout, the waiter's release:
         # woken by that timeout, not by polling
         assert calls["evalsha"] <= 4, calls
+
+
+@pytest.mark.parametrize("tamper", ["delete", "overwrite", "hdel", "expire"])
+async def test_key_tampered_is_noticed_by_keyspace_event_not_renewal(
+    url: str, raw: redis.asyncio.Redis, prefix: str, tamper: str
+) -> None:
+    """With ``watchdog=False`` and a long lease nothing is renewed or timed out
+    before 60 s: only the server's keyspace event can make the hold lost sooner."""
+    key = holders_key(prefix, "prompt/x")
+    async with aiolocks.connect(url, lease_time=60) as backend:
+        lock = backend.mutex("prompt/x", watchdog=False)
+        body_cancelled = False
+        with pytest.raises(aiolocks.LockLostError):
+            async with lock:
+                channel = f"__keyspace@0__:{key}"
+
+                async def watching() -> bool:
+                    numsub = await raw.pubsub_numsub(channel)
+                    return bool(numsub and numsub[0][1] == 1)
+
+                await eventually(watching, what="the keyspace subscription")
+                field = next(iter(await raw.hkeys(key)))
+                try:
+                    # the event may cancel the body as soon as the tampering is done
+                    if tamper == "delete":
+                        await raw.delete(key)
+                    elif tamper == "overwrite":
+                        await raw.set(key, "somebody else", px=2000)
+                    elif tamper == "hdel":
+                        await raw.hdel(key, field)
+                    else:
+                        await raw.pexpire(key, 1)
+                    await asyncio.sleep(50)  # well inside the 60 s lease
+                except asyncio.CancelledError:
+                    body_cancelled = True
+                    raise
+        assert body_cancelled
+        assert lock.is_lost
+        # what the tampering left (the fence counter outlives a failed release by its lease)
+        await raw.delete(key, f"{key}:fence")
+
+
+async def test_server_refusing_keyspace_events_warns_once_and_renewal_still_notices(
+    redis_server: RedisServer,
+    raw: redis.asyncio.Redis,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A user without CONFIG: one warning, then loss is noticed by the renewal."""
+    user = f"nocfg-{prefix.strip(':')}"
+    await raw.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+pw"],
+        keys=["~*"],
+        channels=["&*"],
+        commands=["+@all", "-config"],
+    )
+    try:
+        host_url = redis_server.url.replace("redis://", f"redis://{user}:pw@", 1)
+        async with aiolocks.connect(f"{host_url}?key_prefix={prefix}", lease_time=0.6) as backend:
+            for name in ("nocfg/a", "nocfg/b"):
+                lock = backend.mutex(name)
+                with pytest.raises(aiolocks.LockLostError):
+                    async with lock:
+                        try:
+                            await raw.delete(holders_key(prefix, name))
+                            await asyncio.sleep(5)  # the renewal is 0.2 s away
+                        except asyncio.CancelledError:
+                            assert lock.is_lost
+                            raise
+        warnings = [r for r in caplog.records if "keyspace events" in r.getMessage()]
+        assert len(warnings) == 1, warnings
+        assert "NOPERM" in warnings[0].getMessage() or "permission" in warnings[0].getMessage()
+    finally:
+        await raw.acl_deluser(user)
