@@ -457,20 +457,11 @@ class LockInternals:
         return False
 
     def _watch(self, entry: QueueEntry, target: str) -> None:
-        waker = self.monitor.new_waker()
-        entry.waker = waker
+        entry.waker = self.monitor.new_waker()
         entry.target = target
         entry.deleted = False
-
-        def wake(_path: object) -> None:
-            if not waker.done():
-                waker.set_result(None)
-
-        def wake_deleted(_path: object) -> None:
-            if not waker.done():
-                entry.deleted = True
-                waker.set_result(None)
-
+        # bound methods, not closures: a third of the size, per waiting task
+        wake, wake_deleted = entry.wake, entry.wake_deleted
         entry.callbacks = (wake, wake_deleted)
         session = self.client.session
         # DATA_CHANGED as well as DELETED: aiozk re-arms only data watches
@@ -612,6 +603,19 @@ class QueueEntry:
         self.handoff = False
         #: try again without waiting (the watched node was already gone)
         self.retry = False
+
+    def wake(self, _path: object) -> None:
+        """Watch callback: the watched node changed."""
+        waker = self.waker
+        if waker is not None and not waker.done():
+            waker.set_result(None)
+
+    def wake_deleted(self, _path: object) -> None:
+        """Watch callback: the watched node is gone."""
+        waker = self.waker
+        if waker is not None and not waker.done():
+            self.deleted = True
+            waker.set_result(None)
 
     def requeue(self) -> None:
         """The node went with its session: the next try creates a new one (new uid)."""
