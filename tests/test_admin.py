@@ -238,3 +238,38 @@ def test_cli_list_and_break_against_a_running_aiolocks_run(
         if holder.poll() is None:
             holder.kill()
             holder.communicate()
+
+
+@pytest.mark.zookeeper
+def test_cli_break_stops_a_running_aiolocks_run_on_zookeeper(
+    zookeeper_server: ZooKeeperServer,
+) -> None:
+    """The holder is told at once (a watch): its command is stopped, it exits 76."""
+    url = zookeeper_server.url
+    name = unique("adm/zkcli")
+    holder = subprocess.Popen(
+        [*CLI, "run", "--kill-after", "1", url, name, "--", "sleep", "300"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            listed = run("list", "--json", url, "adm/")
+            assert listed.returncode == 0, listed.stderr
+            names = [lock["name"] for lock in json.loads(listed.stdout)["locks"]]
+            if name in names:
+                break
+            assert holder.poll() is None, holder.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        broken = run("break", url, name, "--yes")
+        assert broken.returncode == 0, broken.stderr
+        # without prompt loss `sleep 300` would run on and this would time out
+        _, err = holder.communicate(timeout=60)
+        assert holder.returncode == 76, err
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.communicate()
