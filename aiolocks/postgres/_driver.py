@@ -58,10 +58,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast, final
+from typing import TYPE_CHECKING, Any, cast, final
 
 import asyncpg
 
+from .._core.doctor import Diagnosis
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError, LockError
 from .._core.options import check_portable_options
@@ -78,6 +79,9 @@ from ._sql import (
     probe_session,
     slot_keys,
 )
+
+if TYPE_CHECKING:
+    from ._admin import PostgresAdvisoryAdmin
 
 __all__ = ["DEFAULT_MAX_SESSIONS", "PostgresAdvisoryDriver", "PostgresPoolerError"]
 
@@ -721,6 +725,46 @@ class PostgresAdvisoryDriver:
         self._maybe_retire(session)
         self._wake()
         return bool(held)
+
+    async def diagnose(self) -> Diagnosis:
+        """``backend.doctor()``'s findings for this server (see :mod:`._doctor`).
+
+        Runs on a connection of its own, so it also reports why the backend
+        refused to open (a pooler in the way).
+        """
+        from ._doctor import CHECK_TIMEOUT, diagnose_postgres
+
+        async def connect() -> Any:
+            try:
+                return await self._connect()
+            except _TRANSIENT as exc:
+                raise _unavailable(exc, "connect", self._describe) from exc
+
+        async def server_time() -> float:
+            primary = await self._get_primary()
+            rows = await primary.fetch(
+                "SELECT extract(epoch FROM clock_timestamp())::float8", timeout=CHECK_TIMEOUT
+            )
+            return float(rows[0][0])
+
+        try:
+            return await diagnose_postgres(
+                connect,
+                self._drop_connection,
+                mode="advisory",
+                label=self._describe,
+                interval=self._heartbeat / 2,
+                timeout=self._heartbeat,
+                server_time=server_time,
+            )
+        except _TRANSIENT as exc:
+            raise _unavailable(exc, "diagnosis", self._describe) from exc
+
+    def admin(self) -> PostgresAdvisoryAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import PostgresAdvisoryAdmin
+
+        return PostgresAdvisoryAdmin(self)
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         """Holders, then waiters by ``pg_locks.waitstart``; our own holds carry their ids."""
