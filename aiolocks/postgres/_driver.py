@@ -786,6 +786,17 @@ class PostgresAdvisoryDriver:
             rows = [(key, r) for r in await primary.fetch(self._queries.participants, key)]
         holders: list[Participant] = []
         waiters: list[Participant] = []
+        # A sole holder of another process: the fencing row's epoch is its token
+        # (the row is bumped in the grant's own statement, and nobody else has
+        # been granted since while it holds).
+        granted_rows = [r for _k, r in rows if bool(r[2])]
+        sole_epoch: int | None = None
+        if family is not Family.SEMAPHORE and len(granted_rows) == 1:
+            epochs = await primary.fetch(
+                f"SELECT epoch FROM {self._tables.fencing} WHERE name = $1",
+                f"{family.value}/{name}",
+            )
+            sole_epoch = int(epochs[0][0]) if epochs else None
         for row_key, row in rows:
             pid, mode, granted = int(row[0]), str(row[1]), bool(row[2])
             shared = mode == "ShareLock"
@@ -799,7 +810,7 @@ class PostgresAdvisoryDriver:
                     Participant(
                         id=grant.request.participant if grant else other,
                         is_holder=True,
-                        fencing_token=grant.token if grant else None,
+                        fencing_token=grant.token if grant else sole_epoch,
                         mode=grant.request.mode.value if grant else kind,
                         node=f"pid:{pid}",
                     )
