@@ -105,6 +105,10 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CrashShutdownError,
 )
 
+#: a connection the server ended between two of our calls can surface as a
+#: client protocol error on the next call; the session is unusable either way
+_BROKEN: tuple[type[BaseException], ...] = (*_TRANSIENT, asyncpg.exceptions.InternalClientError)
+
 
 class PostgresPoolerError(LockError, RuntimeError):
     """``mode=advisory`` was pointed at a connection pooler, where session locks mean nothing."""
@@ -450,13 +454,17 @@ class PostgresAdvisoryDriver:
     async def _check_session(self, session: _Session, *, timeout: float) -> None:
         if session.waiting:
             return
-        expected = dict(session.grants)
         try:
             async with session.io:
+                # Waiting for the session's turn, its holds may all have been
+                # released and the session retired (closed): nothing to check.
+                if not session.alive or not session.grants:
+                    return
+                expected = dict(session.grants)
                 held = await held_advisory_locks(
                     cast(Connection, _Timed(session.conn, timeout)), self._queries
                 )
-        except _TRANSIENT as exc:  # TimeoutError is an OSError
+        except _BROKEN as exc:  # TimeoutError is an OSError
             logger.warning(
                 "PostgreSQL session pid %s did not answer the heartbeat: %r", session.pid, exc
             )
@@ -717,8 +725,12 @@ class PostgresAdvisoryDriver:
                     await session.conn.execute(
                         "SELECT pg_notify($1, $2)", self.channel, grant.request.name
                     )
-        except _TRANSIENT as exc:
+        except _BROKEN as exc:
+            was_alive = session.alive
             self._session_ended(session, f"release failed: {exc!r}")
+            if was_alive:
+                # the server drops the session's locks once the connection is gone
+                await self._drop_connection(session.conn)
             return False
         if session.grants.pop(grant, None) is not None:
             session.reserved.discard((key, shared))
