@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any, final
 
 from ._core.backend import Backend
+from ._core.engine import ON_UNAVAILABLE
 
 __all__ = ["SCHEMES", "connect"]
 
@@ -48,9 +49,48 @@ def backend_from_url(url: str, **options: Any) -> Backend:
         )
     if scheme != scheme.lower():
         url = scheme.lower() + url[len(scheme) :]
+    url, on_unavailable = _take_on_unavailable(url, options.pop("on_unavailable", None))
     module = importlib.import_module(module_name)
     backend: Backend = module.from_url(url, **options)
+    backend.on_unavailable = on_unavailable
     return backend
+
+
+def _take_on_unavailable(url: str, keyword: object) -> tuple[str, str]:
+    """Remove ``on_unavailable=`` from the URL's query; the value (keyword wins), default "raise".
+
+    It is the engine's option, not the backend package's, so every scheme
+    takes it the same way.
+    """
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, "raise" if keyword is None else _checked(keyword)
+    kept: list[str] = []
+    found: object = None
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        if key == "on_unavailable":
+            if found is not None:
+                raise ValueError(f"on_unavailable given twice in {url!r}")
+            found = value
+        else:
+            kept.append(part)
+    if keyword is not None and found is not None and keyword != found:
+        raise ValueError(
+            f"on_unavailable={keyword!r} contradicts on_unavailable={found!r} in the URL {url!r}"
+        )
+    chosen = keyword if keyword is not None else found
+    rebuilt = base + ("?" + "&".join(kept) if kept else "")
+    return rebuilt, "raise" if chosen is None else _checked(chosen)
+
+
+def _checked(value: object) -> str:
+    if value not in ON_UNAVAILABLE:
+        raise ValueError(
+            f"on_unavailable must be one of {', '.join(map(repr, ON_UNAVAILABLE))}, "
+            f"got {value!r}"
+        )
+    return str(value)
 
 
 @final
@@ -98,7 +138,12 @@ def connect(url: str = "memory://", **options: Any) -> _Connecting:
     ``redis+sentinel://``, ``redis+cluster://``, ``redlock://``,
     ``postgresql://`` / ``postgres://``. Keyword
     options are the URL's query options (``session_timeout``, ``lease_time``,
-    ``key_prefix``, ``connect_timeout``...).
+    ``key_prefix``, ``connect_timeout``...), and, on every scheme,
+    ``on_unavailable``: ``"raise"`` (default: an acquire that cannot reach
+    the server raises :class:`BackendUnavailableError`) or ``"local"`` (it
+    takes a process-local lock of the same name and kind instead, marked
+    ``lock.is_degraded``; see ``docs/degradation.md``). ``connect()`` itself
+    still needs the server once.
 
     :raises ValueError: unknown scheme, malformed URL or bad option (at once,
         before any I/O; the message names the offending part).

@@ -14,7 +14,9 @@ when no hook is registered):
   lost (``aiolocks.lost_reason``) or orphaned.
 
 Attributes on both: ``aiolocks.lock.name``, ``aiolocks.lock.kind``,
-``aiolocks.backend`` and, once granted, ``aiolocks.fencing_token``. Lock
+``aiolocks.backend`` and, once granted, ``aiolocks.fencing_token``; and
+``aiolocks.degraded = True`` on the spans of a hold taken from the
+process-local fallback (``on_unavailable="local"``, server unreachable). Lock
 names can be many (one per order): use a sampler if that is a concern.
 """
 
@@ -65,6 +67,8 @@ class OpenTelemetryHook:
         }
         if event.fencing_token is not None:
             attributes["aiolocks.fencing_token"] = event.fencing_token
+        if event.degraded:
+            attributes["aiolocks.degraded"] = True
         return attributes
 
     def _span(

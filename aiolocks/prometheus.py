@@ -11,6 +11,8 @@ Metrics (labels ``backend`` and ``kind``; add ``name`` with
 - ``aiolocks_acquire_timeouts_total``, ``aiolocks_acquire_cancelled_total``
 - ``aiolocks_holds_lost_total``, ``aiolocks_holds_orphaned_total``
 - ``aiolocks_lease_renewals_total``
+- ``aiolocks_degraded_total``: acquires that took a process-local lock because
+  the server was unreachable (``on_unavailable="local"``)
 - ``aiolocks_holds`` (gauge): holds granted and not yet released
 - ``aiolocks_acquire_errors_total`` (labels ``backend``, ``kind``, ``error``): acquires
   that raised, by error class (``BackendUnavailableError``...)
@@ -128,6 +130,13 @@ class PrometheusHook:
             namespace=namespace,
             registry=reg,
         )
+        self.degraded = prometheus_client.Counter(
+            "degraded",
+            "Acquires that fell back to a process-local lock (server unreachable).",
+            labels,
+            namespace=namespace,
+            registry=reg,
+        )
         self.holds = prometheus_client.Gauge(
             "holds",
             "Holds granted and not yet ended.",
@@ -202,6 +211,8 @@ class PrometheusHook:
             self.cancelled.labels(*values).inc()
         elif kind == "failed":
             self.errors.labels(*values, event.reason or "unknown").inc()
+        elif kind == "degraded":
+            self.degraded.labels(*values).inc()
         elif kind == "renewed":
             self.renewals.labels(*values).inc()
         elif kind == "lost":

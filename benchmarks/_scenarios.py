@@ -313,9 +313,11 @@ def _server_load(
     if redis_server is not None:
         cpu = redis_server.info("cpu")
         stats = redis_server.info("stats")
+        calls = commandstats_calls(redis_server.info("commandstats"))
         return {
             "server_cpu_us": 1e6 * (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])),
             "server_commands": float(stats["total_commands_processed"]),
+            "server_evalsha": float(calls.get("evalsha", 0)),
         }
     if zk_server is not None:
         mntr = parse_mntr(zk_server.four_letter("mntr"))

@@ -267,6 +267,35 @@ def test_redis_key_deleted_stops_the_whole_group(
     assert code == 0, err
 
 
+@pytest.mark.redis
+def test_redis_key_deleted_stops_the_command_long_before_any_renewal(
+    redis_server: RedisServer, tmp_path: Path, reaper: list[int]
+) -> None:
+    """A long lease: the first renewal is 100 s away and the lease runs 300 s, so
+    the command can only stop within the 60 s ``finish`` allows because the
+    server's keyspace event reported the deletion."""
+    url = redis_server.url + "?lease_time=300&key_prefix=cli-prompt:"
+    proc = start("run", "--kill-after", "1", url, "cli/prompt", "--", *forking_command(tmp_path))
+    wait_all_started(tmp_path, proc, reaper)
+    # the hold listens to its key's keyspace events once it is granted
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        subs = redis_server.command(
+            "PUBSUB", "NUMSUB", "__keyspace@0__:cli-prompt:{mutex:cli/prompt}"
+        )
+        if isinstance(subs, list) and subs[1]:
+            break
+        time.sleep(0.05)
+    assert redis_server.command("DEL", "cli-prompt:{mutex:cli/prompt}") == 1
+    code, err = finish(proc)
+    assert code == 76, err
+    assert "lost" in err
+    assert_all_gone(tmp_path)
+    redis_server.command("DEL", "cli-prompt:{mutex:cli/prompt}:fence")
+    code, err = finish(start("run", "-n", url, "cli/prompt", "--", "true"))
+    assert code == 0, err
+
+
 @pytest.mark.zookeeper
 def test_zookeeper_session_lost_stops_the_whole_group(
     zookeeper_restartable: ZooKeeperServer, tmp_path: Path, reaper: list[int]

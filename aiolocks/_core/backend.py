@@ -75,6 +75,19 @@ class Backend:
         return self._engine.url
 
     @property
+    def on_unavailable(self) -> str:
+        """What an acquire does when the server is unreachable: ``"raise"`` or ``"local"``.
+
+        ``"local"`` falls back to a process-local lock of the same name and
+        kind (``lock.is_degraded``); see ``docs/degradation.md``.
+        """
+        return self._engine.on_unavailable
+
+    @on_unavailable.setter
+    def on_unavailable(self, value: str) -> None:
+        self._engine.set_on_unavailable(value)
+
+    @property
     def closed(self) -> bool:
         """``close()`` has been called."""
         return self._engine.closed

@@ -242,6 +242,7 @@ class Grant:
 
     __slots__ = (
         "_listeners",
+        "degraded",
         "event_sink",
         "handle",
         "lost",
@@ -264,6 +265,9 @@ class Grant:
         #: (lease end, session timeout) unless the driver moved it on; the
         #: driver keeps it current. ``None``: no such bound.
         self.valid_until: float | None = None
+        #: set by the core: taken from the process-local fallback store
+        #: (``on_unavailable="local"``), not from the server
+        self.degraded = False
 
     def verify(self) -> bool:
         """True while the hold may still be trusted; marks it lost once ``valid_until`` passed.

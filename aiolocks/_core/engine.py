@@ -12,6 +12,8 @@ engine through its public methods. The engine owns:
   from an owned task), and the loss a ``False`` release reports;
 * holds, reentrancy ledgers, orphan release when a task ends while holding;
 * event hooks;
+* the opt-in fallback to a process-local lock when the server cannot be
+  reached (``on_unavailable="local"``, see :meth:`Engine._acquire_degraded`);
 * ``close()``, which finishes every owned task.
 
 There is exactly one :class:`~aiolocks._core.tasks.TaskSet` per backend, here.
@@ -30,7 +32,7 @@ import weakref
 from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .driver import Attempt, Capabilities, Driver, Family, Grant, Request
+from .driver import Attempt, Capabilities, Driver, Family, Grant, Mode, Request
 from .errors import BackendUnavailableError
 from .events import EventHook, EventKind, LockEvent, lock_kind
 from .names import validate_name
@@ -41,7 +43,10 @@ if TYPE_CHECKING:
     from .hold import Hold
     from .leader import LeaderLatch
 
-__all__ = ["Engine"]
+__all__ = ["ON_UNAVAILABLE", "Engine"]
+
+#: the values of ``connect(url, on_unavailable=...)``
+ON_UNAVAILABLE = ("raise", "local")
 
 T = TypeVar("T")
 
@@ -65,6 +70,11 @@ class Engine:
         self._open_lock: asyncio.Lock | None = None
         self.opened = False
         self.closed = False
+        #: "raise" (the default) or "local": see :meth:`set_on_unavailable`
+        self.on_unavailable = "raise"
+        self._fallback: Driver | None = None
+        self._degraded_live = 0
+        self._release_waiters: list[asyncio.Future[None]] = []
 
     # -- identity -----------------------------------------------------------
 
@@ -136,6 +146,7 @@ class Engine:
         wait_time: float | None = None,
         hold_time: float | None = None,
         reason: str | None = None,
+        degraded: bool = False,
     ) -> None:
         """Build one :class:`LockEvent` and pass it to every hook (errors are logged)."""
         event = LockEvent(
@@ -147,6 +158,7 @@ class Engine:
             wait_time=wait_time,
             hold_time=hold_time,
             reason=reason,
+            degraded=degraded,
         )
         for hook in list(self.hooks):
             try:
@@ -163,6 +175,7 @@ class Engine:
                 token=hold.token,
                 hold_time=time.monotonic() - hold.acquired_at,
                 reason=hold.grant.lost_reason if kind == "lost" else None,
+                degraded=hold.grant.degraded,
             )
 
     def grant_event(self, kind: str, grant: Grant) -> None:
@@ -176,7 +189,13 @@ class Engine:
         waited = time.monotonic() - started
         if grants:
             for grant in grants:
-                self.emit("acquired", request, token=grant.token, wait_time=waited)
+                self.emit(
+                    "acquired",
+                    request,
+                    token=grant.token,
+                    wait_time=waited,
+                    degraded=grant.degraded,
+                )
         else:
             self.emit("timeout", request, wait_time=waited)
 
@@ -220,6 +239,8 @@ class Engine:
             cancelled = await wait_finished(closing) or cancelled
             if not closing.cancelled() and closing.exception() is not None:
                 logger.warning("closing %s failed", self.url, exc_info=closing.exception())
+        if self._fallback is not None:
+            await self._fallback.close()
         if cancelled is not None:
             raise cancelled
 
@@ -231,14 +252,40 @@ class Engine:
         Cancelling the caller at any await leaves nothing on the server: the
         driver's ``abandon`` runs to completion in an owned task before the
         ``CancelledError`` propagates.
+
+        With ``on_unavailable="local"``, an acquire that fails with
+        :class:`BackendUnavailableError` (before or while waiting) takes the
+        same lock from the process-local fallback store instead; see
+        :meth:`_acquire_degraded`.
         """
-        if not self.opened:
-            await self.open()
-        self.check_open()
         started = time.monotonic()
-        driver = self.driver
+        try:
+            # The server may be back while tasks of this process still hold
+            # degraded: a new hold from the server waits for them, or two
+            # tasks of this process would overlap.
+            if self._degraded_live and not await self._wait_no_conflict(
+                request, deadline, degraded=True
+            ):
+                self._emit_outcome(request, None, started)
+                return None
+            if not self.opened:
+                await self.open()
+            self.check_open()
+            grants = await self._attempt(self.driver, request, deadline, started)
+        except BackendUnavailableError as exc:
+            if not self._degrades(request, exc):
+                raise
+            return await self._acquire_degraded(request, deadline, started, exc)
+        self._emit_outcome(request, grants, started)
+        return grants
+
+    async def _attempt(
+        self, driver: Driver, request: Request, deadline: float | None, started: float
+    ) -> list[Grant] | None:
+        """One attempt on ``driver`` through to grants, ``None`` at the deadline, or an error."""
         attempt = driver.begin(request)
         attempt.deadline = deadline
+        finish_here = True
         try:
             while True:
                 grants = await driver.try_once(attempt)
@@ -252,6 +299,17 @@ class Engine:
                         break
                 await driver.wait_for_change(attempt, bound)
         except BaseException as exc:
+            if self._degrades(request, exc):
+                # The caller goes on to the local fallback at once; giving
+                # back what the attempt may own on the server (retried until
+                # its lease would lapse) goes on in an owned task.
+                finish_here = False
+                self.tasks.spawn(
+                    self._abandon_in_background(driver, attempt),
+                    name=f"aiolocks-abandon:{request.family.value}:{request.name}",
+                    log_errors=False,
+                )
+                raise
             cancelled = await self._abandon(driver, attempt)
             if self.hooks:
                 if isinstance(exc, asyncio.CancelledError):
@@ -268,9 +326,158 @@ class Engine:
                 raise cancelled from exc
             raise
         finally:
+            if finish_here:
+                driver.finish(attempt)
+        return grants
+
+    async def _abandon_in_background(self, driver: Driver, attempt: Attempt) -> None:
+        try:
+            await driver.abandon(attempt)
+        except Exception:
+            logger.warning(
+                "giving up an acquire of %r left something behind",
+                attempt.request.name,
+                exc_info=True,
+            )
+        finally:
             driver.finish(attempt)
+
+    # -- degradation (on_unavailable="local") ---------------------------------
+
+    def set_on_unavailable(self, value: object) -> None:
+        """Choose what an acquire does when the server cannot be reached (before any I/O).
+
+        :raises ValueError: ``value`` is not ``"raise"`` or ``"local"``.
+        """
+        if value not in ON_UNAVAILABLE:
+            raise ValueError(
+                f"on_unavailable must be one of {', '.join(map(repr, ON_UNAVAILABLE))}, "
+                f"got {value!r}"
+            )
+        self.on_unavailable = str(value)
+
+    def _degrades(self, request: Request, exc: BaseException) -> bool:
+        """``exc`` ends this acquire on the server but sends it to the local fallback."""
+        return (
+            isinstance(exc, BackendUnavailableError)
+            and self.on_unavailable == "local"
+            and not self.closed
+            and request.family is not Family.LEADER
+            and request.downgrade_of is None
+        )
+
+    async def _acquire_degraded(
+        self,
+        request: Request,
+        deadline: float | None,
+        started: float,
+        cause: BackendUnavailableError,
+    ) -> list[Grant] | None:
+        """Take the lock from the process-local fallback store (the server is unreachable).
+
+        The local lock has the same family, name, mode and ``max_leases``; it
+        coordinates only the tasks of this process (every backend of this
+        process on the same URL shares one fallback store). It first waits
+        for conflicting holds that tasks of this process took from the server
+        before the outage, so that two tasks of this process never overlap.
+        """
+        fallback = self._fallback_driver()
+        logger.warning(
+            "%s %r: %s is unavailable (%s); taking a process-local lock instead "
+            "(on_unavailable='local'): it excludes only the tasks of this process",
+            lock_kind(request.family.value, request.mode.value),
+            request.name,
+            self.url,
+            cause,
+            extra={
+                "aiolocks_event": "degraded",
+                "aiolocks_lock": request.name,
+                "aiolocks_reason": str(cause),
+            },
+        )
+        if not await self._wait_no_conflict(request, deadline, degraded=False):
+            self._emit_outcome(request, None, started)
+            return None
+        grants = await self._attempt(fallback, request, deadline, started)
+        if grants:
+            for grant in grants:
+                grant.degraded = True
+            self._degraded_live += len(grants)
+            if self.hooks:
+                for grant in grants:
+                    self.emit(
+                        "degraded",
+                        request,
+                        token=grant.token,
+                        wait_time=time.monotonic() - started,
+                        reason=type(cause).__name__,
+                        degraded=True,
+                    )
         self._emit_outcome(request, grants, started)
         return grants
+
+    def _fallback_driver(self) -> Driver:
+        """The process-local store degraded holds come from, shared per backend URL."""
+        if self._fallback is None:
+            from ..memory._driver import MemoryDriver
+
+            self._fallback = MemoryDriver(f"\x00degraded:{self.url}")
+        return self._fallback
+
+    def _driver_for(self, grant: Grant) -> Driver:
+        if grant.degraded and self._fallback is not None:
+            return self._fallback
+        return self.driver
+
+    def _conflicts(self, request: Request, *, degraded: bool) -> bool:
+        """A live hold of this engine (degraded or from the server) excludes ``request``."""
+        if request.family in (Family.SEMAPHORE, Family.LEADER):
+            return False
+        for hold in self.holds:
+            grant = hold.grant
+            other = grant.request
+            if (
+                grant.degraded is not degraded
+                or hold.released
+                or other.name != request.name
+                or other.family is not request.family
+            ):
+                continue
+            if request.owner is not None and hold.owner is request.owner:
+                continue  # the caller's own hold (read under its write, ...)
+            if other.mode is Mode.READ and request.mode is Mode.READ:
+                continue
+            return True
+        return False
+
+    async def _wait_no_conflict(
+        self, request: Request, deadline: float | None, *, degraded: bool
+    ) -> bool:
+        """Wait until :meth:`_conflicts` is false; ``False`` if ``deadline`` passed first."""
+        loop = asyncio.get_running_loop()
+        while self._conflicts(request, degraded=degraded):
+            bound = None
+            if deadline is not None:
+                bound = deadline - time.monotonic()
+                if bound <= 0:
+                    return False
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._release_waiters.append(waiter)
+            try:
+                await asyncio.wait([waiter], timeout=bound)
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._release_waiters.remove(waiter)
+        return True
+
+    def _hold_ended(self, hold: Hold) -> None:
+        """Bookkeeping when a hold is released: degraded count, wake conflict waiters."""
+        if hold.grant.degraded:
+            self._degraded_live -= 1
+        waiters, self._release_waiters = self._release_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def _abandon(self, driver: Driver, attempt: Attempt) -> asyncio.CancelledError | None:
         """Run ``driver.abandon`` to completion in an owned task, through cancellations."""
@@ -300,9 +507,10 @@ class Engine:
             return
         hold.released = True
         self.holds.discard(hold)
+        self._hold_ended(hold)
         grant = hold.grant
         try:
-            ok = await self.driver.release(grant)
+            ok = await self._driver_for(grant).release(grant)
         except asyncio.CancelledError:
             # The command may or may not have run; release is idempotent, so
             # send it again where no cancellation reaches, wait for it, and
@@ -325,7 +533,7 @@ class Engine:
         self.emit_hold("released", hold)
 
     async def _release_again(self, grant: Grant) -> None:
-        await self.driver.release(grant)
+        await self._driver_for(grant).release(grant)
 
     async def release_grant(self, grant: Grant) -> bool:
         """Release ``grant`` on the server only (no hold bookkeeping, no events).
@@ -334,7 +542,7 @@ class Engine:
         (``aiolocks.testing.lose``); the hold's own release later finds
         nothing and is idempotent.
         """
-        return await self.driver.release(grant)
+        return await self._driver_for(grant).release(grant)
 
     async def _release_quietly(self, hold: Hold) -> None:
         try:

@@ -19,7 +19,14 @@ released      a hold was released on the server                ``hold_time``
 lost          a hold was lost (session, lease, key taken)      ``hold_time``
 orphaned      the owner task ended while holding               ``hold_time``
 renewed       a lease was renewed (Redis watchdog)             ``hold_time``
+degraded      the server was unreachable; a process-local      ``wait_time``
+              hold was taken instead (``on_unavailable=
+              "local"``; ``reason``: the error class); an
+              ``acquired`` event with ``degraded=True`` follows
 ============  ===============================================  ==========================
+
+Every event about a hold taken from the process-local fallback store
+(``acquired``, ``released``, ...) has ``degraded=True``.
 """
 
 from __future__ import annotations
@@ -31,7 +38,15 @@ from typing import Literal, final
 __all__ = ["EventHook", "EventKind", "LockEvent"]
 
 EventKind = Literal[
-    "acquired", "timeout", "cancelled", "failed", "released", "lost", "orphaned", "renewed"
+    "acquired",
+    "timeout",
+    "cancelled",
+    "failed",
+    "released",
+    "lost",
+    "orphaned",
+    "renewed",
+    "degraded",
 ]
 
 
@@ -49,7 +64,11 @@ class LockEvent:
     :ivar wait_time: seconds spent waiting (acquired, timeout, cancelled, failed)
     :ivar hold_time: seconds held so far (released, lost, orphaned, renewed)
     :ivar reason: why a hold was lost; for ``failed``, the error's class name
-        reported by the backend (``BackendUnavailableError``, ...)
+        reported by the backend (``BackendUnavailableError``, ...); for
+        ``degraded``, the class of the error that sent the acquire to the
+        process-local fallback
+    :ivar degraded: the hold comes from the process-local fallback store
+        (``on_unavailable="local"``), not from the server
     """
 
     kind: EventKind
@@ -60,6 +79,7 @@ class LockEvent:
     wait_time: float | None = None
     hold_time: float | None = None
     reason: str | None = None
+    degraded: bool = False
 
 
 EventHook = Callable[[LockEvent], None]

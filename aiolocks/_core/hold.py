@@ -79,6 +79,11 @@ class Hold:
         return self.grant.token
 
     @property
+    def degraded(self) -> bool:
+        """Taken from the process-local fallback store while the server was unreachable."""
+        return self.grant.degraded
+
+    @property
     def lost(self) -> bool:
         """The server no longer backs this hold."""
         return self.grant.lost

@@ -249,6 +249,19 @@ class Lock:
             return not hold.grant.verify()
         return self._ended_lost is not None
 
+    @property
+    def is_degraded(self) -> bool:
+        """The current hold is process-local: the server was unreachable when it was taken.
+
+        Only with ``connect(url, on_unavailable="local")``. Such a hold
+        excludes only the tasks of this process, its fencing token comes from
+        the local store (not comparable with the server's), and it stays local
+        until released, even when the server answers again meanwhile.
+        ``False`` when not held (by this task, for a Mutex).
+        """
+        hold = self._current_hold()
+        return hold is not None and hold.degraded
+
     def is_owned_by_current_task(self) -> bool:
         """The current asyncio task holds this lock (Curator's isOwnedByCurrentThread)."""
         raise NotImplementedError

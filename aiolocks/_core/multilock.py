@@ -109,6 +109,11 @@ class MultiLock:
         """A component's current hold was lost."""
         return any(lock.is_lost for lock in self._locks)
 
+    @property
+    def is_degraded(self) -> bool:
+        """A component's current hold is process-local (``on_unavailable="local"``)."""
+        return any(lock.is_degraded for lock in self._locks)
+
     def is_owned_by_current_task(self) -> bool:
         """The current task holds every component."""
         return all(lock.is_owned_by_current_task() for lock in self._locks)

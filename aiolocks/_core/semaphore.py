@@ -63,6 +63,16 @@ class Lease:
         return not self._hold.grant.verify()
 
     @property
+    def is_degraded(self) -> bool:
+        """This lease is process-local: the server was unreachable (``on_unavailable="local"``).
+
+        It counts only against other degraded leases of this process, and its
+        fencing token comes from the local store (not comparable with the
+        server's). It stays local until released.
+        """
+        return self._hold.degraded
+
+    @property
     def is_released(self) -> bool:
         """``release()`` was called."""
         return self._hold.released

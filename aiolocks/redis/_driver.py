@@ -79,6 +79,18 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 REPLICA_WAIT_MS = 1000
 #: how long a cleanup's tombstone keeps a late acquire script from granting
 TOMBSTONE_MS = 2000
+#: longest a waiter's queue entry outlives its last try: how long a dead
+#: waiter at the queue head can hold up the next one (live waiters refresh
+#: their entry at least three times per period)
+QUEUE_TIMEOUT = 5.0
+#: ``acquire.lua``'s ARGV[5] (0-based 4): '0' no queue, '1' fair FIFO, 'q' waiter queue
+QUEUE_ARG = 4
+#: ``notify-keyspace-events`` flags a hold's loss needs: keyspace channel,
+#: generic (DEL, RENAME, EXPIRE...), hash, expired, evicted
+LOSS_EVENT_FLAGS = "Kghxe"
+#: keyspace events that cannot remove our field (our own acquires and renewals
+#: cause them); an HSET overwriting our very field is left to the renewal
+HARMLESS_EVENTS = frozenset({"hset", "expire", "persist", "hincrby", "hincrbyfloat"})
 #: why a renewal found no hold to extend
 GONE = "its Redis field is gone (deleted, overwritten or expired)"
 
@@ -147,7 +159,7 @@ def validate_key_prefix(value: object) -> str:
 class RedisHold:
     """The driver handle of one grant (``Grant.handle``)."""
 
-    __slots__ = ("field", "keys", "lease", "released", "watchdog")
+    __slots__ = ("checking", "field", "keys", "lease", "on_stop", "recheck", "released", "watchdog")
 
     def __init__(self, keys: LockKeys, field: str, lease: float) -> None:
         self.keys = keys
@@ -155,12 +167,20 @@ class RedisHold:
         self.lease = lease
         self.released = False
         self.watchdog: Renewal | None = None
+        #: undoes the keyspace-event subscription (see ``RedisDriver._watch_key``)
+        self.on_stop: Callable[[], None] | None = None
+        #: a check of our field is on the wire / another event came meanwhile
+        self.checking = False
+        self.recheck = False
 
     def stop(self) -> None:
         """Mark released and stop renewing, synchronously (before any unlock is sent)."""
         self.released = True
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.on_stop is not None:
+            on_stop, self.on_stop = self.on_stop, None
+            on_stop()
 
 
 class RedisAttempt(Attempt):
@@ -174,6 +194,7 @@ class RedisAttempt(Attempt):
         "lease",
         "maybe_written",
         "member",
+        "queue_timeout",
         "send_lost",
         "unanswered",
         "wait_ms",
@@ -206,6 +227,13 @@ class RedisAttempt(Attempt):
         #: from the last "no": how long the blocking hold has left (ms, -1 unknown)
         self.wait_ms = -1
         self.wake: Wake | None = None
+        #: how long our queue entry lasts unrefreshed (s)
+        self.queue_timeout = min(lease, QUEUE_TIMEOUT)
+
+    @property
+    def queued(self) -> bool:
+        """Our tries keep an entry in the lock's waiter queue (fair, or subscribed exclusive)."""
+        return self.args[QUEUE_ARG] != "0"
 
 
 class RedisNode:
@@ -232,6 +260,9 @@ class RedisNode:
         self.client: Any = None
         self.scripts: Scripts | None = None
         self.hub: PubSubHub | None = None
+        #: keyspace notifications: None not checked yet, True on, False refused
+        self.loss_events: bool | None = None
+        self._loss_events_task: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -266,6 +297,49 @@ class RedisNode:
                 await self.client.aclose()
         if self._on_close is not None:
             await self._on_close()
+
+    # -- keyspace events (prompt loss) ------------------------------------------
+
+    def keyspace_channel(self, key: str) -> str | None:
+        """The keyspace-notification channel of ``key``, or None where we do not use them.
+
+        On a cluster the notifications stay on the node that owns the key,
+        which our single pub/sub connection need not be on: renewal timing only.
+        """
+        if self.cluster or self.loss_events is False or self.client is None:
+            return None
+        db = self.client.connection_pool.connection_kwargs.get("db", 0)
+        return f"__keyspace@{db}__:{key}"
+
+    def ensure_loss_events(self, spawn: Callable[[Coroutine[Any, Any, None], str], Any]) -> None:
+        """Once per node: make sure the server publishes the events we listen to."""
+        if self.loss_events is None and self._loss_events_task is None:
+            self._loss_events_task = spawn(
+                self._enable_loss_events(), f"aiolocks-redis-keyspace-events:{self.describe}"
+            )
+
+    async def _enable_loss_events(self) -> None:
+        """Add ``K`` (keyspace channel) and ``g h x e`` (generic, hash, expired,
+        evicted) to ``notify-keyspace-events``, keeping what is there; warn once
+        and fall back to renewal timing if the server will not have it."""
+        try:
+            current = await self.client.config_get("notify-keyspace-events")
+            flags = _text(next(iter(current.values()), "")) if current else ""
+            have = set(flags.replace("A", "g$lshzxetd"))
+            missing = [c for c in LOSS_EVENT_FLAGS if c not in have]
+            if missing:
+                await self.client.config_set("notify-keyspace-events", flags + "".join(missing))
+        except (RedisError, OSError) as exc:
+            self.loss_events = False
+            logger.warning(
+                "Redis %s will not publish keyspace events (%s): a hold deleted or "
+                "overwritten behind our back is noticed at its next renewal (a third "
+                "of lease_time), not at once",
+                self.describe,
+                exc,
+            )
+            return
+        self.loss_events = True
 
     # -- commands ------------------------------------------------------------
 
@@ -573,7 +647,11 @@ class RedisDriver:
         lease = self._lease(request)
         fair = bool(request.options.get("fair", False))
         fields = [f"{self.client_uuid}:{secrets.token_hex(8)}" for _ in range(request.count)]
-        member = f"{fields[0]}|{request.participant}" if fair else ""
+        # An exclusive waiter queues up (fair: FIFO; unfair: only for its
+        # wake-up), so a release wakes the queue head and nobody else.
+        queues = fair or (request.mode is Mode.EXCLUSIVE and request.count == 1)
+        member = f"{fields[0]}|{request.participant}" if queues else ""
+        queue_ms = int(min(lease, QUEUE_TIMEOUT) * 1000)
         downgrade = ""
         if request.downgrade_of is not None and isinstance(request.downgrade_of.handle, RedisHold):
             downgrade = request.downgrade_of.handle.field
@@ -584,7 +662,7 @@ class RedisDriver:
             int(lease * 1000),
             request.participant,
             "1" if fair else "0",
-            int(lease * 1000),
+            max(queue_ms, 1),
             downgrade,
             member,
             *fields,
@@ -643,7 +721,7 @@ class RedisDriver:
                 f"{self.describe()} acknowledged the lock write; released it"
             )
         a.unanswered = False
-        if not granted and not a.fair and not a.send_lost:
+        if not granted and not a.queued and not a.send_lost:
             a.maybe_written = False  # a definite "no" wrote nothing, and nothing else is coming
         return granted, reply, sent
 
@@ -653,8 +731,13 @@ class RedisDriver:
         Subscribing (confirmed) before the second try means an unlock
         published between that try and the wait is not missed. The wait is
         never longer than the blocking hold's TTL (expiry publishes nothing)
-        or, in a fair queue, a third of our queue entry's timeout (we
+        or, in the waiter queue, a third of our queue entry's timeout (we
         refresh it by trying).
+
+        An exclusive waiter joins the lock's waiter queue from its next try
+        on: a release then publishes the queue head's member, and only that
+        waiter, in whichever process, is woken (no herd). Other waiters get
+        the plain ``released`` message and all look.
         """
         a = cast(RedisAttempt, attempt)
         hub = self.node.hub
@@ -663,13 +746,18 @@ class RedisDriver:
             # Only an unfair exclusive waiter can be woken alone: one unlock
             # frees one slot for anybody. Fair waiters must all look (only the
             # queue head may take it), and leases/readers may all fit.
-            a.wake = Wake(exclusive=not a.fair and a.request.mode is Mode.EXCLUSIVE)
-            hub.attach(a.keys.channel, a.wake)
+            exclusive = not a.fair and a.request.mode is Mode.EXCLUSIVE
+            if a.member and not a.fair:
+                a.args[QUEUE_ARG] = "q"
+            a.wake = Wake(exclusive=exclusive, member=a.member or None)
+            # the keyspace channel the hold will watch, in the same SUBSCRIBE
+            companion = self.node.keyspace_channel(a.keys.holders)
+            hub.attach(a.keys.channel, a.wake, companion)
             await hub.confirmed(a.keys.channel)
             return
         wait = a.lease if a.wait_ms < 0 else a.wait_ms / 1000
-        if a.fair:
-            wait = min(wait, a.lease / 3)
+        if a.queued:
+            wait = min(wait, a.queue_timeout / 3)
         if bound is not None:
             wait = min(wait, bound)
         await a.wake.wait(wait)
@@ -705,8 +793,70 @@ class RedisDriver:
                 )
             )
             self._holds.add(hold)
+            self._watch_key(hold)
             grants.append(grant)
         return grants
+
+    # -- prompt loss -------------------------------------------------------------
+
+    def _watch_key(self, hold: RedisHold) -> None:
+        """Check our field whenever the server reports a change of its key.
+
+        A keyspace event (DEL, HDEL, HSET, expiry, eviction, RENAME...) on
+        the lock's hash, or a pub/sub reconnect (events may have been lost),
+        makes us read our field: gone or not ours any more, the grant is
+        marked lost at once, without waiting for the next renewal. No I/O
+        here: the grant goes straight to the engine.
+        """
+        hub = self.node.hub
+        channel = self.node.keyspace_channel(hold.keys.holders)
+        if hub is None or channel is None or hold.watchdog is None:
+            return
+        self.node.ensure_loss_events(self._spawn)
+
+        def changed(event: str | None) -> None:
+            # Our own acquire and renewals write the hash too (hset, expire):
+            # those cannot take our field away, so they cost no check.
+            if hold.released or event in HARMLESS_EVENTS:
+                return
+            if hold.checking:
+                hold.recheck = True
+                return
+            hold.checking = True
+            self._spawn(self._check_hold(hold), f"aiolocks-redis-check:{hold.keys.holders}")
+
+        hub.watch(channel, changed)
+        hold.on_stop = functools.partial(hub.unwatch, channel, changed)
+
+    async def _check_hold(self, hold: RedisHold) -> None:
+        """Read our field; mark the grant lost if it is gone, lapsed or of another type."""
+        try:
+            while not hold.released:
+                hold.recheck = False
+                try:
+                    value = await self.node.client.hget(hold.keys.holders, hold.field)
+                except TRANSIENT:
+                    return  # the connection is down: renewal timing decides
+                except RedisError as exc:  # WRONGTYPE: the key was overwritten
+                    self._lose(hold, f"its Redis key was overwritten ({exc})")
+                    return
+                if value is None:
+                    self._lose(hold, GONE)
+                    return
+                if not hold.recheck:
+                    return
+        finally:
+            hold.checking = False
+
+    def _lose(self, hold: RedisHold, reason: str) -> None:
+        renewal = hold.watchdog
+        if hold.released or renewal is None or renewal.stopped:
+            return
+        renewal.stop()
+        if hold.on_stop is not None:
+            on_stop, hold.on_stop = hold.on_stop, None
+            on_stop()
+        renewal.grant.mark_lost(reason)
 
     # -- release ---------------------------------------------------------------
 

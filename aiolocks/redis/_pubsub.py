@@ -29,7 +29,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.errors import BackendUnavailableError
 
-__all__ = ["PubSubHub", "Wake"]
+__all__ = ["WATCH_LINGER", "PubSubHub", "Wake"]
+
+#: how long a watched channel stays subscribed after its last listener left (s)
+WATCH_LINGER = 10.0
 
 logger = logging.getLogger("aiolocks.redis")
 
@@ -44,11 +47,13 @@ class Wake:
     leaving with the lock; a waiter leaving without it passes its turn on.
     """
 
-    __slots__ = ("_event", "exclusive", "won")
+    __slots__ = ("_event", "exclusive", "member", "won")
 
-    def __init__(self, *, exclusive: bool = False) -> None:
+    def __init__(self, *, exclusive: bool = False, member: str | None = None) -> None:
         self._event = asyncio.Event()
         self.exclusive = exclusive
+        #: our entry in the lock's waiter queue: a message naming it rings us alone
+        self.member = member
         self.won = False
 
     def is_set(self) -> bool:
@@ -75,20 +80,42 @@ class Wake:
 
 
 class _Channel:
-    __slots__ = ("ready", "wakes")
+    __slots__ = ("linger", "listeners", "ready", "wakes")
 
     def __init__(self) -> None:
         # insertion-ordered: exclusive waiters are rung oldest first
         self.wakes: dict[Wake, None] = {}
+        #: called with each message, and with None on every (re)subscription
+        #: (messages may have been lost): keyspace events
+        self.listeners: dict[Callable[[str | None], None], None] = {}
+        #: a watched channel stays subscribed a while after its last listener
+        self.linger = False
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def ring_all(self) -> None:
         """Everybody looks again (reconnects, errors, close)."""
         for wake in self.wakes:
             wake.ring()
+        self.notify(None)
 
-    def ring_message(self) -> None:
-        """An unlock: every shared waiter, and one exclusive waiter unless one is already rung."""
+    def notify(self, payload: str | None) -> None:
+        """Call the listeners (they only schedule work, never block)."""
+        for listener in list(self.listeners):
+            listener(payload)
+
+    def ring_message(self, payload: str) -> None:
+        """An unlock addressed to a queue member rings that waiter only (if it is ours).
+
+        Otherwise (``released``: nobody queued): every shared waiter, and one
+        exclusive waiter unless one is already rung.
+        """
+        self.notify(payload)
+        if payload != "released":
+            for wake in self.wakes:
+                if wake.member == payload:
+                    wake.ring()
+                    return
+            return
         pending = False
         first: Wake | None = None
         for wake in self.wakes:
@@ -104,7 +131,8 @@ class _Channel:
     def pass_turn(self) -> None:
         """An exclusive waiter left without the lock: ring the next one."""
         for wake in self.wakes:
-            if wake.exclusive and not wake.is_set():
+            # a queued waiter's turn is passed on by the server (release.lua)
+            if wake.exclusive and wake.member is None and not wake.is_set():
                 wake.ring()
                 return
 
@@ -123,7 +151,7 @@ class PubSubHub:
         # makes a channel ready once every SUBSCRIBE sent for it is answered,
         # so an old confirmation cannot vouch for a newer subscription.
         self._unconfirmed: dict[str, int] = {}
-        self._commands: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._commands: asyncio.Queue[tuple[str, tuple[str, ...]]] = asyncio.Queue()
         self._commander: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
@@ -148,15 +176,25 @@ class PubSubHub:
         finally:
             self.detach(channel, wake)
 
-    def attach(self, channel: str, wake: Wake) -> None:
-        """Ring ``wake`` on messages of ``channel`` from now on; subscribes if needed. No I/O."""
+    def attach(self, channel: str, wake: Wake, companion: str | None = None) -> None:
+        """Ring ``wake`` on messages of ``channel`` from now on; subscribes if needed. No I/O.
+
+        ``companion``: a channel to :meth:`watch` later (the lock's keyspace
+        events once the waiter holds it), subscribed in the same SUBSCRIBE.
+        """
         if self._closed:
             raise BackendUnavailableError(f"the Redis backend {self._describe} is closed")
         self._start()
         entry = self._channels.get(channel)
         if entry is None:
             entry = self._channels[channel] = _Channel()
-            self._commands.put_nowait(("subscribe", channel))
+            channels = [channel]
+            if companion is not None and companion not in self._channels:
+                extra = self._channels[companion] = _Channel()
+                extra.linger = True
+                self._drop_if_idle(companion, extra)  # lingers, then goes unless watched
+                channels.append(companion)
+            self._commands.put_nowait(("subscribe", tuple(channels)))
         entry.wakes[wake] = None
 
     async def confirmed(self, channel: str) -> None:
@@ -174,6 +212,36 @@ class PubSubHub:
                 f"Redis {self._describe} did not confirm a SUBSCRIBE within {self._timeout:g} s"
             ) from None
 
+    def watch(self, channel: str, listener: Callable[[str | None], None]) -> None:
+        """Call ``listener(message)`` on every message of ``channel``, and
+        ``listener(None)`` after every (re)subscription (messages may have been
+        lost); subscribes if needed. No I/O.
+
+        The subscription outlives the last listener by ``WATCH_LINGER``
+        seconds, so a lock taken again and again costs no SUBSCRIBE and
+        UNSUBSCRIBE per hold."""
+        if self._closed:
+            return
+        self._start()
+        entry = self._channels.get(channel)
+        if entry is None:
+            entry = self._channels[channel] = _Channel()
+            self._commands.put_nowait(("subscribe", (channel,)))
+        entry.listeners[listener] = None
+        entry.linger = True
+
+    def unwatch(self, channel: str, listener: Callable[[str | None], None]) -> None:
+        """Stop calling ``listener``; unsubscribes when nobody is left. No I/O; idempotent."""
+        entry = self._channels.get(channel)
+        if entry is None or listener not in entry.listeners:
+            return
+        del entry.listeners[listener]
+        self._drop_if_idle(channel, entry)
+
+    def _linger_over(self, channel: str, entry: _Channel) -> None:
+        if self._channels.get(channel) is entry and not self._closed:
+            self._drop_if_idle(channel, entry, now=True)
+
     def detach(self, channel: str, wake: Wake) -> None:
         """Stop ringing ``wake``; unsubscribes when it was the last one. No I/O; idempotent."""
         entry = self._channels.get(channel)
@@ -184,12 +252,19 @@ class PubSubHub:
             # It may have used up the only ring of an unlock (cancelled,
             # timed out, failed): let the next local waiter look instead.
             entry.pass_turn()
-        if not entry.wakes:
-            del self._channels[channel]
-            if not entry.ready.done():
-                entry.ready.cancel()
-            if not self._closed:
-                self._commands.put_nowait(("unsubscribe", channel))
+        self._drop_if_idle(channel, entry)
+
+    def _drop_if_idle(self, channel: str, entry: _Channel, *, now: bool = False) -> None:
+        if entry.wakes or entry.listeners:
+            return
+        if entry.linger and not now and not self._closed:
+            asyncio.get_running_loop().call_later(WATCH_LINGER, self._linger_over, channel, entry)
+            return
+        del self._channels[channel]
+        if not entry.ready.done():
+            entry.ready.cancel()
+        if not self._closed:
+            self._commands.put_nowait(("unsubscribe", (channel,)))
 
     def _start(self) -> None:
         if self._commander is None:
@@ -200,15 +275,19 @@ class PubSubHub:
     async def _command_loop(self) -> None:
         """Send SUBSCRIBE/UNSUBSCRIBE in order; the only writer of the connection."""
         while not self._closed:
-            verb, channel = await self._commands.get()
+            verb, wanted = await self._commands.get()
             if verb == "stop":
                 return
             if verb == "subscribe":
-                if channel not in self._channels:
-                    continue  # everybody left before we got to it
-                self._unconfirmed[channel] = self._unconfirmed.get(channel, 0) + 1
-            elif channel in self._channels:
-                continue  # somebody came back: keep the subscription
+                # not those everybody left before we got to them
+                channels = [c for c in wanted if c in self._channels]
+                for channel in channels:
+                    self._unconfirmed[channel] = self._unconfirmed.get(channel, 0) + 1
+            else:
+                # not those somebody came back to: keep the subscription
+                channels = [c for c in wanted if c not in self._channels]
+            if not channels:
+                continue
             try:
                 if self._pubsub is None:
                     self._pubsub = self._make_pubsub()
@@ -218,15 +297,17 @@ class PubSubHub:
                 # on, and re-subscribes on the next one.
                 async with asyncio.timeout(self._timeout):
                     if verb == "subscribe":
-                        await self._pubsub.subscribe(channel)
+                        await self._pubsub.subscribe(*channels)
                     else:
-                        await self._pubsub.unsubscribe(channel)
+                        await self._pubsub.unsubscribe(*channels)
             except TimeoutError:
                 exc = BackendUnavailableError(f"no answer within {self._timeout:g} s")
-                self._command_failed(verb, channel, exc)
+                for channel in channels:
+                    self._command_failed(verb, channel, exc)
                 continue
             except Exception as exc:  # any failure: tell the waiters, keep serving
-                self._command_failed(verb, channel, exc)
+                for channel in channels:
+                    self._command_failed(verb, channel, exc)
                 continue
             if self._reader is None:
                 self._reader = asyncio.get_running_loop().create_task(
@@ -282,7 +363,8 @@ class PubSubHub:
                         current.ready.set_result(None)
                     current.ring_all()
             elif kind == "message" and current is not None:
-                current.ring_message()
+                data = message.get("data")
+                current.ring_message(data.decode() if isinstance(data, bytes) else str(data))
 
     async def close(self) -> None:
         """Stop both tasks and close the pub/sub connection (not the client)."""
@@ -297,7 +379,7 @@ class PubSubHub:
         self._channels.clear()
         # redis-py can swallow a cancellation that lands inside a command, so
         # the command loop is also told to stop through its queue.
-        self._commands.put_nowait(("stop", ""))
+        self._commands.put_nowait(("stop", ()))
         tasks = [task for task in (self._commander, self._reader) if task is not None]
         for task in tasks:
             task.cancel()

@@ -137,15 +137,16 @@ async def test_key_tampered_behind_our_back_loses_the_hold(
         with pytest.raises(aiolocks.LockLostError):
             async with lock:
                 assert await raw.exists(key) == 1
-                if tamper == "delete":
-                    await raw.delete(key)
-                elif tamper == "overwrite":
-                    await raw.set(key, "somebody else", px=2000)
-                else:
-                    field = next(iter(await raw.hkeys(key)))
-                    await raw.hdel(key, field)
-                    await raw.hset(key, "intruder:1", "9999999999999|1|x|intruder")
                 try:
+                    # the keyspace event may cancel the body before the sleep
+                    if tamper == "delete":
+                        await raw.delete(key)
+                    elif tamper == "overwrite":
+                        await raw.set(key, "somebody else", px=2000)
+                    else:
+                        field = next(iter(await raw.hkeys(key)))
+                        await raw.hdel(key, field)
+                        await raw.hset(key, "intruder:1", "9999999999999|1|x|intruder")
                     await asyncio.sleep(5)  # one renewal is 0.2 s away
                 except asyncio.CancelledError:
                     body_cancelled = True
@@ -218,6 +219,9 @@ async def test_cancellation_at_every_point_leaves_nothing(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
                 fields = await raw.hkeys(key)
+                # no waiter queue entry outlives a cancelled attempt
+                assert await raw.llen(f"{key}:queue") == 0, steps
+                assert await raw.zcard(f"{key}:queue-timeouts") == 0, steps
                 if contended:
                     assert len(fields) == 1, fields  # only the holder's field
                 else:
@@ -429,3 +433,164 @@ async def test_unlock_wakes_one_local_waiter_not_the_herd(
         assert calls["evalsha"] <= 1 + 2 * 10 + 5, calls
     finally:
         await raw.aclose()
+
+
+@pytest.mark.parametrize("fair", [False, True])
+async def test_release_wakes_only_the_queue_head_across_processes(
+    redis_restartable: RedisServer, fair: bool
+) -> None:
+    """One waiter per backend (its own connection and pub/sub, as a separate
+    process has): a release wakes the queue head only, never every process."""
+    url = redis_restartable.url
+    waiters = 8
+    raw = redis.asyncio.Redis.from_url(url)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            holder_backend = await stack.enter_async_context(aiolocks.connect(url))
+            backends = [
+                await stack.enter_async_context(aiolocks.connect(url)) for _ in range(waiters)
+            ]
+            holder = holder_backend.mutex("herd/procs", fair=fair)
+            await holder.acquire()
+            inside = 0
+            most = 0
+
+            async def waiter(backend: aiolocks.Backend) -> None:
+                nonlocal inside, most
+                async with backend.mutex("herd/procs", fair=fair):
+                    inside += 1
+                    most = max(most, inside)
+                    await asyncio.sleep(0.01)
+                    inside -= 1
+
+            tasks = [asyncio.create_task(waiter(b)) for b in backends]
+
+            async def all_queued() -> bool:
+                # the holder's acquire, two tries per waiter (before and after
+                # subscribing), and every waiter in the queue
+                tries = (await command_calls(raw)).get("evalsha", 0)
+                queued = int(await raw.llen("aiolocks:{mutex:herd/procs}:queue"))
+                return tries >= 1 + 2 * waiters and queued == waiters
+
+            await eventually(all_queued, what="every waiter to queue up")
+            await raw.config_resetstat()
+            await holder.release()
+            await asyncio.gather(*tasks)
+            calls = await command_calls(raw)
+        assert most == 1
+        # 1 release, then per waiter one winning try and one release. Waking
+        # every process on every release would cost W*(W-1)/2 = 28 tries more.
+        assert calls["evalsha"] <= 1 + 2 * waiters + 3, calls
+        assert await raw.exists("aiolocks:{mutex:herd/procs}:queue") == 0
+    finally:
+        await raw.aclose()
+
+
+async def test_dead_waiter_at_the_queue_head_does_not_hold_up_the_next(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """The head of the waiter queue died with the wake-up of a release: the next
+    waiter still gets the lock once the dead entry times out."""
+    key = holders_key(prefix, "queue/dead")
+    async with aiolocks.connect(url) as one, aiolocks.connect(url) as two:
+        holder, lock = one.mutex("queue/dead"), two.mutex("queue/dead")
+        await holder.acquire()
+        now_ms = int((await raw.time())[0]) * 1000
+        await raw.rpush(f"{key}:queue", "dead:1|ghost")
+        await raw.zadd(f"{key}:queue-timeouts", {"dead:1|ghost": now_ms + 1500})
+
+        async def take() -> bool:
+            if not await lock.acquire(timeout=20):
+                return False
+            await lock.release()
+            return True
+
+        waiting = asyncio.create_task(take())
+
+        async def queued() -> bool:
+            return int(await raw.llen(f"{key}:queue")) == 2
+
+        await eventually(queued, what="the waiter to queue up behind the dead one")
+        await raw.config_resetstat()
+        await holder.release()  # its wake-up goes to the dead head
+        assert await waiting
+        calls = await command_calls(raw)
+        # release, the try at the dead entry's timeout, the waiter's release:
+        # woken by that timeout, not by polling
+        assert calls["evalsha"] <= 4, calls
+
+
+@pytest.mark.parametrize("tamper", ["delete", "overwrite", "hdel", "expire"])
+async def test_key_tampered_is_noticed_by_keyspace_event_not_renewal(
+    url: str, raw: redis.asyncio.Redis, prefix: str, tamper: str
+) -> None:
+    """With ``watchdog=False`` and a long lease nothing is renewed or timed out
+    before 60 s: only the server's keyspace event can make the hold lost sooner."""
+    key = holders_key(prefix, "prompt/x")
+    async with aiolocks.connect(url, lease_time=60) as backend:
+        lock = backend.mutex("prompt/x", watchdog=False)
+        body_cancelled = False
+        with pytest.raises(aiolocks.LockLostError):
+            async with lock:
+                channel = f"__keyspace@0__:{key}"
+
+                async def watching() -> bool:
+                    numsub = await raw.pubsub_numsub(channel)
+                    return bool(numsub and numsub[0][1] == 1)
+
+                await eventually(watching, what="the keyspace subscription")
+                field = next(iter(await raw.hkeys(key)))
+                try:
+                    # the event may cancel the body as soon as the tampering is done
+                    if tamper == "delete":
+                        await raw.delete(key)
+                    elif tamper == "overwrite":
+                        await raw.set(key, "somebody else", px=2000)
+                    elif tamper == "hdel":
+                        await raw.hdel(key, field)
+                    else:
+                        await raw.pexpire(key, 1)
+                    await asyncio.sleep(50)  # well inside the 60 s lease
+                except asyncio.CancelledError:
+                    body_cancelled = True
+                    raise
+        assert body_cancelled
+        assert lock.is_lost
+        # what the tampering left (the fence counter outlives a failed release by its lease)
+        await raw.delete(key, f"{key}:fence")
+
+
+async def test_server_refusing_keyspace_events_warns_once_and_renewal_still_notices(
+    redis_server: RedisServer,
+    raw: redis.asyncio.Redis,
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A user without CONFIG: one warning, then loss is noticed by the renewal."""
+    user = f"nocfg-{prefix.strip(':')}"
+    await raw.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+pw"],
+        keys=["~*"],
+        channels=["&*"],
+        commands=["+@all", "-config"],
+    )
+    try:
+        host_url = redis_server.url.replace("redis://", f"redis://{user}:pw@", 1)
+        async with aiolocks.connect(f"{host_url}?key_prefix={prefix}", lease_time=0.6) as backend:
+            for name in ("nocfg/a", "nocfg/b"):
+                lock = backend.mutex(name)
+                with pytest.raises(aiolocks.LockLostError):
+                    async with lock:
+                        try:
+                            await raw.delete(holders_key(prefix, name))
+                            await asyncio.sleep(5)  # the renewal is 0.2 s away
+                        except asyncio.CancelledError:
+                            assert lock.is_lost
+                            raise
+        warnings = [r for r in caplog.records if "keyspace events" in r.getMessage()]
+        assert len(warnings) == 1, warnings
+        assert "NOPERM" in warnings[0].getMessage() or "permission" in warnings[0].getMessage()
+    finally:
+        await raw.acl_deluser(user)

@@ -12,7 +12,8 @@
 -- KEYS[5] tombstones of attempts given up mid-flight (zset, score = expiry ms)
 -- ARGV[1] mode: x (exclusive), l (lease), r (read), w (write)
 -- ARGV[2] max holders for x/l      ARGV[3] lease ms
--- ARGV[4] participant              ARGV[5] '1' = fair FIFO queue (x only)
+-- ARGV[4] participant              ARGV[5] '1' = fair FIFO queue, 'q' = waiter queue
+--                                  without FIFO (a release wakes its head), '0' = none
 -- ARGV[6] queue entry timeout ms   ARGV[7] field of the write hold being downgraded, or ''
 -- ARGV[8] queue member, or ''      ARGV[9..] the field ids, one per hold asked for
 --
@@ -24,6 +25,7 @@ local mode = ARGV[1]
 local max_holders = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
 local who = ARGV[4]
+local queued = ARGV[5] ~= '0'
 local fair = ARGV[5] == '1'
 local queue_timeout = tonumber(ARGV[6])
 local downgrade = ARGV[7]
@@ -33,20 +35,33 @@ local n = #ARGV - 8
 -- Server time, never client clocks (Redisson #1104/#2099). Read before any write.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
--- A tombstone (release.lua): the client gave this attempt up while this
--- script was on the wire, and its cleanup got here first. Never grant.
-local tomb = redis.call('ZSCORE', KEYS[5], ARGV[9])
-if tomb and tonumber(tomb) > now_ms then
-  return {0, -1}
+-- Lazily reclaim lapsed holds (a crashed holder's permit comes back) and
+-- find what blocks us, in one read of the hash.
+local live, min_exp, max_writer_exp, resend = 0, nil, nil, false
+local all = redis.call('HGETALL', holders)
+for i = 1, #all, 2 do
+  local f, v = all[i], all[i + 1]
+  local exp, _, md = string.match(v, '^(%d+)|(%d+)|(%a)|')
+  exp = tonumber(exp)
+  if f == ARGV[9] then
+    resend = true
+  elseif exp == nil or exp <= now_ms then
+    redis.call('HDEL', holders, f)
+  else
+    live = live + 1
+    if min_exp == nil or exp < min_exp then min_exp = exp end
+    if md == 'w' and f ~= downgrade then
+      if max_writer_exp == nil or exp > max_writer_exp then max_writer_exp = exp end
+    end
+  end
 end
 
 -- A resent script (reply lost, client retried) finds its own fields: answer
 -- the same again instead of taking a second hold, with the lease restarted
 -- now, since the client measures the lease from its last send. Fields are
 -- written all or nothing, so the first one decides.
-if redis.call('HEXISTS', holders, ARGV[9]) == 1 then
+if resend then
   local res = {1}
   local exp_text = string.format('%.0f', now_ms + lease)
   for i = 9, #ARGV do
@@ -57,25 +72,6 @@ if redis.call('HEXISTS', holders, ARGV[9]) == 1 then
   end
   if redis.call('PTTL', holders) < lease then redis.call('PEXPIRE', holders, lease) end
   return res
-end
-
--- Lazily reclaim lapsed holds (a crashed holder's permit comes back) and
--- find what blocks us.
-local live, min_exp, max_writer_exp = 0, nil, nil
-local all = redis.call('HGETALL', holders)
-for i = 1, #all, 2 do
-  local f, v = all[i], all[i + 1]
-  local exp, _, md = string.match(v, '^(%d+)|(%d+)|(%a)|')
-  exp = tonumber(exp)
-  if exp == nil or exp <= now_ms then
-    redis.call('HDEL', holders, f)
-  else
-    live = live + 1
-    if min_exp == nil or exp < min_exp then min_exp = exp end
-    if md == 'w' and f ~= downgrade then
-      if max_writer_exp == nil or exp > max_writer_exp then max_writer_exp = exp end
-    end
-  end
 end
 
 local free, bound
@@ -90,54 +86,74 @@ else
   bound = min_exp
 end
 
-if fair then
-  -- Drop queue entries whose waiter stopped refreshing them (it died), so a
-  -- dead waiter cannot block the queue (Redisson RedissonFairLock's idea, but
-  -- with per-waiter server-time timeouts refreshed on every retry).
-  local q = redis.call('LRANGE', queue, 0, -1)
-  for _, m in ipairs(q) do
-    if m ~= member then
-      local to = redis.call('ZSCORE', qtimeouts, m)
-      if (not to) or tonumber(to) <= now_ms then
-        redis.call('LREM', queue, 0, m)
-        redis.call('ZREM', qtimeouts, m)
-      end
-    end
+local head = nil
+if queued then
+  -- Waiter queue: a release addresses its wake-up to the head only
+  -- (release.lua). A waiter refreshes its entry's timeout on every try; an
+  -- entry not refreshed in time (its waiter died) is dropped when it reaches
+  -- the head, so a dead waiter cannot block the queue. Only the head is
+  -- looked at: a try costs the same however long the queue is.
+  local dropped = false
+  head = redis.call('LINDEX', queue, 0)
+  while head and head ~= member do
+    local to = redis.call('ZSCORE', qtimeouts, head)
+    if to and tonumber(to) > now_ms then break end
+    redis.call('LPOP', queue)
+    redis.call('ZREM', qtimeouts, head)
+    dropped = true
+    head = redis.call('LINDEX', queue, 0)
   end
-  local head = redis.call('LINDEX', queue, 0)
-  if free and head and head ~= member then
+  if fair and free and head and head ~= member then
     free = false
-  end
-  if free then
-    redis.call('LREM', queue, 0, member)
-    redis.call('ZREM', qtimeouts, member)
-  else
-    if not redis.call('ZSCORE', qtimeouts, member) then
-      redis.call('RPUSH', queue, member)
-      head = redis.call('LINDEX', queue, 0)
-    end
-    redis.call('ZADD', qtimeouts, now_ms + queue_timeout, member)
-    for _, k in ipairs({queue, qtimeouts}) do
-      if redis.call('PTTL', k) < queue_timeout then redis.call('PEXPIRE', k, queue_timeout) end
-    end
-    if head and head ~= member then
-      -- wake when the head's entry would time out, in case its waiter died
-      local hto = tonumber(redis.call('ZSCORE', qtimeouts, head))
-      if hto and (bound == nil or hto < bound) then bound = hto end
+    if dropped then
+      -- the dead head took the last release's wake-up with it: pass it on
+      redis.call('PUBLISH', holders, head)
     end
   end
 end
 
 if not free then
+  if queued then
+    if not redis.call('ZSCORE', qtimeouts, member) then
+      redis.call('RPUSH', queue, member)
+      if not head then head = member end
+    end
+    redis.call('ZADD', qtimeouts, now_ms + queue_timeout, member)
+    if redis.call('PTTL', qtimeouts) < queue_timeout then
+      redis.call('PEXPIRE', qtimeouts, queue_timeout)
+      redis.call('PEXPIRE', queue, queue_timeout)
+    end
+    if head ~= member then
+      -- look again when the head's entry would time out, in case its waiter
+      -- died holding the wake-up of the last release
+      local hto = tonumber(redis.call('ZSCORE', qtimeouts, head))
+      if hto and (bound == nil or hto < bound) then bound = hto end
+    end
+  end
   if bound == nil then return {0, -1} end
   local w = bound - now_ms
   if w < 1 then w = 1 end
   return {0, w}
 end
 
+-- A tombstone (release.lua): the client gave this attempt up while this
+-- script was on the wire, and its cleanup got here first. Never grant.
+local tomb = redis.call('ZSCORE', KEYS[5], ARGV[9])
+if tomb and tonumber(tomb) > now_ms then
+  return {0, -1}
+end
+
+if head == member then
+  redis.call('LPOP', queue)
+  redis.call('ZREM', qtimeouts, member)
+elseif head and redis.call('ZREM', qtimeouts, member) == 1 then
+  redis.call('LREM', queue, 1, member)
+end
+
 -- Granted. Fencing token: the counter, but never below server time in
 -- microseconds, so the counter key can be deleted when the lock goes idle
 -- (release.lua) and still never repeat or go backwards.
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local last = tonumber(redis.call('GET', fence) or '0')
 local base = now_us
 if last + 1 > base then base = last + 1 end
@@ -149,5 +165,5 @@ for i = 1, n do
   res[#res + 1] = tok
 end
 redis.call('SET', fence, string.format('%.0f', base + n - 1), 'PX', lease)
-if redis.call('PTTL', holders) < lease then redis.call('PEXPIRE', holders, lease) end
+if live == 0 or redis.call('PTTL', holders) < lease then redis.call('PEXPIRE', holders, lease) end
 return res

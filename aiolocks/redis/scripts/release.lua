@@ -10,6 +10,8 @@
 --         as given up (in KEYS[5], scored by expiry), so that script
 --         cannot grant it when it arrives late
 -- ARGV[4..] field ids
+-- Publishes on ARGV[1] when anything went: the member at the head of the
+-- waiter queue, or 'released' when nobody is queued.
 -- Returns the number of holds and queue entries removed.
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -46,6 +48,17 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   end
 end
 if removed > 0 then
-  redis.call('PUBLISH', ARGV[1], 'released')
+  -- Wake the head of the waiter queue only (its member is the message),
+  -- after dropping heads whose waiters stopped refreshing their entries;
+  -- with no queue (shared modes, Redlock), everybody looks: 'released'.
+  local head = redis.call('LINDEX', KEYS[3], 0)
+  while head do
+    local to = redis.call('ZSCORE', KEYS[4], head)
+    if to and tonumber(to) > math.floor(now_us / 1000) then break end
+    redis.call('LPOP', KEYS[3])
+    redis.call('ZREM', KEYS[4], head)
+    head = redis.call('LINDEX', KEYS[3], 0)
+  end
+  redis.call('PUBLISH', ARGV[1], head or 'released')
 end
 return removed

@@ -1,0 +1,130 @@
+"""Two Redis scenarios not yet in the main report: many waiters spread over
+processes, and loss latency. ``python -m benchmarks.redis_extra``.
+
+* **Many waiters**: ``W`` worker processes (one waiting task each, or
+  ``--tasks`` each) take turns on one lock (the handoff mode of the contended
+  scenario: a worker asks again only after another one entered). Per hold:
+  ``EVALSHA`` calls (``INFO commandstats``), all commands executed including
+  those run inside scripts (``total_commands_processed``), and server CPU
+  (idle CPU subtracted).
+* **Loss latency**: a held lock's key is deleted by another client; the time
+  from that ``DEL`` returning to the body's ``LockLostError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import redis.asyncio
+
+import aiolocks
+from aiolocks.testing.servers import RedisServer
+
+from ._peers import CONTENDERS
+from ._scenarios import contended_round, idle_redis_cpu
+
+__all__ = ["loss_latency", "main", "many_waiters"]
+
+FIELDS = (
+    "holds_per_s",
+    "server_evalsha_per_hold",
+    "server_commands_per_hold",
+    "server_cpu_us_per_hold",
+    "wait_p99_ms",
+    "handoff_p50_ms",
+    "overlaps",
+    "lost_updates",
+)
+
+
+def many_waiters(
+    server: RedisServer, keys: list[str], waiters: list[int], tasks: int, duration_s: float
+) -> list[dict[str, object]]:
+    """One row per (W, contender): the figures in ``FIELDS``."""
+    rows: list[dict[str, object]] = []
+    contenders = [c for c in CONTENDERS if c.key in keys]
+    with tempfile.TemporaryDirectory() as workdir:
+        idle = idle_redis_cpu(server, 1.0)
+        for w in waiters:
+            for contender in contenders:
+                result = contended_round(
+                    contender,
+                    server.url,
+                    processes=w,
+                    tasks=tasks,
+                    duration_s=duration_s,
+                    hold_s=0.0005,
+                    think_s=0.0,
+                    workdir=Path(workdir),
+                    seed=1,
+                    polite=True,
+                    redis_server=server,
+                    idle_cpu_us_per_s=idle,
+                )
+                row: dict[str, object] = {"library": contender.key, "processes": w, "tasks": tasks}
+                row.update({k: result[k] for k in FIELDS})
+                rows.append(row)
+    return rows
+
+
+async def loss_latency(url: str, samples: int) -> dict[str, float]:
+    """Delete a held lock's key ``samples`` times; p50/p99/max ms until the body's loss."""
+    raw = redis.asyncio.Redis.from_url(url)
+    latencies: list[float] = []
+    key = "bench-loss:{mutex:loss/x}"
+    try:
+        async with aiolocks.connect(url + "?key_prefix=bench-loss:") as backend:
+            for _ in range(samples):
+                lock = backend.mutex("loss/x")
+                deleted = 0.0
+                try:
+                    async with lock:
+                        await asyncio.sleep(0.05)  # the keyspace subscription settles
+                        await raw.delete(key)
+                        deleted = time.perf_counter()
+                        await asyncio.sleep(60)
+                except aiolocks.LockLostError:
+                    latencies.append((time.perf_counter() - deleted) * 1000)
+                await raw.delete(f"{key}:fence")
+    finally:
+        await raw.aclose()
+    latencies.sort()
+    return {
+        "samples": len(latencies),
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": latencies[max(0, int(len(latencies) * 0.99) - 1)],
+        "max_ms": latencies[-1],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both scenarios on a fresh local Redis; print JSON lines."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.redis_extra")
+    parser.add_argument("--libraries", default="aiolocks-redis,python-redis-lock")
+    parser.add_argument("--waiters", default="4,8,16")
+    parser.add_argument("--tasks", type=int, default=1)
+    parser.add_argument("--duration", type=float, default=3.0)
+    parser.add_argument("--loss-samples", type=int, default=40)
+    args = parser.parse_args(argv)
+    with RedisServer() as server:
+        for row in many_waiters(
+            server,
+            args.libraries.split(","),
+            [int(w) for w in args.waiters.split(",")],
+            args.tasks,
+            args.duration,
+        ):
+            print(json.dumps({"scenario": "many-waiters", **row}), flush=True)
+        loss = asyncio.run(loss_latency(server.url, args.loss_samples))
+        print(json.dumps({"scenario": "loss-latency", "library": "aiolocks-redis", **loss}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

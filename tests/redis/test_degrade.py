@@ -1,0 +1,273 @@
+"""``on_unavailable="local"`` against a real Redis server stopped mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import aiolocks
+from aiolocks.prometheus import PrometheusHook
+from aiolocks.testing.servers import RedisServer
+
+pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
+
+
+async def test_default_raise_when_the_server_is_stopped(redis_restartable: RedisServer) -> None:
+    async with aiolocks.connect(redis_restartable.url, connect_timeout=1) as backend:
+        assert backend.on_unavailable == "raise"
+        await asyncio.to_thread(redis_restartable.stop)
+        lock = backend.mutex("dg/raise")
+        with pytest.raises(aiolocks.BackendUnavailableError):
+            await lock.acquire(timeout=5)
+        assert not lock.is_owned_by_current_task()
+        assert not lock.is_degraded
+        await asyncio.to_thread(redis_restartable.start)
+
+
+async def test_local_fallback_excludes_tasks_of_this_process_and_recovers(
+    redis_restartable: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = CollectorRegistry()
+    events: list[aiolocks.LockEvent] = []
+    url = redis_restartable.url
+    async with aiolocks.connect(url, connect_timeout=1, on_unavailable="local") as backend:
+        backend.add_event_hook(events.append)
+        backend.add_event_hook(PrometheusHook(registry=registry))
+        lock = backend.mutex("dg/local")
+        async with lock:  # server up: a real hold
+            assert not lock.is_degraded
+        await asyncio.to_thread(redis_restartable.stop)
+
+        inside = 0
+        overlaps = 0
+        degraded_seen: list[bool] = []
+
+        async def worker() -> None:
+            nonlocal inside, overlaps
+            mine = backend.mutex("dg/local")
+            for _ in range(3):
+                async with mine:
+                    degraded_seen.append(mine.is_degraded)
+                    async with mine:  # re-entry of a degraded hold stays degraded
+                        assert mine.is_degraded
+                    inside += 1
+                    overlaps += inside > 1
+                    await asyncio.sleep(0.01)
+                    inside -= 1
+
+        with caplog.at_level(logging.WARNING, logger="aiolocks"):
+            async with asyncio.timeout(60):
+                await asyncio.gather(*(worker() for _ in range(4)))
+        assert overlaps == 0
+        assert degraded_seen and all(degraded_seen)
+        assert any("process-local" in r.getMessage() for r in caplog.records)
+        assert not backend._holds and not backend._ledgers
+
+        degraded_events = [e for e in events if e.kind == "degraded"]
+        assert len(degraded_events) == 12
+        assert degraded_events[0].reason == "BackendUnavailableError"
+        assert not [e for e in events if e.kind == "failed"]
+        released = [e for e in events if e.kind == "released"]
+        assert len(released) == 13  # the first (server) hold, then twelve degraded ones
+        assert not released[0].degraded and all(e.degraded for e in released[1:])
+        count = registry.get_sample_value(
+            "aiolocks_degraded_total", {"backend": backend.url, "kind": "mutex"}
+        )
+        assert count == 12
+        holds = registry.get_sample_value(
+            "aiolocks_holds", {"backend": backend.url, "kind": "mutex"}
+        )
+        assert holds == 0
+
+        # the server answers again: new acquires use it
+        await asyncio.to_thread(redis_restartable.start)
+        async with asyncio.timeout(30):
+            while True:
+                async with lock:
+                    degraded: bool = lock.is_degraded
+                if not degraded:
+                    break
+                await asyncio.sleep(0.2)
+        participants = await lock.participants()
+        assert participants == []
+
+
+async def test_degraded_hold_stays_local_and_excludes_server_holds_here(
+    redis_restartable: RedisServer,
+) -> None:
+    url = redis_restartable.url
+    async with aiolocks.connect(url, connect_timeout=1, on_unavailable="local") as backend:
+        await asyncio.to_thread(redis_restartable.stop)
+        lock = backend.mutex("dg/stay")
+        await lock.acquire(timeout=10)
+        assert lock.is_degraded
+        token = lock.fencing_token
+        await asyncio.to_thread(redis_restartable.start)
+        # the server is back; the degraded hold stays local until released ...
+        seen: list[object] = []
+
+        async def server_holder() -> None:
+            mine = backend.mutex("dg/stay")
+            assert await mine.acquire(timeout=None)
+            seen.append(mine.is_degraded)
+            seen.append(len(await mine.participants()))
+            await mine.release()
+
+        other = asyncio.create_task(server_holder())
+        await asyncio.sleep(0.5)
+        assert lock.is_degraded and lock.fencing_token == token
+        # ... and a task of this process asking the server waits for it
+        assert not other.done() and seen == []
+        await lock.release()
+        async with asyncio.timeout(30):
+            await other
+        # the waiter got a server hold, visible on the server
+        assert seen == [False, 1]
+        assert not backend._holds
+
+
+_OTHER_PROCESS = """
+import asyncio, sys
+import aiolocks
+
+async def main() -> None:
+    async with aiolocks.connect(sys.argv[1], connect_timeout=1) as backend:
+        lock = backend.mutex("dg/split")
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # the test stops the server meanwhile
+        print(await lock.acquire(timeout=10), lock.is_degraded, flush=True)
+        await lock.release()
+
+asyncio.run(main())
+"""
+
+
+async def test_no_split_brain_promise_two_processes_both_hold(
+    redis_restartable: RedisServer,
+) -> None:
+    """What degradation does not promise: two degraded processes both "hold" one name."""
+    url = redis_restartable.url
+    async with (
+        aiolocks.connect(url + "?on_unavailable=local", connect_timeout=1) as one,
+        aiolocks.connect(url, connect_timeout=1, on_unavailable="local") as two,
+    ):
+        a = one.mutex("dg/split")
+        await asyncio.to_thread(redis_restartable.stop)
+        assert await a.acquire(timeout=10)
+        assert a.is_degraded
+        # a second backend of this process shares the fallback store: excluded
+        b = two.mutex("dg/split")
+        assert await asyncio.create_task(b.acquire(timeout=0.2)) is False
+        # another process (connected while the server was up) holds too: no split-brain guard
+        await asyncio.to_thread(redis_restartable.start)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _OTHER_PROCESS,
+            url + "?on_unavailable=local",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        async with asyncio.timeout(60):
+            assert await proc.stdout.readline() == b"ready\n"
+            await asyncio.to_thread(redis_restartable.stop)
+            out, _ = await proc.communicate(b"go\n")
+        assert out.split() == [b"True", b"True"]
+        assert a.is_degraded and a.is_owned_by_current_task()
+        await a.release()
+
+
+async def test_waiter_falls_back_when_the_server_goes_away_mid_wait(
+    redis_restartable: RedisServer,
+) -> None:
+    url = redis_restartable.url
+    async with (
+        aiolocks.connect(url, lease_time=2, connect_timeout=1) as one,
+        aiolocks.connect(url, connect_timeout=1, on_unavailable="local") as two,
+    ):
+        holder = one.mutex("dg/wait")
+        waiter = two.mutex("dg/wait")
+        holding = asyncio.Event()
+        outcome: list[str] = []
+
+        async def hold() -> None:
+            try:
+                async with holder:
+                    holding.set()
+                    await asyncio.sleep(60)
+            except aiolocks.LockLostError:
+                outcome.append("holder lost")
+
+        async def wait() -> None:
+            await holding.wait()
+            async with waiter:
+                outcome.append(f"waiter degraded={waiter.is_degraded}")
+
+        async with asyncio.timeout(60):
+            holder_task = asyncio.create_task(hold())
+            waiter_task = asyncio.create_task(wait())
+            await holding.wait()
+            await asyncio.sleep(0.2)  # the waiter is queued on the server
+            assert not waiter_task.done()
+            await asyncio.to_thread(redis_restartable.stop)
+            await asyncio.gather(holder_task, waiter_task)
+        assert sorted(outcome) == ["holder lost", "waiter degraded=True"]
+        assert not one._holds and not two._holds
+
+
+async def test_cancelled_degraded_waiters_leave_nothing_behind(
+    redis_restartable: RedisServer,
+) -> None:
+    url = redis_restartable.url
+    async with aiolocks.connect(url, connect_timeout=1, on_unavailable="local") as backend:
+        server_hold = backend.mutex("dg/cancel")
+        await server_hold.acquire()  # held from the server, before the outage
+        await asyncio.to_thread(redis_restartable.stop)
+
+        async def take(hold_for: asyncio.Event | None = None) -> None:
+            mine = backend.mutex("dg/cancel")
+            async with mine:
+                assert mine.is_degraded
+                if hold_for is not None:
+                    await hold_for.wait()
+
+        # waits for the server hold of this backend (no overlap in the process): cancel it there
+        early = asyncio.create_task(take())
+        await asyncio.sleep(2)
+        assert not early.done()
+        early.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await early
+        with pytest.raises(aiolocks.BackendUnavailableError):
+            await server_hold.release()  # the server is down: the release says so, hold gone
+        assert not server_hold.is_owned_by_current_task()
+
+        # one degraded holder, one degraded waiter in the local queue: cancel the waiter
+        release = asyncio.Event()
+        first = asyncio.create_task(take(release))
+        async with asyncio.timeout(30):
+            while not backend._holds:
+                await asyncio.sleep(0.05)
+        queued = asyncio.create_task(take())
+        await asyncio.sleep(2)
+        assert not queued.done()
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        release.set()
+        async with asyncio.timeout(30):
+            await first
+        assert not backend._holds and not backend._ledgers
+        fallback = backend._engine._fallback
+        assert fallback is not None
+        from aiolocks._core.driver import Family
+
+        assert await fallback.participants("dg/cancel", Family.MUTEX) == []
+        async with asyncio.timeout(30):
+            await take()  # nothing left queued: taken at once
+        await asyncio.to_thread(redis_restartable.start)
