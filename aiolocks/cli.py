@@ -899,9 +899,9 @@ SUBCOMMANDS: list[Subcommand] = [
         _cmd_break,
         "Remove every hold of NAME (Redisson's forceUnlock). The former holders see\n"
         "LockLostError: on memory:// at once, on Redis at their next lease renewal\n"
-        "(within a third of lease_time), on ZooKeeper when they release. An\n"
-        "'aiolocks run' holding it then exits 76 (on Redis its command is stopped\n"
-        "at that renewal; on ZooKeeper only when the command ends by itself).",
+        "(within a third of lease_time), on ZooKeeper at once (a watch on the\n"
+        "node). An 'aiolocks run' holding it then has its command stopped and\n"
+        "exits 76.",
         "example:\n  aiolocks break redis://127.0.0.1:6379/0 jobs/backup --yes\n",
     ),
     Subcommand(

@@ -54,6 +54,7 @@ from ._scenarios import (
     uncontended_round,
 )
 from ._stats import median
+from ._zk_loss import zookeeper_loss_latency
 
 __all__ = ["PLANS", "Plan", "main", "run"]
 
@@ -377,10 +378,25 @@ async def run(
             except Exception as exc:
                 doc["memory_per_waiter"][service] = {"error": f"{type(exc).__name__}: {exc}"}
 
+        # ---------------------------------------------------------------- loss latency (ZooKeeper)
+        if "zookeeper" in urls:
+            await _zookeeper_loss_row(doc, urls["zookeeper"], plan)
+
     _add_ratios(doc)
     doc["targets"] = _targets(doc, plan)
     doc["meta"]["duration_s"] = round(time.monotonic() - started, 1)
     return doc
+
+
+async def _zookeeper_loss_row(doc: dict[str, Any], url: str, plan: Plan) -> None:
+    """``doc["loss_latency"]["zookeeper"]``: held node deleted -> body cancelled, p50/p99."""
+    samples = max(10, plan.cost_cycles)
+    _log(f"loss latency: zookeeper, {samples} deletions of a held node")
+    section = doc.setdefault("loss_latency", {})
+    try:
+        section["zookeeper"] = await zookeeper_loss_latency(url, samples)
+    except Exception as exc:
+        section["zookeeper"] = {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _contended_section(

@@ -151,7 +151,7 @@ async def test_zookeeper_list_and_kinds(zookeeper_server: ZooKeeperServer) -> No
 
 @pytest.mark.asyncio
 @pytest.mark.zookeeper
-async def test_zookeeper_force_release_is_noticed_at_release(
+async def test_zookeeper_force_release_cancels_the_former_holder(
     zookeeper_server: ZooKeeperServer,
 ) -> None:
     url = zookeeper_server.url
@@ -159,14 +159,21 @@ async def test_zookeeper_force_release_is_noticed_at_release(
     async with aiolocks.connect(url) as holder_side, aiolocks.connect(url) as admin_side:
         lock = holder_side.semaphore_mutex(name)
         waiter = admin_side.semaphore_mutex(name)
+        waiting: asyncio.Task[bool] | None = None
+        slept = False
         with pytest.raises(LockLostError, match="already gone"):
             async with lock:
                 waiting = asyncio.create_task(waiter.acquire(timeout=30))
                 while len((await admin_side.list_locks(name))[0].participants) < 2:
                     await asyncio.sleep(0.02)
                 assert await admin_side.force_release(name) == 1
-                assert await waiting  # the waiter moved up at once
-                assert not lock.is_lost  # ZooKeeper does not tell the former holder yet
+                # the former holder is told at once: a watch on its node
+                # cancels this body (the sleep is only a bound for a broken watch)
+                await asyncio.sleep(60)
+                slept = True
+        assert not slept
+        assert lock.is_lost
+        assert waiting is not None and await waiting  # the waiter moved up at once
         infos = await admin_side.list_locks(name)
         assert [p.is_holder for p in infos[0].participants] == [True]
         await waiter.release()
@@ -225,6 +232,41 @@ def test_cli_list_and_break_against_a_running_aiolocks_run(
         broken = run("break", url, name, "--yes")
         assert broken.returncode == 0, broken.stderr
         assert "1 hold(s) removed" in broken.stdout
+        _, err = holder.communicate(timeout=60)
+        assert holder.returncode == 76, err
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.communicate()
+
+
+@pytest.mark.zookeeper
+def test_cli_break_stops_a_running_aiolocks_run_on_zookeeper(
+    zookeeper_server: ZooKeeperServer,
+) -> None:
+    """The holder is told at once (a watch): its command is stopped, it exits 76."""
+    url = zookeeper_server.url
+    name = unique("adm/zkcli")
+    holder = subprocess.Popen(
+        [*CLI, "run", "--kill-after", "1", url, name, "--", "sleep", "300"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            listed = run("list", "--json", url, "adm/")
+            assert listed.returncode == 0, listed.stderr
+            names = [lock["name"] for lock in json.loads(listed.stdout)["locks"]]
+            if name in names:
+                break
+            assert holder.poll() is None, holder.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        broken = run("break", url, name, "--yes")
+        assert broken.returncode == 0, broken.stderr
+        # without prompt loss `sleep 300` would run on and this would time out
         _, err = holder.communicate(timeout=60)
         assert holder.returncode == 76, err
     finally:

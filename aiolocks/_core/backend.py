@@ -225,8 +225,8 @@ class Backend:
         An administrative tool (Redisson's ``forceUnlock``, ``aiolocks break``)
         for a lock whose holder is stuck. The former holders see the loss as
         :class:`LockLostError`: on ``memory://`` at once, on Redis at the next
-        lease renewal (within a third of ``lease_time``), on ZooKeeper when
-        they release. ``kind``: ``"mutex"``, ``"semaphore-mutex"``,
+        lease renewal (within a third of ``lease_time``), on ZooKeeper at
+        once (a watch on the held node). ``kind``: ``"mutex"``, ``"semaphore-mutex"``,
         ``"semaphore"``, ``"rwlock"`` or ``"leader"``.
         """
         from .admin import force_release

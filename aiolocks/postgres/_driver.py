@@ -58,10 +58,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast, final
+from typing import TYPE_CHECKING, Any, cast, final
 
 import asyncpg
 
+from .._core.doctor import Diagnosis
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError, LockError
 from .._core.options import check_portable_options
@@ -78,6 +79,9 @@ from ._sql import (
     probe_session,
     slot_keys,
 )
+
+if TYPE_CHECKING:
+    from ._admin import PostgresAdvisoryAdmin
 
 __all__ = ["DEFAULT_MAX_SESSIONS", "PostgresAdvisoryDriver", "PostgresPoolerError"]
 
@@ -100,6 +104,10 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CannotConnectNowError,
     asyncpg.exceptions.CrashShutdownError,
 )
+
+#: a connection the server ended between two of our calls can surface as a
+#: client protocol error on the next call; the session is unusable either way
+_BROKEN: tuple[type[BaseException], ...] = (*_TRANSIENT, asyncpg.exceptions.InternalClientError)
 
 
 class PostgresPoolerError(LockError, RuntimeError):
@@ -446,13 +454,17 @@ class PostgresAdvisoryDriver:
     async def _check_session(self, session: _Session, *, timeout: float) -> None:
         if session.waiting:
             return
-        expected = dict(session.grants)
         try:
             async with session.io:
+                # Waiting for the session's turn, its holds may all have been
+                # released and the session retired (closed): nothing to check.
+                if not session.alive or not session.grants:
+                    return
+                expected = dict(session.grants)
                 held = await held_advisory_locks(
                     cast(Connection, _Timed(session.conn, timeout)), self._queries
                 )
-        except _TRANSIENT as exc:  # TimeoutError is an OSError
+        except _BROKEN as exc:  # TimeoutError is an OSError
             logger.warning(
                 "PostgreSQL session pid %s did not answer the heartbeat: %r", session.pid, exc
             )
@@ -713,14 +725,58 @@ class PostgresAdvisoryDriver:
                     await session.conn.execute(
                         "SELECT pg_notify($1, $2)", self.channel, grant.request.name
                     )
-        except _TRANSIENT as exc:
+        except _BROKEN as exc:
+            was_alive = session.alive
             self._session_ended(session, f"release failed: {exc!r}")
+            if was_alive:
+                # the server drops the session's locks once the connection is gone
+                await self._drop_connection(session.conn)
             return False
         if session.grants.pop(grant, None) is not None:
             session.reserved.discard((key, shared))
         self._maybe_retire(session)
         self._wake()
         return bool(held)
+
+    async def diagnose(self) -> Diagnosis:
+        """``backend.doctor()``'s findings for this server (see :mod:`._doctor`).
+
+        Runs on a connection of its own, so it also reports why the backend
+        refused to open (a pooler in the way).
+        """
+        from ._doctor import CHECK_TIMEOUT, diagnose_postgres
+
+        async def connect() -> Any:
+            try:
+                return await self._connect()
+            except _TRANSIENT as exc:
+                raise _unavailable(exc, "connect", self._describe) from exc
+
+        async def server_time() -> float:
+            primary = await self._get_primary()
+            rows = await primary.fetch(
+                "SELECT extract(epoch FROM clock_timestamp())::float8", timeout=CHECK_TIMEOUT
+            )
+            return float(rows[0][0])
+
+        try:
+            return await diagnose_postgres(
+                connect,
+                self._drop_connection,
+                mode="advisory",
+                label=self._describe,
+                interval=self._heartbeat / 2,
+                timeout=self._heartbeat,
+                server_time=server_time,
+            )
+        except _TRANSIENT as exc:
+            raise _unavailable(exc, "diagnosis", self._describe) from exc
+
+    def admin(self) -> PostgresAdvisoryAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import PostgresAdvisoryAdmin
+
+        return PostgresAdvisoryAdmin(self)
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         """Holders, then waiters by ``pg_locks.waitstart``; our own holds carry their ids."""
@@ -742,6 +798,17 @@ class PostgresAdvisoryDriver:
             rows = [(key, r) for r in await primary.fetch(self._queries.participants, key)]
         holders: list[Participant] = []
         waiters: list[Participant] = []
+        # A sole holder of another process: the fencing row's epoch is its token
+        # (the row is bumped in the grant's own statement, and nobody else has
+        # been granted since while it holds).
+        granted_rows = [r for _k, r in rows if bool(r[2])]
+        sole_epoch: int | None = None
+        if family is not Family.SEMAPHORE and len(granted_rows) == 1:
+            epochs = await primary.fetch(
+                f"SELECT epoch FROM {self._tables.fencing} WHERE name = $1",
+                f"{family.value}/{name}",
+            )
+            sole_epoch = int(epochs[0][0]) if epochs else None
         for row_key, row in rows:
             pid, mode, granted = int(row[0]), str(row[1]), bool(row[2])
             shared = mode == "ShareLock"
@@ -755,7 +822,7 @@ class PostgresAdvisoryDriver:
                     Participant(
                         id=grant.request.participant if grant else other,
                         is_holder=True,
-                        fencing_token=grant.token if grant else None,
+                        fencing_token=grant.token if grant else sole_epoch,
                         mode=grant.request.mode.value if grant else kind,
                         node=f"pid:{pid}",
                     )

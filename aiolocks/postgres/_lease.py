@@ -34,16 +34,20 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast, final
+from typing import TYPE_CHECKING, Any, cast, final
 
 import asyncpg
 
+from .._core.doctor import Diagnosis
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
 from .._core.options import check_portable_options
 from .._core.participants import Participant
 from .._core.tasks import TaskSet, wait_done
 from ._sql import LeaseQueries, TableNames, advisory_key, ensure_schema, probe_session
+
+if TYPE_CHECKING:
+    from ._admin import PostgresLeaseAdmin
 
 __all__ = ["PostgresLeaseDriver"]
 
@@ -389,6 +393,46 @@ class PostgresLeaseDriver:
         except _TRANSIENT as exc:
             raise self._unavailable(exc, "lease release") from exc
         return bool(row is not None and row[0])
+
+    async def diagnose(self) -> Diagnosis:
+        """``backend.doctor()``'s findings for this server (see :mod:`._doctor`)."""
+        from ._doctor import CHECK_TIMEOUT, diagnose_postgres
+
+        if self._pool is None:
+            raise BackendUnavailableError(f"PostgreSQL {self._describe}: not open")
+        pool = self._pool
+
+        async def connect() -> Any:
+            return await pool.acquire()
+
+        async def drop(conn: Any) -> None:
+            await pool.release(conn)
+
+        async def server_time() -> float:
+            value = await pool.fetchval(
+                "SELECT extract(epoch FROM clock_timestamp())::float8", timeout=CHECK_TIMEOUT
+            )
+            return float(value)
+
+        try:
+            return await diagnose_postgres(
+                connect,
+                drop,
+                mode="lease",
+                label=self._describe,
+                interval=self._lease_time / 3,
+                timeout=self._lease_time,
+                listen=self._listen,
+                server_time=server_time,
+            )
+        except _TRANSIENT as exc:
+            raise self._unavailable(exc, "diagnosis") from exc
+
+    def admin(self) -> PostgresLeaseAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import PostgresLeaseAdmin
+
+        return PostgresLeaseAdmin(self._pool, self._queries, self._tables, self._describe)
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         """The live rows of the name (holders only: waiters leave no row)."""

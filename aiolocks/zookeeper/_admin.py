@@ -1,9 +1,9 @@
 """ZooKeeper administration: walk ``/aiolocks/<kind>/`` for locks, delete holder nodes.
 
-A force-released holder is not told by the server (its node is gone, its
-session is fine): it sees :class:`~aiolocks.LockLostError` when it releases,
-at the end of its ``async with`` block. Waiters watching the deleted node
-move up at once.
+A force-released holder learns at once that its node is gone (a watch on
+the lock's folder or on its own node): its ``async with`` body is cancelled
+and raises :class:`~aiolocks.LockLostError`. Waiters watching the deleted
+node move up at once.
 """
 
 from __future__ import annotations

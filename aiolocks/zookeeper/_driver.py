@@ -30,7 +30,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from aiozk import protocol
@@ -43,6 +43,7 @@ from .._core.participants import Participant
 from .._core.tasks import TaskSet
 from ._connection import Session, SessionClient, parse_hosts
 from ._internals import (
+    HoldWatch,
     LockInternals,
     Node,
     QueueEntry,
@@ -140,7 +141,8 @@ class ZooKeeperDriver:
         self._description = description
         #: the engine's owned task set (given to open())
         self._tasks = TaskSet()
-        self._grants: dict[Grant, None] = {}
+        #: held grants and the watch that reports their node's deletion
+        self._grants: dict[Grant, HoldWatch | None] = {}
         self._ticker: asyncio.TimerHandle | None = None
         self._monitor: SessionMonitor | None = None
         self._internals: LockInternals | None = None
@@ -270,6 +272,9 @@ class ZooKeeperDriver:
 
     # -- loss -------------------------------------------------------------------------
 
+    def _spawn_check(self, coro: Coroutine[Any, Any, None]) -> object:
+        return self._tasks.spawn(coro, name="aiolocks-zk-watch-own-node")
+
     def _on_lost(self, session_id: int | None, reason: str) -> None:
         for grant in list(self._grants):
             node = grant.handle
@@ -277,11 +282,13 @@ class ZooKeeperDriver:
             if session_id is None or node.session_id == session_id or self._suspended_is_lost:
                 grant.mark_lost(reason)
 
-    def _grant(self, request: Request, node: Node) -> Grant:
+    def _grant(self, request: Request, node: Node, guard: HoldWatch | None) -> Grant:
         assert node.czxid is not None
         grant = Grant(request, node.czxid, node)
         grant.valid_until = self._horizon()
-        self._grants[grant] = None
+        self._grants[grant] = guard
+        if guard is not None:
+            guard.attach(grant, self._spawn_check)
         if self._ticker is None:
             # Runs while there are grants to vouch for; a new one starts it again.
             self._keep_grants_valid()
@@ -322,7 +329,7 @@ class ZooKeeperDriver:
         assert node is not None
         a.entry.node = None  # the grant owns it now
         # No await between the grant and its return: the engine records it at once.
-        return [self._grant(a.request, node)]
+        return [self._grant(a.request, node, a.entry.take_guard())]
 
     async def _try_leases(self, a: _ZkAttempt) -> list[Grant] | None:
         """Semaphore (InterProcessSemaphoreV2): hold the turnstile, create leases, let go."""
@@ -331,6 +338,8 @@ class ZooKeeperDriver:
         if not a.turnstile_held:
             if not await internals.try_take(a.entry, a.deadline):
                 return None
+            # The turnstile is let go within this attempt: no loss watch on it.
+            a.entry.drop_guard()
             a.turnstile_held = True
         turnstile = a.entry.node
         assert turnstile is not None
@@ -359,7 +368,9 @@ class ZooKeeperDriver:
         await internals.delete(turnstile)
         a.entry.node = None
         leases, a.leases = a.leases, []
-        return [self._grant(request, node) for node in leases]
+        # Each lease reads its own node with a watch (in the background), so
+        # that its deletion behind our back is reported while held.
+        return [self._grant(request, node, HoldWatch(internals, node)) for node in leases]
 
     async def _room(self, a: _ZkAttempt, max_leases: int) -> bool:
         """As turnstile holder: fewer than ``max_leases`` leases exist now.
@@ -448,12 +459,15 @@ class ZooKeeperDriver:
         """Drop watch callbacks and wake-up futures."""
         a = cast(_ZkAttempt, attempt)
         self._unwatch_room(a)
+        a.entry.drop_guard()
         if self._internals is not None:
             self._internals.unwatch(a.entry)
 
     async def release(self, grant: Grant) -> bool:
         """Delete the grant's node; ``False`` when it was already gone."""
-        self._grants.pop(grant, None)
+        guard = self._grants.pop(grant, None)
+        if guard is not None:
+            guard.close()  # our own delete is no loss
         if not self._grants and self._ticker is not None:
             self._ticker.cancel()  # nothing left to vouch for
             self._ticker = None

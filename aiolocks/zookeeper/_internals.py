@@ -28,10 +28,19 @@ The recipe (ZooKeeper's "Locks" recipe, as Apache Curator implements it in
    which deletes our node, or sweeps for it by uid when the create's reply
    never came (``NoNode`` and "session gone" count as done).
 
-Known gaps: a node deleted behind our back while held is noticed only at
-session loss or release (watching our own node would cost a round trip per
-acquire); foreign children of a lock parent are ignored, so a lock name whose
-last segment looks exactly like one of our node names confuses its parent.
+6. While held, a node deleted behind our back is noticed at once (see
+   :class:`HoldWatch`): the listing that tells us we hold also sets a child
+   watch on the parent (same round trip, so an uncontended cycle stays at
+   create, list, delete); the first change of the children while we hold
+   makes us read our own node with a watch (one more request, only when the
+   queue changes under a holder), after which its deletion is reported by
+   the server directly. A hand-off (no re-listing) and a semaphore lease read
+   their own node with a watch right away; for a hand-off that read is also
+   the check that our node still exists.
+
+Known gap: foreign children of a lock parent are ignored, so a lock name
+whose last segment looks exactly like one of our node names confuses its
+parent.
 """
 
 from __future__ import annotations
@@ -42,18 +51,20 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from aiozk import exc as zk_exc
 from aiozk import protocol
 
+from .._core.driver import Grant
 from .._core.errors import BackendUnavailableError
 from ._protocol import CreateContainerRequest
 from ._session import AmbiguousResult, SessionChanged, SessionMonitor, wait_future, wait_own
 
 __all__ = [
+    "HoldWatch",
     "LockInternals",
     "Node",
     "QueueEntry",
@@ -297,7 +308,8 @@ class LockInternals:
             listing: list[asyncio.Future[Any]] = []
             then = None
             if prefetch:
-                then = protocol.GetChildrenRequest(path=self._abs(parent), watch=False)
+                # watched: a holder learns of changes under it (see HoldWatch)
+                then = protocol.GetChildrenRequest(path=self._abs(parent), watch=True)
                 prefetch = False  # once: a retry lists the usual way
             answered = False
             try:
@@ -414,26 +426,43 @@ class LockInternals:
         except (_Vanished, SessionChanged):
             # The session that held our node is gone (or someone deleted it):
             # queue again with a new node in the current session.
+            entry.drop_guard()
             if entry.node is not None:
                 logger.info("lock node %s vanished; queueing again", entry.node.path)
             entry.requeue()
             return False
         except TimeoutError:
+            entry.drop_guard()
             return False  # the deadline passed; the engine gives the entry up
+        except BaseException:
+            entry.drop_guard()
+            raise
 
     async def _try_take(self, entry: QueueEntry, deadline: float | None) -> bool:
         children: list[str] | None = None
         node = entry.node
-        if node is None:
-            node, children = await self.create_entry(entry, deadline)
         if entry.handoff:
             entry.handoff = False
+            assert node is not None
             # CURATOR-696: hold only with a node of the current session.
             if node.session_id != self.client.session.session_id:
                 raise _Vanished
+            # The predecessor went, but our own node may have gone too
+            # (deleted behind our back): read it with a watch, which both
+            # checks that it still exists and reports its deletion while held.
+            guard = entry.guard = HoldWatch(self, node)
+            if not await guard.arm_own(deadline):
+                raise _Vanished
             return True
+        # The listing that may tell us we hold also watches the parent's
+        # children (see HoldWatch); the callback exists before it is sent.
+        guard = HoldWatch(self, node, parent=entry.parent)
+        entry.guard = guard
+        if node is None:
+            node, children = await self.create_entry(entry, deadline)
+            guard.node = node
         if children is None:
-            children = await self.list_children(node.parent, deadline)
+            children = await self.list_children(node.parent, deadline, watch=True)
         nodes = sort_nodes(node.parent, children)
         index = next((i for i, n in enumerate(nodes) if n.name == node.name), -1)
         if index < 0:
@@ -443,6 +472,7 @@ class LockInternals:
             if node.session_id != self.client.session.session_id:
                 raise _Vanished
             return True
+        entry.drop_guard()
         assert watch is not None
         # The wake-up future exists before the watched read is sent, so an
         # event that arrives with or right after the reply is not missed.
@@ -500,6 +530,7 @@ class LockInternals:
     async def give_up(self, entry: QueueEntry) -> None:
         """Delete ``entry``'s node, or sweep for it by uid when its create went unanswered."""
         self.unwatch(entry)
+        entry.drop_guard()
         node = entry.node
         if node is not None:
             await self.delete(node)
@@ -553,6 +584,154 @@ class LockInternals:
                 await self.delete(Node(**{**_fields(node), "session_id": session_id}))
 
 
+#: loss reason when the server reports our held node gone
+_DELETED_REASON: Final = "its lock node was already gone on the server (deleted behind our back)"
+
+
+class HoldWatch:
+    """Reports the deletion of a held node (behind our back) to its grant at once.
+
+    Two stages. First a child watch on the parent, set by the very listing
+    that told us we hold (no extra request). When the children change while
+    we hold (a waiter queued, a node went), our own node is read with a
+    watch, once: ``NoNode`` means it is gone; otherwise the server now
+    reports its deletion directly and the child watch is no longer needed.
+    A hand-off, which grants without a listing, and a semaphore lease start
+    at the second stage. Callbacks are registered before the watching
+    request is sent, so no event can slip between reply and registration.
+    After a reconnection the session re-arms both watches (SetWatches), and
+    a node deleted meanwhile is reported then.
+    """
+
+    __slots__ = (
+        "_checking",
+        "_closed",
+        "_grant",
+        "_internals",
+        "_on_children",
+        "_on_deleted",
+        "_own_path",
+        "_parent_path",
+        "_pending",
+        "_spawn",
+        "node",
+    )
+
+    def __init__(
+        self, internals: LockInternals, node: Node | None, *, parent: str | None = None
+    ) -> None:
+        self._internals = internals
+        self.node = node
+        self._grant: Grant | None = None
+        self._spawn: Callable[[Coroutine[Any, Any, None]], object] | None = None
+        self._closed = False
+        self._checking = False
+        #: the children changed before the grant was attached
+        self._pending = False
+        self._own_path: str | None = None
+        self._on_deleted: Callable[[object], None] | None = None
+        self._parent_path: str | None = None
+        self._on_children: Callable[[object], None] | None = None
+        if parent is not None:
+            self._parent_path = internals._abs(parent)
+            self._on_children = self._children_changed
+            internals.client.session.add_watch_callback(
+                protocol.WatchEvent.CHILDREN_CHANGED, self._parent_path, self._on_children
+            )
+
+    def attach(self, grant: Grant, spawn: Callable[[Coroutine[Any, Any, None]], object]) -> None:
+        """The hold is granted: report losses to ``grant``; ``spawn`` runs the own-node read.
+
+        Synchronous (the grant is recorded with no await in between).
+        """
+        self._grant = grant
+        self._spawn = spawn
+        if self._pending or (self._parent_path is None and self._own_path is None):
+            self._start_check()
+
+    def _children_changed(self, _path: object) -> None:
+        if self._closed or self._own_path is not None:
+            return
+        if self._grant is None:
+            self._pending = True
+        else:
+            self._start_check()
+
+    def _start_check(self) -> None:
+        if self._checking or self._closed or self._spawn is None:
+            return
+        self._checking = True
+        self._spawn(self._check())
+
+    async def _check(self) -> None:
+        try:
+            if not await self.arm_own(None):
+                self._lost(_DELETED_REASON)
+        except (SessionChanged, BackendUnavailableError):
+            pass  # the session monitor reports a lost session
+        except Exception:  # pragma: no cover - logged, the hold stays
+            logger.warning("reading our lock node failed", exc_info=True)
+        finally:
+            self._checking = False
+
+    async def arm_own(self, deadline: float | None) -> bool:
+        """Watch our own node for deletion; ``False`` when it is already gone."""
+        node = self.node
+        assert node is not None
+        if self._closed:
+            return True  # released before the background read started
+        internals = self._internals
+        session = internals.client.session
+        if self._own_path is None:
+            self._own_path = internals._abs(node.path)
+            self._on_deleted = self._deleted
+            session.add_watch_callback(
+                protocol.WatchEvent.DELETED, self._own_path, self._on_deleted
+            )
+        try:
+            await internals.monitor.call(
+                protocol.GetDataRequest(path=self._own_path, watch=True),
+                deadline,
+                retry=True,
+                session_id=node.session_id,
+            )
+        except zk_exc.NoNode:
+            return False
+        self._drop_parent()
+        return True
+
+    def _deleted(self, _path: object) -> None:
+        if not self._closed:
+            self._lost(_DELETED_REASON)
+
+    def _lost(self, reason: str) -> None:
+        grant = self._grant
+        if grant is not None and not self._closed:
+            self.close()
+            grant.mark_lost(reason)
+
+    def _drop_parent(self) -> None:
+        path, callback = self._parent_path, self._on_children
+        self._on_children = None
+        if path is not None and callback is not None:
+            self._internals.client.session.remove_watch_callback(
+                protocol.WatchEvent.CHILDREN_CHANGED, path, callback
+            )
+
+    def close(self) -> None:
+        """Stop watching (before our own release deletes the node); no I/O."""
+        if self._closed:
+            return
+        self._closed = True
+        self._drop_parent()
+        path, callback = self._own_path, self._on_deleted
+        self._on_deleted = None
+        if path is not None and callback is not None:
+            self._internals.client.session.remove_watch_callback(
+                protocol.WatchEvent.DELETED, path, callback
+            )
+
+
 class QueueEntry:
     """One place in one queue: what the recipe needs between the engine's steps."""
 
@@ -562,6 +741,7 @@ class QueueEntry:
         "created_in",
         "data",
         "deleted",
+        "guard",
         "handoff",
         "kind",
         "maybe_created",
@@ -603,6 +783,19 @@ class QueueEntry:
         self.handoff = False
         #: try again without waiting (the watched node was already gone)
         self.retry = False
+        #: watches the node while it is (about to be) held; the grant takes it
+        self.guard: HoldWatch | None = None
+
+    def take_guard(self) -> HoldWatch | None:
+        """Hand the hold's watch over to the grant (the entry forgets it)."""
+        guard, self.guard = self.guard, None
+        return guard
+
+    def drop_guard(self) -> None:
+        """Not holding: stop the hold's watch (no I/O)."""
+        guard, self.guard = self.guard, None
+        if guard is not None:
+            guard.close()
 
     def wake(self, _path: object) -> None:
         """Watch callback: the watched node changed."""

@@ -124,3 +124,17 @@ def test_many_locks_are_all_kept(report: tuple[dict[str, Any], Path]) -> None:
     assert many["keys_at_end"] == many["locks"]
     assert many["min_key_ttl_ms"] > 0
     assert many["renewals_per_s"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_zookeeper_loss_is_reported_for_every_deleted_node(
+    report: tuple[dict[str, Any], Path],
+) -> None:
+    doc, _ = report
+    loss = doc.get("loss_latency", {}).get("zookeeper")
+    if loss is None:
+        pytest.skip("ZooKeeper did not run")
+    assert "error" not in loss, loss
+    assert loss["missed"] == 0
+    assert loss["samples"] == max(10, doc["meta"]["plan"]["cost_cycles"])
+    assert 0 < loss["p50_ms"] <= loss["p99_ms"] <= loss["max_ms"]

@@ -1,0 +1,147 @@
+"""``list_locks()``/``force_release()`` on PostgreSQL, both modes, against the real server.
+
+``mode=advisory`` force-release ends the holder's server session (the only
+way to take an advisory lock from its session): the holder sees the session
+end at once. ``mode=lease`` deletes the rows: the holder sees it at its next
+renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import asyncpg
+import pytest
+
+import aiolocks
+from aiolocks import LockLostError
+from aiolocks.postgres._admin import parse_fencing_name
+from aiolocks.testing import PostgresServer
+from tests.test_admin import _list_and_kinds, hold_forever, unique
+
+pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
+
+
+async def test_advisory_list_and_kinds(postgres_server: PostgresServer) -> None:
+    await _list_and_kinds(postgres_server.url)
+
+
+async def test_lease_list_and_kinds(postgres_server: PostgresServer) -> None:
+    await _list_and_kinds(postgres_server.url + "?mode=lease&lease_time=10")
+
+
+async def test_advisory_force_release_ends_the_holders_session(
+    postgres_server: PostgresServer,
+) -> None:
+    url = postgres_server.url + "?heartbeat=2"
+    name = unique("adm/pg")
+    async with aiolocks.connect(url) as holder_side, aiolocks.connect(url) as admin_side:
+        pids: set[int] = set()
+        lock = holder_side.semaphore_mutex(name)
+        held = asyncio.Event()
+        holder = asyncio.create_task(hold_forever(lock, held))
+        await held.wait()
+        pids.update(int(str(p.node).removeprefix("pid:")) for p in (await lock.participants()))
+        other = holder_side.mutex(unique("adm/pg-other"))  # same backend, other lock
+        assert await other.acquire(timeout=10)
+        waiter = admin_side.semaphore_mutex(name)
+        waiting = asyncio.create_task(waiter.acquire(timeout=30))
+        (info,) = await admin_side.list_locks(name)
+        assert info.participants[0].is_holder
+        assert await admin_side.force_release(name) == 1
+        with pytest.raises(LockLostError):
+            await asyncio.wait_for(holder, 30)
+        assert await asyncio.wait_for(waiting, 30)
+        (info,) = await admin_side.list_locks(name)
+        assert [p.is_holder for p in info.participants] == [True]
+        assert info.participants[0].fencing_token == waiter.fencing_token
+        # the whole session went: the holder's other lock too (documented)
+        assert other.is_lost
+        with contextlib.suppress(LockLostError):
+            await other.release()
+        assert await admin_side.force_release(name) == 1  # the admin's own session
+        assert await admin_side.force_release(name) == 0
+        with contextlib.suppress(LockLostError):
+            await waiter.release()
+        # the backends take locks again afterwards
+        again = holder_side.mutex(name)
+        assert await again.acquire(timeout=10)
+        await again.release()
+    # nothing of this test is left on the server
+    assert not [row for row in postgres_server.advisory_locks() if row[0] in pids]
+
+
+async def test_lease_force_release_is_noticed_at_the_next_renewal(
+    postgres_server: PostgresServer,
+) -> None:
+    url = postgres_server.url + "?mode=lease&lease_time=1.5"
+    name = unique("adm/pgl")
+    async with aiolocks.connect(url) as holder_side, aiolocks.connect(url) as admin_side:
+        lock = holder_side.semaphore_mutex(name)
+        held = asyncio.Event()
+        holder = asyncio.create_task(hold_forever(lock, held))
+        await held.wait()
+        waiter = admin_side.semaphore_mutex(name)
+        waiting = asyncio.create_task(waiter.acquire(timeout=30))
+        assert await admin_side.force_release(name) == 1
+        assert await asyncio.wait_for(waiting, 30)
+        with pytest.raises(LockLostError):
+            await asyncio.wait_for(holder, 30)
+        (info,) = await admin_side.list_locks(name)
+        assert [p.is_holder for p in info.participants] == [True]
+        assert await admin_side.force_release(name) == 1
+        assert await admin_side.force_release(name) == 0
+        with contextlib.suppress(LockLostError):
+            await waiter.release()
+        assert await admin_side.list_locks(name) == []
+
+
+async def test_names_with_like_wildcards_are_listed_literally(
+    postgres_server: PostgresServer,
+) -> None:
+    top = unique("adm_%")
+    async with aiolocks.connect(postgres_server.url) as backend:
+        lock = backend.mutex(f"{top}/a")
+        decoy = backend.mutex(unique("admX%"))
+        assert await lock.acquire(timeout=10)
+        assert await decoy.acquire(timeout=10)
+        try:
+            assert [i.name for i in await backend.list_locks(top)] == [f"{top}/a"]
+        finally:
+            await lock.release()
+            await decoy.release()
+
+
+async def test_a_lock_held_outside_aiolocks_is_listed_by_its_key(
+    postgres_server: PostgresServer,
+) -> None:
+    # the same key taken by a plain session (another client of the same lock)
+    from aiolocks.postgres._sql import advisory_key
+
+    name = unique("adm/raw")
+    async with aiolocks.connect(postgres_server.url) as backend:
+        lock = backend.mutex(name)
+        assert await lock.acquire(timeout=10)  # writes the fencing row
+        await lock.release()
+        assert await backend.list_locks(name) == []
+        raw = await asyncpg.connect(postgres_server.url)
+        try:
+            await raw.execute("SELECT pg_advisory_lock($1)", advisory_key("mutex", name))
+            (info,) = await backend.list_locks(name)
+            assert info.participants[0].id.startswith("pid:")
+            assert await backend.force_release(name) == 1
+            # the plain session ended: its lock is free for us
+            assert await lock.acquire(timeout=10)
+            assert raw.get_server_pid() not in postgres_server.backend_pids()
+            await lock.release()
+        finally:
+            raw.terminate()
+        assert await backend.list_locks(name) == []
+
+
+async def test_fencing_names_parse() -> None:
+    assert parse_fencing_name("mutex/a/b") is not None
+    assert parse_fencing_name("bogus/a") is None
+    assert parse_fencing_name("mutex/") is None
+    assert parse_fencing_name("mutex") is None
