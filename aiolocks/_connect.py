@@ -28,6 +28,7 @@ SCHEMES: dict[str, str] = {
     "redlock": "aiolocks.redis",
     "postgresql": "aiolocks.postgres",
     "postgres": "aiolocks.postgres",
+    "etcd": "aiolocks.etcd",
 }
 
 
@@ -96,7 +97,7 @@ def connect(url: str = "memory://", **options: Any) -> _Connecting:
 
     Schemes: ``memory://``, ``zk://``, ``redis://``, ``rediss://``,
     ``redis+sentinel://``, ``redis+cluster://``, ``redlock://``,
-    ``postgresql://`` / ``postgres://``. Keyword
+    ``postgresql://`` / ``postgres://``, ``etcd://``. Keyword
     options are the URL's query options (``session_timeout``, ``lease_time``,
     ``key_prefix``, ``connect_timeout``...).
 

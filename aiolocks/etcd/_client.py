@@ -619,6 +619,26 @@ def _check_timeout(name: str, value: float) -> float:
     return float(value)
 
 
+
+async def _plain_await(call: Any) -> Any:
+    """Await a grpc.aio call so that a cancellation reaches the caller as it was sent.
+
+    Awaiting the call directly makes grpc raise a fresh ``CancelledError``
+    of its own when the caller is cancelled; anyio's cancel scopes do not
+    recognise that one as theirs and let it escape the scope (a
+    ``move_on_after`` around an acquire would cancel the whole task). Waiting
+    on the call's task instead leaves the caller's own cancellation intact;
+    the call is cancelled with it.
+    """
+    task = asyncio.ensure_future(call)
+    try:
+        await asyncio.wait((task,))
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    return task.result()
+
+
 class EtcdClient:
     """An asyncio etcd v3 client over several endpoints, with deadlines everywhere.
 
@@ -788,7 +808,9 @@ class EtcdClient:
             budget = max(min(remaining, 1.0), remaining / count) if retry else remaining
             attempt += 1
             try:
-                return await getattr(getattr(stubs, service), method)(request, timeout=budget)
+                return await _plain_await(
+                    getattr(getattr(stubs, service), method)(request, timeout=budget)
+                )
             except grpc.aio.AioRpcError as exc:
                 if not _is_transport(exc):
                     raise _map_refusal(exc) from exc
