@@ -56,7 +56,7 @@ import logging
 import math
 import secrets
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
@@ -77,6 +77,10 @@ from ._client import (
     SortTarget,
 )
 from ._url import EtcdOptions
+
+if TYPE_CHECKING:
+    from .._core.doctor import Diagnosis
+    from ._admin import EtcdAdmin
 
 __all__ = ["EtcdAttempt", "EtcdDriver"]
 
@@ -614,6 +618,20 @@ class EtcdDriver:
                     return  # the key is gone either way: nothing more to watch
         finally:
             await watch.aclose()
+
+    # -- operations
+
+    def admin(self) -> EtcdAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import EtcdAdmin
+
+        return EtcdAdmin(self)
+
+    async def diagnose(self) -> Diagnosis:
+        """``backend.doctor()``'s findings for this cluster (see :mod:`._doctor`)."""
+        from ._doctor import diagnose_etcd
+
+        return await diagnose_etcd(self)
 
     # -- introspection
 
