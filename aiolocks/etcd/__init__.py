@@ -21,11 +21,20 @@ if TYPE_CHECKING:
 __all__ = ["EtcdBackend", "EtcdClient", "from_url"]
 
 
+def _load_client() -> Any:
+    try:
+        from . import _client
+    except ImportError as exc:
+        raise ImportError(
+            f"the etcd backend needs grpcio and aetcd ({exc}); "
+            'install them with: pip install "aiolocks[etcd]"'
+        ) from exc
+    return _client
+
+
 def __getattr__(name: str) -> Any:
     if name == "EtcdClient":
-        from ._client import EtcdClient
-
-        return EtcdClient
+        return _load_client().EtcdClient
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -67,7 +76,7 @@ class EtcdBackend(Backend):
         prefix: str = "",
         lease_ttl: int = DEFAULT_LEASE_TTL,
     ) -> None:
-        from ._client import EtcdClient
+        client_class = _load_client().EtcdClient
         from ._driver import EtcdDriver
 
         if isinstance(target, str):
@@ -79,7 +88,7 @@ class EtcdBackend(Backend):
             options = parse_etcd_url(target)
             super().__init__(EtcdDriver(options))
             return
-        if not isinstance(target, EtcdClient):
+        if not isinstance(target, client_class):
             raise TypeError(
                 "EtcdBackend takes an etcd:// URL or an aiolocks.etcd.EtcdClient, "
                 f"got {type(target).__name__}"
@@ -97,6 +106,8 @@ class EtcdBackend(Backend):
 
 def from_url(url: str, **options: object) -> EtcdBackend:
     """``etcd://h1:2379,h2:2379[/prefix][?lease_ttl=10&...]`` (+ keyword query options)."""
+    checked = parse_etcd_url(url, **options)  # bad input fails before anything is imported
+    _load_client()
     from ._driver import EtcdDriver
 
-    return EtcdBackend._around(EtcdDriver(parse_etcd_url(url, **options)))
+    return EtcdBackend._around(EtcdDriver(checked))
