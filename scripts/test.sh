@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing (Python packages; ZooKeeper,
-# Redis and Java from Debian packages), then runs ruff, mypy --strict, the
+# Java, Redis, etcd, PostgreSQL and pgbouncer from Debian packages), then
+# runs ruff, mypy --strict, the
 # docs site build (mkdocs --strict: a broken page or link fails), the
 # packaging check (wheel and sdist that `twine check --strict` accepts) and
-# pytest. The tests start their own ZooKeeper and Redis servers on free ports.
+# pytest. The tests start their own servers on free ports.
 # Usage: ./scripts/test.sh [pytest args...]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
