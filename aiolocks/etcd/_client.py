@@ -1375,9 +1375,9 @@ class Watch:
         )
         try:
             async with asyncio.timeout(timeout):
-                await call.write(pb.WatchRequest(create_request=create))
+                await _plain_await(call.write(pb.WatchRequest(create_request=create)))
                 while True:
-                    response = await call.read()
+                    response = await _plain_await(call.read())
                     if response is grpc.aio.EOF:
                         raise _Stalled(endpoint)
                     if response.created:
