@@ -29,6 +29,7 @@ SCHEMES: dict[str, str] = {
     "redlock": "aiolocks.redis",
     "postgresql": "aiolocks.postgres",
     "postgres": "aiolocks.postgres",
+    "etcd": "aiolocks.etcd",
 }
 
 
@@ -136,7 +137,7 @@ def connect(url: str = "memory://", **options: Any) -> _Connecting:
 
     Schemes: ``memory://``, ``zk://``, ``redis://``, ``rediss://``,
     ``redis+sentinel://``, ``redis+cluster://``, ``redlock://``,
-    ``postgresql://`` / ``postgres://``. Keyword
+    ``postgresql://`` / ``postgres://``, ``etcd://``. Keyword
     options are the URL's query options (``session_timeout``, ``lease_time``,
     ``key_prefix``, ``connect_timeout``...), and, on every scheme,
     ``on_unavailable``: ``"raise"`` (default: an acquire that cannot reach

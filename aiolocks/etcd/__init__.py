@@ -1,13 +1,113 @@
-"""The etcd backend (``etcd://``): work in progress, not usable through ``aiolocks.connect()`` yet.
+"""The etcd v3 backend (``etcd://``): one lease per backend is the session.
 
-What exists so far is the ground the driver will stand on:
-``aiolocks.etcd._client`` (an asyncio etcd v3 client on ``grpc.aio`` with
-endpoint failover, deadlines, one keep-alive stream per lease and resumable
-watches) and ``aiolocks.etcd._url`` (parsing and checking ``etcd://`` URLs).
-Both are internal: nothing is public here until the backend is, and
-``import aiolocks`` never imports this package (nor ``grpc``).
+Build it with :func:`aiolocks.connect` (which calls :func:`from_url`), or
+around an :class:`EtcdClient` you already have with :class:`EtcdBackend`.
+See ``docs/etcd.md`` for the recipe, its guarantees and its limits.
+
+Importing this package does not import ``grpc``: the client is loaded when a
+backend is built (or when ``aiolocks.etcd.EtcdClient`` is first used).
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import TYPE_CHECKING, Any, final
+
+from .._core.backend import Backend
+from ._url import DEFAULT_LEASE_TTL, EtcdOptions, parse_etcd_url
+
+if TYPE_CHECKING:
+    from ._client import EtcdClient
+
+__all__ = ["EtcdBackend", "EtcdClient", "from_url"]
+
+
+def _load_client() -> Any:
+    try:
+        from . import _client
+    except ImportError as exc:
+        raise ImportError(
+            f"the etcd backend needs grpcio and aetcd ({exc}); "
+            'install them with: pip install "aiolocks[etcd]"'
+        ) from exc
+    return _client
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EtcdClient":
+        return _load_client().EtcdClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _check_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str):
+        raise ValueError(f"prefix must be a str, got {type(prefix).__name__}")
+    if not prefix:
+        return ""
+    # The URL parser owns the rules for a prefix; reuse it on a dummy URL.
+    return parse_etcd_url(f"etcd://127.0.0.1/{prefix.strip('/')}").prefix
+
+
+@final
+class EtcdBackend(Backend):
+    """The etcd backend, built from a URL or around a client you already have.
+
+    ::
+
+        backend = EtcdBackend("etcd://10.0.0.1,10.0.0.2/app?lease_ttl=10")
+        client = aiolocks.etcd.EtcdClient(["10.0.0.1:2379", "10.0.0.2:2379"])
+        backend = EtcdBackend(client, prefix="app", lease_ttl=10)
+
+    A backend's session is one lease of ``lease_ttl`` seconds, kept alive in
+    the background; when it expires or is revoked every hold of the backend
+    is lost, while acquires still waiting go on waiting in a new lease. A
+    client you pass in is connected by ``open()`` if needed but never closed
+    by the backend.
+
+    :param prefix: every key the backend writes lives under ``prefix/``
+        (client form only; the URL form takes it from the path).
+    :param lease_ttl: the session lease's TTL in whole seconds (client form
+        only; the URL form takes ``?lease_ttl=``).
+    """
+
+    def __init__(
+        self,
+        target: str | EtcdClient,
+        *,
+        prefix: str = "",
+        lease_ttl: int = DEFAULT_LEASE_TTL,
+    ) -> None:
+        client_class = _load_client().EtcdClient
+        from ._driver import EtcdDriver
+
+        if isinstance(target, str):
+            if prefix or lease_ttl != DEFAULT_LEASE_TTL:
+                raise ValueError(
+                    "EtcdBackend(url) takes the prefix and lease_ttl from the URL "
+                    "(etcd://host/prefix?lease_ttl=N), not as keywords"
+                )
+            options = parse_etcd_url(target)
+            super().__init__(EtcdDriver(options))
+            return
+        if not isinstance(target, client_class):
+            raise TypeError(
+                "EtcdBackend takes an etcd:// URL or an aiolocks.etcd.EtcdClient, "
+                f"got {type(target).__name__}"
+            )
+        checked = parse_etcd_url("etcd://127.0.0.1", lease_ttl=lease_ttl)
+        options = EtcdOptions(
+            endpoints=target.endpoints,
+            prefix=_check_prefix(prefix),
+            lease_ttl=checked.lease_ttl,
+            connect_timeout=target.connect_timeout,
+            request_timeout=target.request_timeout,
+        )
+        super().__init__(EtcdDriver(options, client=target))
+
+
+def from_url(url: str, **options: object) -> EtcdBackend:
+    """``etcd://h1:2379,h2:2379[/prefix][?lease_ttl=10&...]`` (+ keyword query options)."""
+    checked = parse_etcd_url(url, **options)  # bad input fails before anything is imported
+    _load_client()
+    from ._driver import EtcdDriver
+
+    return EtcdBackend._around(EtcdDriver(checked))

@@ -619,6 +619,30 @@ def _check_timeout(name: str, value: float) -> float:
     return float(value)
 
 
+
+async def _plain_await(call: Any) -> Any:
+    """Await a grpc.aio call so that a cancellation reaches the caller as it was sent.
+
+    Awaiting the call directly makes grpc raise a fresh ``CancelledError``
+    of its own when the caller is cancelled; anyio's cancel scopes do not
+    recognise that one as theirs and let it escape the scope (a
+    ``move_on_after`` around an acquire would cancel the whole task). Waiting
+    on the call's task instead leaves the caller's own cancellation intact;
+    the call is cancelled with it.
+    """
+    task = asyncio.ensure_future(call)
+    try:
+        await asyncio.wait((task,))
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if task.cancelled():
+        # Not our cancellation: grpc cancels the calls of a channel being
+        # closed. A CancelledError here would look like the caller's own.
+        raise BackendUnavailableError("the etcd request was cancelled: the client is closing")
+    return task.result()
+
+
 class EtcdClient:
     """An asyncio etcd v3 client over several endpoints, with deadlines everywhere.
 
@@ -788,7 +812,9 @@ class EtcdClient:
             budget = max(min(remaining, 1.0), remaining / count) if retry else remaining
             attempt += 1
             try:
-                return await getattr(getattr(stubs, service), method)(request, timeout=budget)
+                return await _plain_await(
+                    getattr(getattr(stubs, service), method)(request, timeout=budget)
+                )
             except grpc.aio.AioRpcError as exc:
                 if not _is_transport(exc):
                     raise _map_refusal(exc) from exc
@@ -1091,6 +1117,7 @@ class LeaseKeepAlive:
         self._expired_reason: str | None = None
         self._expired = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._timer: asyncio.TimerHandle | None = None
         self._refreshes = 0
 
@@ -1170,14 +1197,14 @@ class LeaseKeepAlive:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         failures = 0
-        while not self.expired:
+        while not self.expired and not self._stopping:
             try:
                 endpoint, stubs = self._client._current_stubs()
             except BackendUnavailableError:
                 return
             call = stubs.lease.LeaseKeepAlive()
             try:
-                while not self.expired:
+                while not self.expired and not self._stopping:
                     sent_at = loop.time()
                     await call.write(pb.LeaseKeepAliveRequest(ID=self.lease_id))
                     wait = max(min(self._interval, self._deadline - loop.time()), 0.01)
@@ -1209,6 +1236,8 @@ class LeaseKeepAlive:
             except Exception as exc:
                 # AioRpcError from the member, _Stalled, or gRPC refusing to
                 # write on a call that its transport has already finished.
+                if self._stop_requested():
+                    return  # grpc turned our cancellation into an error of its own
                 failures += 1
                 if isinstance(exc, grpc.aio.AioRpcError):
                     detail = f"{_code_name(exc)} {_details(exc)}"
@@ -1232,6 +1261,9 @@ class LeaseKeepAlive:
             if failures > 1:
                 await asyncio.sleep(min(0.05 * failures, self._interval / 2))
 
+    def _stop_requested(self) -> bool:
+        return self._stopping
+
     async def revoke(self, *, timeout: float | None = None) -> None:
         """Stop refreshing and revoke the lease (its keys go at once); a gone lease is fine."""
         await self.aclose()
@@ -1245,12 +1277,17 @@ class LeaseKeepAlive:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._stopping = True
         task, self._task = self._task, None
         self._client._streams.discard(self)
-        if task is not None and not task.done():
+        # grpc may swallow a cancellation that lands in one of its awaits
+        # (turning it into an error of its own, which the loop treats as a
+        # failed stream): cancel again until the task has ended.
+        while task is not None and not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait((task,), timeout=0.1)
+        if task is not None and not task.cancelled() and task.exception() is not None:
+            _log.debug("keep-alive of lease %x ended with %r", self.lease_id, task.exception())
 
     def __repr__(self) -> str:
         state = self._expired_reason or f"ttl={self._ttl}"
@@ -1338,9 +1375,9 @@ class Watch:
         )
         try:
             async with asyncio.timeout(timeout):
-                await call.write(pb.WatchRequest(create_request=create))
+                await _plain_await(call.write(pb.WatchRequest(create_request=create)))
                 while True:
-                    response = await call.read()
+                    response = await _plain_await(call.read())
                     if response is grpc.aio.EOF:
                         raise _Stalled(endpoint)
                     if response.created:

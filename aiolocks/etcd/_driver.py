@@ -1,18 +1,7 @@
-"""DRAFT, NOT ACTIVE: the etcd driver, written against the attempt-lifecycle driver contract.
+"""The etcd driver, on the attempt-lifecycle driver contract of ``aiolocks._core.driver``.
 
-Nothing imports this module: ``aiolocks.connect()`` does not know ``etcd://``
-yet. The driver follows the attempt-lifecycle contract of
-``aiolocks._core.driver`` (``begin`` / ``try_once`` / ``wait_for_change`` /
-``abandon`` / ``finish`` / ``release -> bool``; :class:`EtcdAttempt` is an
-``Attempt``). What is left: wire ``etcd://`` into ``connect()`` (a backend
-over :class:`EtcdDriver`) and run the conformance and fault-injection suites
-against it. Until then the recipe is exercised directly by
-``tests/etcd/test_driver_draft.py``.
-
-Known gaps of the draft: ``request.count > 1`` (several semaphore leases in
-one acquire) and ``request.downgrade_of`` are refused with a clear error;
-semaphore waiters watch the whole queue for deletes (a herd) instead of one
-key each.
+:class:`EtcdAttempt` is the contract's ``Attempt``; ``aiolocks.etcd.EtcdBackend``
+wraps :class:`EtcdDriver`.
 
 The recipe (etcd's concurrency package, with its known bugs closed)
 --------------------------------------------------------------------
@@ -26,7 +15,12 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   a prefix of another's. An attempt's key is ``<queue><lease hex>/<attempt
   id>.<kind>``: two attempts of one backend never share a key (the shared
   per-session key of etcd's Go recipe let two mutexes of one session both
-  "win").
+  "win"). ``acquire_many(n)`` writes ``n`` keys (``<attempt id>-<i>``) in
+  one transaction: they enter the queue together, so two such acquires can
+  never interleave and deadlock. A write -> read downgrade writes a read key
+  named ``.r@<write revision>`` in a transaction that checks the write key
+  is still ours; the queue order puts it at the write key's place, so no
+  writer queued behind the write hold gets in between.
 * **Try** = one transaction: ``If(create_revision(key) == 0 and
   create_revision(tombstone) == 0) Then(Put(key, lease), Range(queue))
   Else(Range(key), Range(queue))``. The owner is the lowest create
@@ -34,7 +28,10 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   earlier writers). The fencing token is the key's create revision.
 * **Wait** = a watch on the one key to wait for (the last earlier key; for a
   reader, the last earlier writer), from the revision of the read that saw
-  it, so a delete in between is not missed. The next try reads its own key
+  it, so a delete in between is not missed. A semaphore waiter first in line
+  watches the queue for deletes; one further back watches the key just
+  ahead of it, whose owner touches it (a put) when it gets its leases, so a
+  release wakes one waiter, never the whole queue. The next try reads its own key
   again: a waiter whose key went with its lease starts over in a new session
   rather than claiming the lock (the Go recipe could return a lock after its
   lease had expired, and kept waiting on a dead session).
@@ -42,9 +39,13 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   stale, repeated release can never delete a newer holder's key.
 * **Prompt loss.** Each hold watches its own key from its create revision;
   a delete behind our back (revoke, ``etcdctl del``) marks it lost at once.
-* **Abandon** deletes the attempt's key; when a try was unanswered, it
+* **Abandon** deletes the attempt's keys; when a try was unanswered, it
   first writes a tombstone key (outside every queue) that the late
-  transaction's compare refuses, and removes it after a grace period.
+  transaction's compare refuses, on a lease of its own of twice the request
+  timeout.
+
+Known limit: the ``n`` leases of one ``acquire_many(n)`` share one create
+revision, hence one fencing token.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
@@ -75,6 +77,10 @@ from ._client import (
     SortTarget,
 )
 from ._url import EtcdOptions
+
+if TYPE_CHECKING:
+    from .._core.doctor import Diagnosis
+    from ._admin import EtcdAdmin
 
 __all__ = ["EtcdAttempt", "EtcdDriver"]
 
@@ -117,33 +123,63 @@ class _Hold:
 class EtcdAttempt(Attempt):
     """One acquire attempt.
 
-    ``attempt_id`` is minted in ``begin``; the key is bound to the session's
-    lease at the first try and re-bound if the session changes.
+    ``attempt_id`` is minted in ``begin``; the keys (one per lease asked
+    for) are bound to the session's lease at the first try and re-bound if
+    the session changes.
     """
 
     __slots__ = (
         "attempt_id",
-        "key",
-        "predecessor",
-        "read_revision",
+        "downgrade",
+        "keys",
         "revision",
         "session",
         "unanswered",
+        "waited",
     )
 
     def __init__(self, request: Request, attempt_id: str) -> None:
         super().__init__(request)
         self.attempt_id = attempt_id
-        self.key: bytes | None = None
+        self.keys: list[bytes] = []
         self.session: _Session | None = None
         self.revision = 0
-        self.predecessor: bytes | None = None
-        self.read_revision = 0
         self.unanswered = False
+        self.waited = False
+        #: the write hold this read takes the place of (write -> read downgrade)
+        self.downgrade: _Hold | None = None
+
+
+def _kind(key: bytes) -> bytes:
+    return key.rsplit(b".", 1)[-1]
+
+
+def _is_writer(key: bytes) -> bool:
+    return _kind(key) == b"w"
+
+
+def _position(kv: KeyValue) -> tuple[int, int, int, bytes]:
+    """Queue order: create revision, except that a downgraded read stands at its write key.
+
+    The read key of a write -> read downgrade is named ``.r@<write revision>``
+    and sorts just before the write key it replaces, so no writer queued
+    behind the write hold can get in between.
+    """
+    kind = _kind(kv.key)
+    if kind.startswith(b"r@"):
+        try:
+            return (int(kind[2:], 16), 0, kv.create_revision, kv.key)
+        except ValueError:
+            pass
+    return (kv.create_revision, 1, kv.create_revision, kv.key)
+
+
+def _ordered(kvs: tuple[KeyValue, ...]) -> list[KeyValue]:
+    return sorted(kvs, key=_position)
 
 
 class EtcdDriver:
-    """The etcd driver (draft; see the module docstring)."""
+    """The etcd driver: one lease per backend, one key per lease asked for."""
 
     capabilities = Capabilities(fair=True, queue_visible=True, can_lose=True)
 
@@ -170,6 +206,21 @@ class EtcdDriver:
 
     # -- plumbing
 
+    @property
+    def client(self) -> EtcdClient:
+        """The etcd client this driver talks through."""
+        return self._client
+
+    @property
+    def options(self) -> EtcdOptions:
+        """The checked options (endpoints, prefix, lease TTL, timeouts)."""
+        return self._options
+
+    @property
+    def root(self) -> bytes:
+        """The key prefix every key of this driver starts with (``b""`` or ``b"prefix/"``)."""
+        return self._root
+
     def describe(self) -> str:
         """``etcd://h1:2379,h2:2379/prefix``."""
         return self._options.description
@@ -186,6 +237,12 @@ class EtcdDriver:
         if self._spawn_hook is not None:
             spawned = self._spawn_hook(coro, name)
             return spawned if isinstance(spawned, asyncio.Task) else None
+        return self._watcher(coro, name)
+
+    def _watcher(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        # A hold's loss watch lives as long as the hold: it is not background
+        # *work* to finish (the engine's task set), so the driver keeps it and
+        # cancels it at release or close.
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -194,14 +251,17 @@ class EtcdDriver:
     def _tombstone(self, key: bytes) -> bytes:
         return self._root + _TOMBSTONES + key[len(self._root) :]
 
+    def _queue_of(self, name: str, family: Family) -> bytes:
+        return self._root + f"{family.value}\x00{name}\x00".encode()
+
     def _queue(self, request: Request) -> bytes:
-        return self._root + f"{request.family.value}\x00{request.name}\x00".encode()
+        return self._queue_of(request.name, request.family)
 
     async def open(self, tasks: TaskSet | None = None) -> None:
         """Connect and start the first session; ``BackendUnavailableError`` in time.
 
-        Background work (hold watches, tombstone removal) goes into the
-        engine's ``tasks`` when given.
+        Background work (waking the next waiter) goes into the engine's
+        ``tasks`` when given; each hold's loss watch is the driver's own.
         """
         if tasks is not None and self._spawn_hook is None:
             self._spawn_hook = lambda coro, name: tasks.spawn(coro, name=name)
@@ -209,14 +269,14 @@ class EtcdDriver:
         await self._live_session()
 
     async def close(self) -> None:
-        """Revoke the session lease (its keys go at once) and disconnect."""
+        """Revoke the session lease (its keys go at once) and disconnect our own client."""
         session, self._session = self._session, None
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if session is not None:
-            with contextlib.suppress(BackendUnavailableError):
+            with contextlib.suppress(BackendUnavailableError, LeaseNotFoundError):
                 await session.keeper.revoke()
         if self._owns_client:
             await self._client.close()
@@ -261,31 +321,45 @@ class EtcdDriver:
 
     def begin(self, request: Request) -> EtcdAttempt:
         """Mint the attempt id (no I/O)."""
-        if request.count != 1:
-            raise ValueError("the etcd driver draft takes one lease per acquire (count=1)")
-        if request.downgrade_of is not None:
-            raise ValueError("the etcd driver draft does not downgrade write holds yet")
-        return EtcdAttempt(request, secrets.token_hex(8))
+        attempt = EtcdAttempt(request, secrets.token_hex(8))
+        write = request.downgrade_of
+        if write is not None and isinstance(write.handle, _Hold):
+            attempt.downgrade = write.handle
+        return attempt
 
-    async def try_once(self, attempt: EtcdAttempt) -> list[Grant] | None:
-        """One transaction: create the attempt's key if absent and read the queue."""
+    def _bind(self, attempt: EtcdAttempt, session: _Session) -> None:
+        request = attempt.request
+        attempt.session = session
+        kind = _KIND[request.mode]
+        if request.mode is Mode.LEASE:
+            kind += str(request.max_leases)  # participants() needs N
+        downgrade = attempt.downgrade
+        if downgrade is not None and (downgrade.session is not session or downgrade.releasing):
+            attempt.downgrade = downgrade = None  # the write hold is gone: an ordinary read
+        if downgrade is not None:
+            kind += f"@{downgrade.revision:x}"
+        base = self._queue(request) + f"{session.lease_id:016x}/{attempt.attempt_id}".encode()
+        if request.count == 1:
+            attempt.keys = [base + f".{kind}".encode()]
+        else:
+            attempt.keys = [base + f"-{i}.{kind}".encode() for i in range(request.count)]
+        attempt.revision = 0
+
+    async def try_once(self, attempt: Attempt) -> list[Grant] | None:
+        """One transaction: create the attempt's keys if absent and read the head of the queue."""
+        assert isinstance(attempt, EtcdAttempt)
         request = attempt.request
         session = await self._live_session()
-        if attempt.session is not session:
-            attempt.session = session
-            kind = _KIND[request.mode]
-            if request.mode is Mode.LEASE:
-                kind += str(request.max_leases)  # participants() needs N
-            attempt.key = self._queue(request) + (
-                f"{session.lease_id:016x}/{attempt.attempt_id}.{kind}".encode()
-            )
-            attempt.revision = 0
-        key = attempt.key
-        assert key is not None
+        if attempt.session is not session or not attempt.keys:
+            self._bind(attempt, session)
+        keys = attempt.keys
         queue = self._queue(request)
-        head_limit = request.max_leases if request.mode is Mode.LEASE else 1
-        if request.mode is Mode.READ:
-            head_limit = 0  # a reader needs every earlier key to find writers
+        if request.family is Family.READ_WRITE:
+            head_limit = 0  # downgraded reads stand out of create order: read it all
+        elif request.mode is Mode.LEASE:
+            head_limit = request.max_leases
+        else:
+            head_limit = 1
         head = RangeOp.of(
             queue,
             prefix=True,
@@ -294,15 +368,20 @@ class EtcdDriver:
             sort_target=SortTarget.CREATE,
             sort_order=SortOrder.ASCEND,
         )
+        compares = [Compare.create_revision(key, "==", 0) for key in keys]
+        compares += [Compare.create_revision(self._tombstone(key), "==", 0) for key in keys]
+        downgrade = attempt.downgrade
+        if downgrade is not None:
+            compares.append(Compare.create_revision(downgrade.key, "==", downgrade.revision))
+        puts: list[PutOp | RangeOp] = [
+            PutOp.of(key, request.participant, lease=session.lease_id) for key in keys
+        ]
         attempt.unanswered = True
         try:
             result = await self._client.txn(
-                [
-                    Compare.create_revision(key, "==", 0),
-                    Compare.create_revision(self._tombstone(key), "==", 0),
-                ],
-                [PutOp.of(key, request.participant, lease=session.lease_id), head],
-                [RangeOp.of(key), head],
+                compares,
+                [*puts, head],
+                [*(RangeOp.of(key) for key in keys), head],
                 retry=True,
             )
         except LeaseNotFoundError:
@@ -313,72 +392,146 @@ class EtcdDriver:
         if result.succeeded:
             attempt.revision = result.revision
         else:
-            mine = result.responses[0]
-            assert isinstance(mine, RangeResult)
-            if not mine.kvs:
-                # Our key is gone (its lease ended, or deleted behind our back),
-                # or the tombstone is there: never claim anything, start over.
+            found = [r for r in result.responses[: len(keys)] if isinstance(r, RangeResult)]
+            if len(found) != len(keys) or any(not r.kvs for r in found):
+                # A key of ours is gone (its lease ended, it was deleted behind
+                # our back, or our write hold went before the downgrade): never
+                # claim anything; drop what is left and start over, new keys.
+                await self._drop_keys(keys)
+                attempt.keys = []
                 attempt.session = None
+                attempt.downgrade = None
+                attempt.attempt_id = secrets.token_hex(8)
                 return None
-            attempt.revision = mine.kvs[0].create_revision
-        ranked = result.responses[1]
+            attempt.revision = found[0].kvs[0].create_revision
+        ranked = result.responses[-1]
         assert isinstance(ranked, RangeResult)
-        if self._wins(request, key, ranked.kvs):
+        if not self._wins(request, keys, ranked.kvs):
+            return None
+        grants: list[Grant] = []
+        holds: list[_Hold] = []
+        for key in keys:
             hold = _Hold(key, attempt.revision, session)
             grant = Grant(request, attempt.revision, hold)
             grant.valid_until = session.keeper.deadline
             session.grants.add(grant)
-            # No await between "won" and the return (contract).
-            hold.watch_task = self._spawn(
-                self._watch_hold(grant, hold), f"aiolocks-etcd-hold-{key!r}"
+            holds.append(hold)
+            grants.append(grant)
+        # No await between "won" and the return (contract).
+        for grant, hold in zip(grants, holds, strict=True):
+            hold.watch_task = self._watcher(
+                self._watch_hold(grant, hold), f"aiolocks-etcd-hold-{hold.key!r}"
             )
-            attempt.key = None  # the key now belongs to the grant, not the attempt
-            return [grant]
-        return None
+        if attempt.waited and request.mode is Mode.LEASE:
+            # The next waiter watches our key for this: it may be first in line now.
+            self._spawn(self._touch(holds, request.participant), "aiolocks-etcd-wake")
+        attempt.keys = []  # the keys now belong to the grants, not the attempt
+        return grants
 
-    def _wins(self, request: Request, key: bytes, head: tuple[KeyValue, ...]) -> bool:
-        keys = [kv.key for kv in head]
+    def _wins(self, request: Request, keys: list[bytes], head: tuple[KeyValue, ...]) -> bool:
+        if request.mode is Mode.LEASE:
+            present = {kv.key for kv in head[: request.max_leases]}
+            return all(key in present for key in keys)
+        ordered = _ordered(head) if request.family is Family.READ_WRITE else list(head)
+        mine = keys[0]
         if request.mode is Mode.READ:
-            for other in keys:
-                if other == key:
+            for kv in ordered:
+                if kv.key == mine:
                     return True
-                if other.endswith(b".w"):
+                if _is_writer(kv.key):
                     return False
             return False
-        return key in keys
+        return bool(ordered) and ordered[0].key == mine
 
-    async def wait_for_change(self, attempt: EtcdAttempt, bound: float | None) -> None:
-        """Watch the one key this attempt waits for; return on its delete or after ``bound``."""
+    async def _touch(self, holds: list[_Hold], value: str) -> None:
+        for hold in holds:
+            if hold.releasing:
+                continue
+            with contextlib.suppress(BackendUnavailableError, LeaseNotFoundError):
+                await self._client.txn(
+                    [Compare.create_revision(hold.key, "==", hold.revision)],
+                    [PutOp.of(hold.key, value, lease=hold.session.lease_id)],
+                    [],
+                )
+
+    async def _drop_keys(self, keys: list[bytes]) -> None:
+        if keys:
+            await self._client.txn([], [DeleteOp.of(key) for key in keys], [], retry=True)
+
+    async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
+        """Watch the one key whose change can let this attempt in; return then or after ``bound``.
+
+        * mutex, writer: the key just ahead (its delete);
+        * reader: the last writer ahead (its delete);
+        * semaphore, first in line (every earlier key is a holder): a delete
+          anywhere in the queue; further back: the key just ahead, whose
+          owner touches it when it gets its leases (so each release wakes
+          one waiter, not the whole queue).
+        """
+        assert isinstance(attempt, EtcdAttempt)
+        attempt.waited = True
         session = attempt.session
-        if session is None or attempt.key is None or attempt.revision == 0:
+        if session is None or not attempt.keys or attempt.revision == 0:
             return  # start over at once (new session or key gone)
         request = attempt.request
         queue = self._queue(request)
-        before = await self._client.range(
-            RangeOp.of(
-                queue,
-                prefix=True,
-                keys_only=True,
-                max_create_revision=attempt.revision - 1,
-                sort_target=SortTarget.CREATE,
-                sort_order=SortOrder.DESCEND,
-                limit=0 if request.mode in (Mode.READ, Mode.LEASE) else 1,
-            )
-        )
         target: bytes | None = None
-        if request.mode is Mode.READ:
-            target = next((kv.key for kv in before.kvs if kv.key.endswith(b".w")), None)
-        elif before.kvs:
-            target = before.kvs[0].key
-        if target is None:
+        whole_queue = False
+        with_puts = False
+        if request.family is Family.READ_WRITE:
+            seen = await self._client.range(RangeOp.of(queue, prefix=True, keys_only=True))
+            ordered = _ordered(seen.kvs)
+            mine = attempt.keys[0]
+            index = next((i for i, kv in enumerate(ordered) if kv.key == mine), None)
+            if index is None:
+                return  # our key is gone: the next try starts over
+            earlier = ordered[:index]
+            if request.mode is Mode.READ:
+                earlier = [kv for kv in earlier if _is_writer(kv.key)]
+            if earlier:
+                target = earlier[-1].key
+        elif request.mode is Mode.LEASE:
+            seen = await self._client.range(
+                RangeOp.of(
+                    queue,
+                    prefix=True,
+                    keys_only=True,
+                    max_create_revision=attempt.revision - 1,
+                    sort_target=SortTarget.CREATE,
+                    sort_order=SortOrder.DESCEND,
+                    limit=request.max_leases + 1,
+                )
+            )
+            if len(seen.kvs) + request.count <= request.max_leases:
+                return  # room now: try again
+            if len(seen.kvs) <= request.max_leases:
+                whole_queue = True  # first in line: any release may let us in
+            else:
+                target, with_puts = seen.kvs[0].key, True
+        else:
+            seen = await self._client.range(
+                RangeOp.of(
+                    queue,
+                    prefix=True,
+                    keys_only=True,
+                    max_create_revision=attempt.revision - 1,
+                    sort_target=SortTarget.CREATE,
+                    sort_order=SortOrder.DESCEND,
+                    limit=1,
+                )
+            )
+            if seen.kvs:
+                target = seen.kvs[0].key
+        if target is None and not whole_queue:
             return  # nothing to wait for any more: try again
-        if request.mode is Mode.LEASE:
+        if whole_queue:
             watch = await self._client.watch(
-                queue, prefix=True, start_revision=before.revision + 1, no_put=True
+                queue, prefix=True, start_revision=seen.revision + 1, no_put=True
             )
         else:
+            assert target is not None
             watch = await self._client.watch(
-                target, start_revision=before.revision + 1, no_put=True
+                target, start_revision=seen.revision + 1, no_put=not with_puts
             )
         try:
             async with asyncio.timeout(bound):
@@ -395,39 +548,37 @@ class EtcdDriver:
         finally:
             await watch.aclose()
 
-    async def abandon(self, attempt: EtcdAttempt) -> None:
-        """Delete the attempt's key; tombstone it first if a try was unanswered."""
-        key, session = attempt.key, attempt.session
-        if key is None or session is None:
+    async def abandon(self, attempt: Attempt) -> None:
+        """Delete the attempt's keys; tombstone them first if a try was unanswered.
+
+        A tombstone lives on a short lease of its own (twice the request
+        timeout: no transaction sent before it can arrive later than that),
+        so nothing has to come back to remove it.
+        """
+        assert isinstance(attempt, EtcdAttempt)
+        keys, session = attempt.keys, attempt.session
+        if not keys or session is None:
             return
         if attempt.unanswered:
-            try:
-                await self._client.txn(
-                    [],
-                    [
-                        PutOp.of(self._tombstone(key), b"", lease=session.lease_id),
-                        DeleteOp.of(key),
-                    ],
-                    [],
-                    retry=True,
-                )
-            except LeaseNotFoundError:
-                return  # the lease is gone and its keys with it
-            self._spawn(self._drop_tombstone(self._tombstone(key)), "aiolocks-etcd-tombstone")
+            ttl = max(1, math.ceil(2 * self._options.request_timeout))
+            lease = await self._client.lease_grant(ttl)
+            await self._client.txn(
+                [],
+                [
+                    *(PutOp.of(self._tombstone(key), b"", lease=lease.id) for key in keys),
+                    *(DeleteOp.of(key) for key in keys),
+                ],
+                [],
+                retry=True,
+            )
         else:
-            await self._client.delete(key)
-        attempt.key = None
+            await self._drop_keys(keys)
+        attempt.keys = []
 
-    async def _drop_tombstone(self, tombstone: bytes) -> None:
-        # After twice the request timeout no transaction sent before the
-        # tombstone can still arrive (its deadline made the client give up).
-        await asyncio.sleep(2 * self._options.request_timeout)
-        with contextlib.suppress(BackendUnavailableError):
-            await self._client.delete(tombstone)
-
-    def finish(self, attempt: EtcdAttempt) -> None:
-        """Nothing local outlives a wait in this draft (each wait closes its watch)."""
-        attempt.predecessor = None
+    def finish(self, attempt: Attempt) -> None:
+        """Nothing local outlives a wait (each wait closes its watch)."""
+        assert isinstance(attempt, EtcdAttempt)
+        attempt.downgrade = None
 
     async def release(self, grant: Grant) -> bool:
         """Delete the key only if its create revision is still ours; ``False`` otherwise."""
@@ -468,20 +619,37 @@ class EtcdDriver:
         finally:
             await watch.aclose()
 
+    # -- operations
+
+    def admin(self) -> EtcdAdmin:
+        """Listing and force-release (``aiolocks list``/``break``)."""
+        from ._admin import EtcdAdmin
+
+        return EtcdAdmin(self)
+
+    async def diagnose(self) -> Diagnosis:
+        """``backend.doctor()``'s findings for this cluster (see :mod:`._doctor`)."""
+        from ._doctor import diagnose_etcd
+
+        return await diagnose_etcd(self)
+
     # -- introspection
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
-        """Holders first, then waiters, in create-revision order."""
-        queue = self._root + f"{family.value}\x00{name}\x00".encode()
+        """Holders first, then waiters, in queue order."""
         result = await self._client.range(
-            queue, prefix=True, sort_target=SortTarget.CREATE, sort_order=SortOrder.ASCEND
+            self._queue_of(name, family),
+            prefix=True,
+            sort_target=SortTarget.CREATE,
+            sort_order=SortOrder.ASCEND,
         )
         found: list[Participant] = []
         writer_seen = False
-        for index, kv in enumerate(result.kvs):
-            kind = kv.key.rsplit(b".", 1)[-1].decode()
-            if kind == "r":
+        for index, kv in enumerate(_ordered(result.kvs)):
+            kind = _kind(kv.key).decode("ascii", "replace")
+            if kind.startswith("r"):
                 holder = not writer_seen
+                kind = "r"
             elif kind.startswith("l"):
                 holder = index < int(kind[1:] or "1")
                 kind = "l"

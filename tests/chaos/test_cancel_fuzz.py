@@ -28,7 +28,7 @@ import pytest
 
 import aiolocks
 from aiolocks.redis._driver import TOMBSTONE_MS
-from aiolocks.testing import RedisServer, TcpProxy, ZooKeeperServer
+from aiolocks.testing import EtcdServer, RedisServer, TcpProxy, ZooKeeperServer
 
 from .checker import chaos_scale, chaos_seed, redis_leftovers, rng_for, zk_leftovers
 from .conftest import record_summary
@@ -370,3 +370,32 @@ async def test_cancel_fuzz_zookeeper(zookeeper_server: ZooKeeperServer) -> None:
         return await zk_leftovers(zookeeper_server.hosts, chroot, within=1.0)
 
     await run_fuzz("zookeeper", open_backends, _iterations(1500), server_leaks, 0.1)
+
+
+@pytest.mark.etcd
+@pytest.mark.asyncio
+async def test_cancel_fuzz_etcd(etcd_server: EtcdServer) -> None:
+    """Random cancellations over etcd://, one backend through a 2 ms proxy (a short run)."""
+    from aiolocks.etcd import EtcdClient
+
+    prefix = f"chaos-fuzz-{uuid.uuid4().hex[:8]}"
+    host, _, port = etcd_server.endpoints[0].rpartition(":")
+
+    @contextlib.asynccontextmanager
+    async def open_backends() -> AsyncIterator[tuple[aiolocks.Backend, aiolocks.Backend]]:
+        async with TcpProxy(host, int(port)) as proxy:
+            proxy.delay(0.002)
+            direct = f"{etcd_server.url}/{prefix}?lease_ttl=10"
+            slow = f"etcd://{proxy.netloc}/{prefix}?lease_ttl=10"
+            async with aiolocks.connect(direct) as a, aiolocks.connect(slow) as b:
+                yield a, b
+
+    async def server_leaks() -> list[str]:
+        # Tombstones (keys outside every queue, on short leases of their own)
+        # are expected; any queue key left behind is a leak.
+        async with EtcdClient(list(etcd_server.endpoints)) as client:
+            found = await client.range(f"{prefix}/".encode(), prefix=True)
+        tombstones = f"{prefix}/\x00".encode()
+        return [repr(kv.key) for kv in found.kvs if not kv.key.startswith(tombstones)]
+
+    await run_fuzz("etcd", open_backends, _iterations(400), server_leaks, 0.05)

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 import aiolocks
-from aiolocks.testing import RedisServer, ZooKeeperServer
+from aiolocks.testing import EtcdServer, RedisServer, ZooKeeperServer
 
 LEASE = 1.0
 BLOCK = 6.0
@@ -74,6 +74,9 @@ def _url(kind: str, request: pytest.FixtureRequest) -> str:
     if kind == "redis":
         server: RedisServer = request.getfixturevalue("redis_server")
         return f"{server.url}?key_prefix=chaos-starve-{uuid.uuid4().hex[:8]}:&lease_time={LEASE}"
+    if kind == "etcd":
+        etcd: EtcdServer = request.getfixturevalue("etcd_server")
+        return f"{etcd.url}/chaos-starve-{uuid.uuid4().hex[:8]}?lease_ttl={int(LEASE)}"
     from .test_checker import _require_zookeeper
 
     _require_zookeeper()
@@ -110,7 +113,7 @@ async def _starve(
     return outcome, contender, body_end
 
 
-@pytest.mark.parametrize("kind", ["redis", "zookeeper"])
+@pytest.mark.parametrize("kind", ["redis", "zookeeper", "etcd"])
 @pytest.mark.asyncio
 async def test_blocked_holder_that_awaits_gets_lock_lost(
     kind: str, request: pytest.FixtureRequest
@@ -131,7 +134,7 @@ async def _nothing() -> None:
     return None
 
 
-@pytest.mark.parametrize("kind", ["redis", "zookeeper"])
+@pytest.mark.parametrize("kind", ["redis", "zookeeper", "etcd"])
 @pytest.mark.asyncio
 async def test_blocked_holder_that_exits_at_once_gets_lock_lost(
     kind: str, request: pytest.FixtureRequest

@@ -26,6 +26,7 @@ BACKENDS: dict[str, str | None] = {
     "zookeeper": "zookeeper_server",
     "postgres": "postgres_server",
     "postgres-lease": "postgres_server",
+    "etcd": "etcd_server",
 }
 
 #: More Redis topologies, opt-in (``AIOLOCKS_CONFORMANCE_TOPOLOGIES=1``): they
@@ -46,6 +47,7 @@ if os.environ.get("AIOLOCKS_CONFORMANCE_TOPOLOGIES") == "1":
 URL_OPTIONS: dict[str, str] = {
     "postgres": "heartbeat=1&sslmode=disable",
     "postgres-lease": "mode=lease&lease_time=5&sslmode=disable",
+    "etcd": "lease_ttl=5",
 }
 
 

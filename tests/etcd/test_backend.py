@@ -1,0 +1,114 @@
+"""``EtcdBackend``: URL and wrapped-client forms, bad input, and waiters that do not herd."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import aiolocks
+from aiolocks.etcd import EtcdBackend, EtcdClient
+from aiolocks.testing import EtcdServer
+
+pytestmark = pytest.mark.etcd
+
+
+@pytest.mark.asyncio
+async def test_wraps_a_client_and_leaves_it_open(etcd: EtcdServer, prefix: str) -> None:
+    async with EtcdClient(list(etcd.endpoints)) as client:
+        backend = EtcdBackend(client, prefix=prefix.rstrip("/"), lease_ttl=5)
+        async with backend:
+            lock = backend.mutex("wrapped/a")
+            async with lock:
+                holders = [p for p in await lock.participants() if p.is_holder]
+                assert len(holders) == 1
+            seen = await client.range(prefix.encode(), prefix=True)
+            assert seen.kvs == ()  # released: nothing left under the prefix
+        assert not client.closed
+        assert (await client.status())["version"]
+
+
+@pytest.mark.asyncio
+async def test_connect_builds_an_etcd_backend(etcd: EtcdServer) -> None:
+    async with aiolocks.connect(etcd.url + "/app?lease_ttl=3") as backend:
+        assert isinstance(backend, EtcdBackend)
+        assert backend.url == etcd.url + "/app"
+        async with backend.semaphore("s", 2):
+            pass
+
+
+@pytest.mark.parametrize(
+    ("url", "part"),
+    [
+        ("etcd://127.0.0.1:2379?lease_ttl=0", "lease_ttl"),
+        ("etcd://127.0.0.1:2379?bogus=1", "bogus"),
+        ("etcd://127.0.0.1:2379/a//b", "segment"),
+    ],
+)
+def test_bad_urls_fail_before_io(url: str, part: str) -> None:
+    with pytest.raises(ValueError, match=part):
+        aiolocks.connect(url)
+
+
+def test_bad_targets() -> None:
+    with pytest.raises(TypeError, match="EtcdClient"):
+        EtcdBackend(42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="from the URL"):
+        EtcdBackend("etcd://127.0.0.1", lease_ttl=3)
+    client = EtcdClient(["127.0.0.1:2379"])
+    with pytest.raises(ValueError, match="lease_ttl"):
+        EtcdBackend(client, lease_ttl=0)
+    with pytest.raises(ValueError, match="segment"):
+        EtcdBackend(client, prefix="a//b")
+
+
+def test_per_lock_options_are_refused() -> None:
+    backend = aiolocks.connect("etcd://127.0.0.1:2379")._backend
+    with pytest.raises(ValueError, match="lease_time"):
+        backend.mutex("a", lease_time=3)
+
+
+@pytest.mark.asyncio
+async def test_semaphore_waiters_watch_one_key_each(etcd: EtcdServer, prefix: str) -> None:
+    """Only the first waiter watches the queue; each later one watches the key ahead of it."""
+    async with aiolocks.connect(etcd.url + "/" + prefix.rstrip("/")) as backend, aiolocks.connect(
+        etcd.url + "/" + prefix.rstrip("/")
+    ) as other:
+        driver: Any = other._driver
+        watched: list[tuple[bytes, bool, bool]] = []
+        real_watch = driver.client.watch
+
+        async def spy(key: bytes, **kwargs: Any) -> Any:
+            watched.append((key, bool(kwargs.get("prefix")), not kwargs.get("no_put", False)))
+            return await real_watch(key, **kwargs)
+
+        driver.client.watch = spy
+        sem = backend.semaphore("herd", 2)
+        held = await sem.acquire_many(2)
+        assert held is not None
+        order: list[int] = []
+        waiting = other.semaphore("herd", 2)
+
+        async def waiter(i: int) -> None:
+            async with waiting:
+                order.append(i)
+                await asyncio.sleep(0)
+
+        tasks = []
+        for i in range(4):
+            tasks.append(asyncio.create_task(waiter(i)))
+            while len(await sem.participants()) < 3 + i:
+                await asyncio.sleep(0.01)
+        while len(watched) < 4:  # each waiter has had its first wait
+            await asyncio.sleep(0.01)
+        queue_watches = [w for w in watched if w[1]]
+        key_watches = [w for w in watched if not w[1] and w[2]]
+        assert len(queue_watches) == 1, watched
+        assert len(key_watches) == 3, watched
+        assert len({w[0] for w in key_watches}) == 3  # each waits on a different key
+        for lease in held:
+            await lease.release()
+        await asyncio.gather(*tasks)
+        assert order == [0, 1, 2, 3]
+        assert await sem.participants() == []
