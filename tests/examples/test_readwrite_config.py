@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+import aiolocks
 from examples import readwrite_config
 
 from .conftest import run_example
@@ -19,7 +20,14 @@ async def test_readers_share_writers_exclude_no_torn_reads(example_url: str) -> 
     assert stats.torn_reads == 0
     assert stats.writer_overlaps == 0
     assert stats.max_readers_inside >= 2, "readers never overlapped: the read lock is not shared"
-    assert stats.versions_seen >= 2
+    async with aiolocks.connect(example_url) as backend:
+        fair = backend.capabilities.fair
+    if fair:
+        # A fair queue lets each writer in between readers; on an unfair
+        # backend (Redis) the readers may all pass before the first write.
+        assert stats.versions_seen >= 2
+    else:
+        assert stats.versions_seen >= 1
 
 
 @pytest.mark.asyncio
