@@ -11,6 +11,7 @@ import pytest
 
 import aiolocks
 from aiolocks.postgres import PostgresBackend, PostgresPoolerError
+from aiolocks.postgres._driver import PostgresAdvisoryDriver
 from aiolocks.postgres._sql import advisory_key, slot_keys
 from aiolocks.testing import PgBouncer, PostgresServer, TcpProxy
 
@@ -24,6 +25,12 @@ def _app() -> str:
 def _url(server: PostgresServer, **options: object) -> str:
     query = "&".join(f"{k}={v}" for k, v in options.items())
     return f"{server.url}?{query}" if query else server.url
+
+
+def _driver(backend: aiolocks.Backend) -> PostgresAdvisoryDriver:
+    driver = backend._engine.driver
+    assert isinstance(driver, PostgresAdvisoryDriver)
+    return driver
 
 
 async def _our_locks(server: PostgresServer, app: str) -> list[tuple[int, int, str, bool]]:
@@ -354,3 +361,120 @@ async def test_stalled_link_is_a_loss(postgres_server: PostgresServer) -> None:
             await asyncio.to_thread(postgres_server.terminate_backends, application_name=app)
             async with asyncio.timeout(30), lock:
                 assert lock.fencing_token is not None
+
+
+async def test_local_hand_offs_keep_exclusion_order_and_let_other_processes_in(
+    postgres_server: PostgresServer,
+) -> None:
+    """Tasks of one backend pass the server lock on (one ``nextval`` each); tokens
+    keep increasing in hold order, and another process's waiter still gets its turn."""
+    from aiolocks.postgres._driver import MAX_HANDOFFS
+
+    app = _app()
+    name = f"driver/handoff/{app}"
+    inside = 0
+    order: list[tuple[str, int]] = []
+    foreign_done = asyncio.Event()
+    async with (
+        aiolocks.connect(_url(postgres_server, application_name=app)) as backend,
+        aiolocks.connect(_url(postgres_server, application_name=app + "-f")) as foreign,
+    ):
+
+        async def hold(lock: aiolocks.Mutex, who: str) -> None:
+            nonlocal inside
+            async with lock:
+                inside += 1
+                assert inside == 1
+                assert lock.fencing_token is not None
+                order.append((who, lock.fencing_token))
+                await asyncio.sleep(0)
+                inside -= 1
+
+        async def local(index: int) -> None:
+            lock = backend.mutex(name)
+            # keep hammering until the other process got the lock once
+            while not foreign_done.is_set():
+                await hold(lock, f"local-{index}")
+
+        async def other() -> None:
+            # queue on the server once the local tasks are busy handing off
+            while len(order) < 3 * MAX_HANDOFFS:
+                await asyncio.sleep(0.01)
+            await hold(foreign.mutex(name), "foreign")
+            foreign_done.set()
+
+        async with asyncio.timeout(120):
+            await asyncio.gather(*(local(i) for i in range(6)), other())
+        tokens = [token for _who, token in order]
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+        assert ("foreign", tokens[[w for w, _t in order].index("foreign")]) in order
+        assert len({who for who, _t in order if who != "foreign"}) == 6
+        assert _driver(backend)._queued == {}
+        assert await _our_locks(postgres_server, app) == []
+
+
+async def test_cancelled_hand_off_waiters_leave_nothing_behind(
+    postgres_server: PostgresServer,
+) -> None:
+    """Cancel queued and handed-off tasks at random moments: no lock, no queue entry left."""
+    app = _app()
+    name = f"driver/handoff-cancel/{app}"
+    rng = random.Random(2718)
+    tokens: list[int] = []
+    async with aiolocks.connect(_url(postgres_server, application_name=app)) as backend:
+
+        async def hold() -> None:
+            lock = backend.mutex(name)
+            async with lock:
+                assert lock.fencing_token is not None
+                tokens.append(lock.fencing_token)
+                await asyncio.sleep(rng.uniform(0, 0.003))
+
+        async with asyncio.timeout(120):
+            for _round in range(12):
+                tasks = [asyncio.create_task(hold()) for _ in range(6)]
+                await asyncio.sleep(rng.uniform(0, 0.02))
+                for task in rng.sample(tasks, 3):
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            while len(backend._tasks):
+                await asyncio.sleep(0.01)
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+        driver = _driver(backend)
+        assert driver._queued == {} and driver._server_waiters == {}
+        assert await _our_locks(postgres_server, app) == []
+        async with backend.mutex(name):  # still usable
+            pass
+
+
+async def test_a_handed_off_hold_is_lost_with_its_session(postgres_server: PostgresServer) -> None:
+    app = _app()
+    name = f"driver/handoff-loss/{app}"
+    async with aiolocks.connect(_url(postgres_server, heartbeat=1, application_name=app)) as b:
+        held, go = asyncio.Event(), asyncio.Event()
+
+        async def first() -> None:
+            async with b.mutex(name):
+                held.set()
+                await go.wait()
+
+        holder = asyncio.create_task(first())
+        await held.wait()
+        second = b.mutex(name)
+
+        async def let_go() -> None:
+            while not _driver(b)._queued:  # the acquire below is queued for the hand-off
+                await asyncio.sleep(0.01)
+            go.set()
+
+        async with asyncio.timeout(30):
+            releaser = asyncio.create_task(let_go())
+            with pytest.raises(aiolocks.LockLostError):
+                async with second:
+                    await holder
+                    await releaser
+                    ended = await asyncio.to_thread(
+                        postgres_server.terminate_backends, application_name=app
+                    )
+                    assert ended >= 1
+                    await asyncio.sleep(60)

@@ -183,7 +183,7 @@ async def test_schema_is_created_once_even_by_racing_callers(
     assert any(created)
     assert await ensure_schema(admin, names) is False  # nothing to do: no DDL runs
     row = await admin.fetchrow(names.lookup_sql())
-    assert tuple(row) == (True, True, True)
+    assert tuple(row) == (True, True, True, True)
     await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
