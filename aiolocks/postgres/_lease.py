@@ -62,7 +62,7 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CrashShutdownError,
 )
 
-_MODES = {Mode.EXCLUSIVE: "exclusive", Mode.WRITE: "exclusive", Mode.READ: "shared"}
+_MODES = {Mode.EXCLUSIVE: "exclusive", Mode.WRITE: "write", Mode.READ: "shared"}
 
 
 def _fencing_name(request: Request) -> str:
@@ -266,7 +266,8 @@ class PostgresLeaseDriver:
             "ON CONFLICT (name) DO UPDATE SET epoch = f.epoch + 1 RETURNING f.epoch), "
             f"ins AS (INSERT INTO {leases} (name, slot, owner, epoch, expires_at) "
             f"SELECT $1, (SELECT coalesce(max(l.slot), 0) + 1 FROM {leases} AS l "
-            "WHERE l.name = $1), $4, f.epoch, clock_timestamp() + make_interval(secs => $5) "
+            "WHERE l.name = $1 AND l.slot > 0), $4, f.epoch, "
+            "clock_timestamp() + make_interval(secs => $5) "
             "FROM f RETURNING slot, epoch) SELECT slot, epoch FROM ins"
         )
         if self._pool is None:

@@ -242,7 +242,7 @@ class TableNames:
     @property
     def acquire_function(self) -> str:
         """The lease-acquire function, quoted."""
-        return self._qualified("lease_acquire_v1")
+        return self._qualified("lease_acquire_v2")
 
     @property
     def channel(self) -> str:
@@ -289,7 +289,8 @@ CREATE TABLE IF NOT EXISTS {fencing} (
 );
 CREATE TABLE IF NOT EXISTS {leases} (
     name       text        NOT NULL, -- "<family>/<lock name>"
-    slot       integer     NOT NULL, -- 0: exclusive or writer; semaphore slot; reader number
+    slot       integer     NOT NULL, -- 0: exclusive or writer; semaphore slot; reader number;
+                                     -- < 0: a waiting writer (keeps new readers out)
     owner      text        NOT NULL, -- unique per hold
     epoch      bigint      NOT NULL, -- fencing token of the hold
     expires_at timestamptz NOT NULL, -- server time; renewed by the watchdog
@@ -322,8 +323,26 @@ BEGIN
     IF p_mode = 'exclusive' THEN
         IF EXISTS (SELECT 1 FROM {leases} AS l WHERE l.name = p_name) THEN RETURN; END IF;
         v_slot := 0;
+    ELSIF p_mode = 'write' THEN
+        IF EXISTS (SELECT 1 FROM {leases} AS l WHERE l.name = p_name AND l.slot >= 0) THEN
+            -- Taken: mark this writer as waiting (one row per waiting writer,
+            -- renewed by each of its tries, gone when it is granted, gives up
+            -- or stops trying for two TTLs), which keeps new readers out.
+            UPDATE {leases} AS l SET expires_at = v_now + make_interval(secs => 2 * p_ttl)
+            WHERE l.name = p_name AND l.owner = p_owner AND l.slot < 0;
+            IF NOT FOUND THEN
+                INSERT INTO {leases} (name, slot, owner, epoch, expires_at)
+                SELECT p_name, least(coalesce(min(l.slot), 0), 0) - 1, p_owner, 0,
+                       v_now + make_interval(secs => 2 * p_ttl)
+                FROM {leases} AS l WHERE l.name = p_name AND l.slot < 0;
+            END IF;
+            RETURN;
+        END IF;
+        DELETE FROM {leases} AS l WHERE l.name = p_name AND l.owner = p_owner AND l.slot < 0;
+        v_slot := 0;
     ELSIF p_mode = 'shared' THEN
-        IF EXISTS (SELECT 1 FROM {leases} AS l WHERE l.name = p_name AND l.slot = 0) THEN
+        -- a writer holds (slot 0) or waits (slot < 0): readers wait
+        IF EXISTS (SELECT 1 FROM {leases} AS l WHERE l.name = p_name AND l.slot <= 0) THEN
             RETURN;
         END IF;
         SELECT coalesce(max(l.slot), 0) + 1 INTO v_slot FROM {leases} AS l WHERE l.name = p_name;
@@ -529,7 +548,7 @@ class LeaseQueries:
             listen=f'LISTEN "{names.channel}"',
             holders=(
                 f"SELECT slot, owner, epoch, expires_at FROM {leases} "
-                "WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY slot"
+                "WHERE name = $1 AND slot >= 0 AND expires_at > clock_timestamp() ORDER BY slot"
             ),
         )
 

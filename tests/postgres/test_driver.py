@@ -478,3 +478,52 @@ async def test_a_handed_off_hold_is_lost_with_its_session(postgres_server: Postg
                     )
                     assert ended >= 1
                     await asyncio.sleep(60)
+
+
+async def test_lease_readers_do_not_overtake_a_waiting_writer(
+    postgres_server: PostgresServer,
+) -> None:
+    """Reader held, writer waiting (another backend): a new reader waits behind the writer."""
+    app = _app()
+    name = f"driver/lease-writer/{app}"
+    url = _url(postgres_server, mode="lease", lease_time=10, application_name=app)
+    events: list[str] = []
+    raw = await asyncpg.connect(postgres_server.url)
+    try:
+        async with aiolocks.connect(url) as readers, aiolocks.connect(url) as writers:
+            first = readers.read_write_lock(name)
+            assert await first.read.acquire(timeout=10)
+
+            async def write() -> None:
+                async with writers.read_write_lock(name).write:
+                    events.append("write")
+
+            async def late_read() -> None:
+                async with readers.read_write_lock(name).read:
+                    events.append("late-read")
+
+            async with asyncio.timeout(60):
+                writer = asyncio.create_task(write())
+                while not await raw.fetchval(
+                    "SELECT count(*) FROM aiolocks_leases WHERE name = $1 AND slot < 0",
+                    f"rwlock/{name}",
+                ):
+                    await asyncio.sleep(0.01)  # the writer is marked as waiting
+                # refused while a writer waits (in another task: this one reads already)
+                late = readers.read_write_lock(name)
+                assert not await asyncio.create_task(late.read.acquire(timeout=0))
+                reader = asyncio.create_task(late_read())
+                await asyncio.sleep(0.05)
+                assert events == []
+                await first.read.release()
+                await asyncio.gather(writer, reader)
+            assert events == ["write", "late-read"]
+            # nothing left: the writer's mark went with its grant
+            assert (
+                await raw.fetchval(
+                    "SELECT count(*) FROM aiolocks_leases WHERE name = $1", f"rwlock/{name}"
+                )
+                == 0
+            )
+    finally:
+        await raw.close()
