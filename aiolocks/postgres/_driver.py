@@ -431,6 +431,15 @@ class PostgresAdvisoryDriver:
                 f"its PostgreSQL session (pid {session.pid}) ended ({why}); "
                 "the server dropped its advisory locks"
             )
+        # Whatever ended it, the connection is done: close it (a broken but
+        # open one would keep its session and locks) and, when it was borrowed,
+        # hand it back so that the user's pool does not shrink for good
+        # (both steps are idempotent; the callers that drop it too are fine).
+        session.conn.terminate()
+        if self._release_connection is not None and self._owned is not None:
+            self._owned.spawn(
+                self._drop_connection(session.conn), name="aiolocks-pg-return", log_errors=False
+            )
         self._wake()
 
     async def _get_primary(self) -> _Session:

@@ -527,3 +527,62 @@ async def test_lease_readers_do_not_overtake_a_waiting_writer(
             )
     finally:
         await raw.close()
+
+
+def _in_use(pool: asyncpg.Pool) -> int:
+    """Connections of ``pool`` checked out and not given back."""
+    return sum(1 for holder in pool._holders if holder._in_use is not None)
+
+
+async def test_pool_gets_back_sessions_the_server_ended_or_that_broke(
+    postgres_server: PostgresServer,
+) -> None:
+    """Terminated, cut and stalled sessions of a pool-wrapped backend go back to the
+    user's pool (closed): it never shrinks for good nor leaks checked-out connections."""
+    app = _app()
+    async with TcpProxy(postgres_server.host, postgres_server.port) as proxy:
+        pool = await asyncpg.create_pool(
+            host=proxy.host,
+            port=proxy.port,
+            user=postgres_server.user,
+            database=postgres_server.database,
+            min_size=0,
+            max_size=3,
+            server_settings={"application_name": app},
+        )
+        try:
+            async with PostgresBackend(pool, heartbeat=0.5, max_sessions=2) as backend:
+                raw = await asyncpg.connect(postgres_server.url)
+                try:
+                    for fault in ("terminate", "cut", "stall"):
+                        lock = backend.mutex(f"driver/pool-fault/{app}/{fault}")
+                        assert await lock.acquire(timeout=10)
+                        (holder,) = await lock.participants()
+                        pid = int(str(holder.node).removeprefix("pid:"))
+                        if fault == "terminate":
+                            assert await raw.fetchval("SELECT pg_terminate_backend($1)", pid)
+                        elif fault == "cut":
+                            proxy.cut()
+                        else:
+                            proxy.stall()
+                        async with asyncio.timeout(30):
+                            while not lock.is_lost:
+                                await asyncio.sleep(0.01)
+                        proxy.heal()
+                        with pytest.raises(aiolocks.LockLostError):
+                            await lock.release()
+                        await raw.execute("SELECT pg_terminate_backend($1)", pid)  # a stalled one
+                        # the backend works on, within the pool's limit
+                        async with asyncio.timeout(30), backend.mutex(f"driver/pool/{app}"):
+                            assert _in_use(pool) <= 3
+                finally:
+                    await raw.close()
+            async with asyncio.timeout(30):
+                while _in_use(pool):  # closing hands the last ones back
+                    await asyncio.sleep(0.01)
+            conns = [await asyncio.wait_for(pool.acquire(), 10) for _ in range(3)]
+            for conn in conns:
+                assert await conn.fetchval("SELECT 1") == 1
+                await pool.release(conn)
+        finally:
+            pool.terminate()
