@@ -79,6 +79,7 @@ from ._sql import (
     probe_session,
     slot_keys,
 )
+from ._state import ConnectionState, StateBroadcaster
 
 if TYPE_CHECKING:
     from ._admin import PostgresAdvisoryAdmin
@@ -118,6 +119,10 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 #: a connection the server ended between two of our calls can surface as a
 #: client protocol error on the next call; the session is unusable either way
 _BROKEN: tuple[type[BaseException], ...] = (*_TRANSIENT, asyncpg.exceptions.InternalClientError)
+
+
+#: what a reconnect attempt waits out (the server is not reachable yet)
+_RECONNECT_ERRORS: tuple[type[BaseException], ...] = (BackendUnavailableError, *_BROKEN)
 
 
 class PostgresPoolerError(LockError, RuntimeError):
@@ -286,6 +291,9 @@ class PostgresAdvisoryDriver:
         self._server_waiters: dict[LockId, int] = {}
         #: exclusive lock id -> hand-offs in a row since its last real unlock
         self._handoffs: dict[LockId, int] = {}
+        #: the connection state (see :mod:`._state`)
+        self.states = StateBroadcaster()
+        self._reconnect_task: asyncio.Task[None] | None = None
         #: (pid, fencing name) -> the answer to our question for that holder's token
         self._token_asks: dict[tuple[int, str], asyncio.Future[int]] = {}
 
@@ -418,6 +426,9 @@ class PostgresAdvisoryDriver:
     def _session_ended(self, session: _Session, why: str) -> None:
         if not session.alive:
             return
+        if (session.primary or session.grants) and not self._closed:
+            self.states.set(ConnectionState.LOST)
+            self._start_reconnect()
         session.alive = False
         if session is self._primary:
             self._primary = None
@@ -442,6 +453,32 @@ class PostgresAdvisoryDriver:
             )
         self._wake()
 
+    def _start_reconnect(self) -> None:
+        """Open a primary session again in the background (the state's ``RECONNECTED``)."""
+        if self._owned is None or self._closed:
+            return
+        if self._reconnect_task is None or self._reconnect_task.done():
+            self._reconnect_task = self._owned.spawn(
+                self._reconnect(), name="aiolocks-pg-reconnect"
+            )
+
+    async def _reconnect(self) -> None:
+        delay = 0.05
+        while not self._closed:
+            primary = self._primary
+            try:
+                if primary is not None and primary.alive:
+                    await primary.fetch("SELECT 1", timeout=self._heartbeat)
+                    self.states.connected()
+                    return
+                await self._get_primary()  # reports RECONNECTED
+                return
+            except _RECONNECT_ERRORS as exc:
+                logger.info("PostgreSQL %s: not connected yet: %r", self._describe, exc)
+                self.states.set(ConnectionState.SUSPENDED)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._heartbeat)
+
     async def _get_primary(self) -> _Session:
         if self._closed:
             raise BackendUnavailableError(f"backend {self._describe} is closed")
@@ -452,6 +489,7 @@ class PostgresAdvisoryDriver:
             primary = self._primary
             if primary is None or not primary.alive:
                 primary = self._primary = await self._new_session(primary=True)
+                self.states.connected()
             return primary
 
     async def _session_for(
@@ -582,6 +620,7 @@ class PostgresAdvisoryDriver:
         sessions = [s for s in [self._primary, *self._extra] if s is not None]
         self._primary = None
         self._extra = []
+        self.states.close()
         for session in sessions:
             session.alive = False
             await self._drop_connection(session.conn)
