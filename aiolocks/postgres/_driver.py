@@ -291,6 +291,8 @@ class PostgresAdvisoryDriver:
         self._server_waiters: dict[LockId, int] = {}
         #: exclusive lock id -> hand-offs in a row since its last real unlock
         self._handoffs: dict[LockId, int] = {}
+        #: exclusive lock id -> (session, tokens drawn for the rest of a hand-off chain)
+        self._tokens: dict[LockId, tuple[_Session, list[int]]] = {}
         #: the connection state (see :mod:`._state`)
         self.states = StateBroadcaster()
         self._reconnect_task: asyncio.Task[None] | None = None
@@ -437,6 +439,8 @@ class PostgresAdvisoryDriver:
         grants = list(session.grants)
         session.grants.clear()
         session.reserved.clear()
+        for lock in [k for k, (owner, _t) in self._tokens.items() if owner is session]:
+            del self._tokens[lock]
         for grant in grants:
             grant.mark_lost(
                 f"its PostgreSQL session (pid {session.pid}) ended ({why}); "
@@ -1017,6 +1021,7 @@ class PostgresAdvisoryDriver:
         if session.grants.pop(grant, None) is not None:
             session.reserved.discard((key, shared))
         self._handoffs.pop((key, shared), None)
+        self._tokens.pop((key, shared), None)  # the chain ended: its leftovers are void
         self._maybe_retire(session)
         self._wake()
         return bool(held)
@@ -1024,23 +1029,35 @@ class PostgresAdvisoryDriver:
     async def _hand_off(self, grant: Grant, session: _Session, lock: LockId) -> bool | None:
         """Pass the server lock of ``grant`` to the first task queued for it in this backend.
 
-        The session keeps the advisory lock; the next task gets a new token
-        (``nextval``, one round trip instead of an unlock and the server's
-        wake-up of another session). ``None``: not handed off (the caller
-        unlocks): nobody queued, the session failed, or ``MAX_HANDOFFS`` in a
-        row were made (then the server's queue, other processes, go next).
+        The session keeps the advisory lock; the next task gets a new token.
+        The first hand-off of a chain draws the tokens of the whole chain in
+        one round trip (``nextval`` up to ``MAX_HANDOFFS`` times); the later
+        ones need none. That is safe because the lock stays held by this
+        session from the first hand-off to the last: no one else gets a token
+        for this name meanwhile, every token drawn later (after the real
+        unlock) is larger, and a token is used only if it is larger than the
+        current holder's (a leftover of an earlier chain never is).
+        ``None``: not handed off (the caller unlocks): nobody queued, or
+        ``MAX_HANDOFFS`` in a row were made (then the server's queue, other
+        processes, go next). ``False``: the session failed (the hold is lost).
         """
-        if self._handoffs.get(lock, 0) >= MAX_HANDOFFS:
+        done = self._handoffs.get(lock, 0)
+        if done >= MAX_HANDOFFS:
             return None
-        try:
-            async with session.io:
-                token = await session.conn.fetchval(self._queries.next_token)
-        except _BROKEN as exc:
-            was_alive = session.alive
-            self._session_ended(session, f"hand-off failed: {exc!r}")
-            if was_alive:
-                await self._drop_connection(session.conn)
-            return False
+        batch = self._tokens.get(lock)
+        if batch is not None and (batch[0] is not session or not batch[1]):
+            batch = None
+        if batch is None or batch[1][0] <= grant.token:
+            try:
+                async with session.io:
+                    rows = await session.conn.fetch(self._queries.next_token, MAX_HANDOFFS - done)
+            except _BROKEN as exc:
+                was_alive = session.alive
+                self._session_ended(session, f"hand-off failed: {exc!r}")
+                if was_alive:
+                    await self._drop_connection(session.conn)
+                return False
+            batch = self._tokens[lock] = (session, [int(r[0]) for r in rows])
         # From here to the return, no await: the lock moves in one step.
         if grant not in session.grants or not session.alive:
             return False  # lost meanwhile (the session ended)
@@ -1049,10 +1066,13 @@ class PostgresAdvisoryDriver:
         )
         if successor is None:
             return None  # the queue emptied while the token was drawn: unlock
+        token = batch[1].pop(0)
+        if not batch[1]:
+            del self._tokens[lock]
         handoff = successor.handoff
         self._unqueue(successor, lock)
         del session.grants[grant]
-        successor.grants = [self._grant(successor, session, lock, int(token))]
+        successor.grants = [self._grant(successor, session, lock, token)]
         self._handoffs[lock] = self._handoffs.get(lock, 0) + 1
         if handoff is not None and not handoff.done():
             handoff.set_result(None)

@@ -462,8 +462,9 @@ class AdvisoryQueries:
             lock_shared_register=register(wait_grant("pg_advisory_lock_shared")),
             try_slot_register=register(try_slot, "g.slot, g.epoch"),
             lock_slot_register=register(lock_slot("$3"), "g.slot, g.epoch"),
-            # A hand-off inside one backend: the lock stays held, a new token.
-            next_token=f"SELECT {token}",
+            # Hand-offs inside one backend: the lock stays held; $1 new tokens
+            # at once, for this hand-off and the next ones of the same chain.
+            next_token=f"SELECT {token} FROM generate_series(1, $1)",
             unlock_exclusive="SELECT pg_advisory_unlock($1)",
             unlock_shared="SELECT pg_advisory_unlock_shared($1)",
             # After a cancelled or failed grant: unlock once if this session
