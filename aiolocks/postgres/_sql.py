@@ -63,6 +63,7 @@ asyncpg's ``fetch``/``fetchrow``/``fetchval``/``execute``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import socket
@@ -162,6 +163,7 @@ def key_text(family: str, name: str) -> str:
     return f"aiolocks/{family}/{name}"
 
 
+@functools.lru_cache(maxsize=4096)
 def advisory_key(family: str, name: str) -> int:
     """The signed 64-bit advisory-lock key of ``name`` in ``family``.
 
