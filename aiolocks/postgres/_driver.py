@@ -28,6 +28,19 @@ a further waiter waits for a local release or a session to come free, and
 tries again at least every ``heartbeat`` seconds (a lock freed by another
 process is noticed that way only in this overflow case).
 
+**Hand-offs.** Tasks of this backend waiting for an exclusive lock
+(mutex, semaphore mutex, write lock) that another of its tasks holds, or
+already waits for on the server, queue locally instead of taking a session
+each. A release with a task queued keeps the server lock on its session and
+passes it on with a new token (the chain's tokens are drawn in one round
+trip, see :meth:`PostgresAdvisoryDriver._hand_off`); after ``MAX_HANDOFFS``
+in a row it really unlocks so that other processes get their turn. Idle
+extra sessions are closed only after ``heartbeat`` seconds idle.
+
+**Fencing tokens** come from one sequence (see :mod:`._sql`); another
+backend's holder is asked for its token by ``NOTIFY`` when ``participants``
+lists it (nothing is written per grant for that).
+
 **Semaphores.** A semaphore of N is N slot keys. A waiter cannot block on
 "any of N" keys, so semaphore releases send ``NOTIFY`` on the backend's
 channel with the semaphore's name, the primary session ``LISTEN``s, and a
