@@ -66,6 +66,19 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 _MODES = {Mode.EXCLUSIVE: "exclusive", Mode.WRITE: "write", Mode.READ: "shared"}
 
 
+async def _return_quietly(pool: Any, conn: Any) -> None:
+    """Hand ``conn`` back to ``pool``; a connection that died meanwhile is the pool's business.
+
+    asyncpg resets a returned connection; when the server ended it (or the
+    backend is closing and terminated the pool), the reset fails and asyncpg
+    has already closed it and freed its slot: nothing to report.
+    """
+    try:
+        await pool.release(conn)
+    except (*_TRANSIENT, asyncpg.InterfaceError) as exc:
+        logger.debug("a lease connection was gone when handed back: %r", exc)
+
+
 def _fencing_name(request: Request) -> str:
     return f"{request.family.value}/{request.name}"
 
@@ -353,7 +366,7 @@ class PostgresLeaseDriver:
             del self._waiters[name]
         conn, a.conn = a.conn, None
         if conn is not None and self._owned is not None and self._pool is not None:
-            self._owned.spawn(self._pool.release(conn), name="aiolocks-pg-release-conn")
+            self._owned.spawn(_return_quietly(self._pool, conn), name="aiolocks-pg-release-conn")
 
     # -- renewal ----------------------------------------------------------
 
