@@ -138,6 +138,10 @@ _BROKEN: tuple[type[BaseException], ...] = (*_TRANSIENT, asyncpg.exceptions.Inte
 _RECONNECT_ERRORS: tuple[type[BaseException], ...] = (BackendUnavailableError, *_BROKEN)
 
 
+class _SessionGone(BackendUnavailableError):
+    """A lock call found its session ended by the server (a try may go again, once)."""
+
+
 class PostgresPoolerError(LockError, RuntimeError):
     """``mode=advisory`` was pointed at a connection pooler, where session locks mean nothing."""
 
@@ -215,6 +219,7 @@ class _PgAttempt(Attempt):
         "keys",
         "lock_ids",
         "pending",
+        "retried",
         "server_wait",
         "wait_session",
     )
@@ -233,6 +238,8 @@ class _PgAttempt(Attempt):
         self.handoff: asyncio.Future[None] | None = None
         #: the lock id this attempt is blocked on at the server (counted once)
         self.server_wait: LockId | None = None
+        #: a try already went again after its session was ended under it
+        self.retried = False
 
 
 @final
@@ -734,7 +741,13 @@ class PostgresAdvisoryDriver:
                 await self._unlock_pending(a)
                 return None
             return None if row is None else [self._grant(a, session, lock, int(row[0]))]
-        row = await self._send(a, session, lock, query, a.keys[0], *extra)
+        try:
+            row = await self._send(a, session, lock, query, a.keys[0], *extra)
+        except _SessionGone:
+            if a.retried:
+                raise
+            a.retried = True  # once: the next session is a fresh one
+            return await self.try_once(a)
         if row is None:
             return None
         return [self._grant(a, session, lock, int(row[0]))]
@@ -775,7 +788,17 @@ class PostgresAdvisoryDriver:
                 row = await session.conn.fetchrow(query, *args, timeout=timeout)
         except TimeoutError:
             raise
-        except _TRANSIENT as exc:
+        except _BROKEN as exc:
+            if session.conn.is_closed() or isinstance(exc, asyncpg.InternalClientError):
+                # The server ended the session under the call (an operator's
+                # pg_terminate_backend): it is gone, and so is any lock it had
+                # won. Close it for good; the caller may try a fresh one.
+                self._session_ended(session, f"lock call failed: {exc!r}")
+                if entry in a.pending:
+                    a.pending.remove(entry)
+                raise _SessionGone(
+                    f"PostgreSQL {self._describe}: lock call failed: {exc!r}"
+                ) from exc
             raise _unavailable(exc, "lock call", self._describe) from exc
         # Answered: from here to the return, no await.
         a.pending.remove(entry)
