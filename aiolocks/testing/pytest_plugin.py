@@ -52,8 +52,8 @@ import pytest
 
 from ._etcd import EtcdCluster, EtcdServer
 from ._postgres import PgBouncer, PostgresServer
+from ._process import INSTALL_HINT
 from .servers import (
-    INSTALL_HINT,
     RedisCluster,
     RedisSentinelSet,
     RedisServer,
