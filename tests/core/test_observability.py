@@ -80,7 +80,9 @@ async def test_acquire_errors_are_counted_by_kind(redis_restartable: RedisServer
     registry = CollectorRegistry()
     prom = PrometheusHook(registry)
     provider, exporter = tracing()
-    url = redis_restartable.url + "?connect_timeout=1"
+    # A short lease: the failed acquire's clean-up retries until its lease
+    # would have lapsed (30 s by default), which is all this test would wait for.
+    url = redis_restartable.url + "?connect_timeout=1&lease_time=2"
     async with aiolocks.connect(url) as backend:
         prom.attach(backend)
         backend.add_event_hook(OpenTelemetryHook(tracer_provider=provider))
