@@ -339,9 +339,17 @@ class Compare:
         return cls(0, cls._result(op), _b(key), number=version)
 
     @classmethod
-    def create_revision(cls, key: Bytes, op: str, revision: int) -> Compare:
-        """``create_revision(key) op revision`` (0 = the key does not exist)."""
-        return cls(1, cls._result(op), _b(key), number=revision)
+    def create_revision(
+        cls, key: Bytes, op: str, revision: int, *, prefix: bool = False
+    ) -> Compare:
+        """``create_revision(key) op revision`` (0 = the key does not exist).
+
+        ``prefix=True``: the condition must hold for every key that starts
+        with ``key`` (a range compare).
+        """
+        key_bytes = _b(key)
+        end = prefix_end(key_bytes) if prefix else b""
+        return cls(1, cls._result(op), key_bytes, number=revision, range_end=end)
 
     @classmethod
     def mod_revision(cls, key: Bytes, op: str, revision: int) -> Compare:

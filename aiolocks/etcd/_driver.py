@@ -15,9 +15,13 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   a prefix of another's. An attempt's key is ``<queue><lease hex>/<attempt
   id>.<kind>``: two attempts of one backend never share a key (the shared
   per-session key of etcd's Go recipe let two mutexes of one session both
-  "win"). ``acquire_many(n)`` writes ``n`` keys (``<attempt id>-<i>``) in
-  one transaction: they enter the queue together, so two such acquires can
-  never interleave and deadlock. A write -> read downgrade writes a read key
+  "win"). ``acquire_many(n)`` writes ``n`` keys (``<attempt id>-<i>``), one
+  transaction each, so that each lease has a create revision (fencing token)
+  of its own; every transaction after the first also checks that no other
+  key joined the queue since our previous one, so the ``n`` keys stand
+  together in the queue and two such acquires can never interleave and
+  deadlock (an acquire that was interleaved drops its keys and starts over
+  after a short random pause). A write -> read downgrade writes a read key
   named ``.r@<write revision>`` in a transaction that checks the write key
   is still ours; the queue order puts it at the write key's place, so no
   writer queued behind the write hold gets in between.
@@ -43,9 +47,6 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   first writes a tombstone key (outside every queue) that the late
   transaction's compare refuses, on a lease of its own of twice the request
   timeout.
-
-Known limit: the ``n`` leases of one ``acquire_many(n)`` share one create
-revision, hence one fencing token.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import secrets
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Final
@@ -130,9 +132,12 @@ class EtcdAttempt(Attempt):
 
     __slots__ = (
         "attempt_id",
+        "created",
         "downgrade",
+        "interleaved",
         "keys",
         "revision",
+        "revisions",
         "session",
         "unanswered",
         "waited",
@@ -144,6 +149,12 @@ class EtcdAttempt(Attempt):
         self.keys: list[bytes] = []
         self.session: _Session | None = None
         self.revision = 0
+        #: each key's create revision (its lease's fencing token), in key order
+        self.revisions: list[int] = []
+        #: keys of an ``acquire_many`` written so far (one transaction each)
+        self.created = 0
+        #: another key joined the queue between two of ours: pause, start over
+        self.interleaved = False
         self.unanswered = False
         self.waited = False
         #: the write hold this read takes the place of (write -> read downgrade)
@@ -344,6 +355,69 @@ class EtcdDriver:
         else:
             attempt.keys = [base + f"-{i}.{kind}".encode() for i in range(request.count)]
         attempt.revision = 0
+        attempt.revisions = []
+        attempt.created = 0
+
+    async def _start_over(self, attempt: EtcdAttempt) -> None:
+        """Drop what is left of the attempt's keys; the next try binds new ones."""
+        await self._drop_keys(attempt.keys)
+        attempt.keys = []
+        attempt.session = None
+        attempt.downgrade = None
+        attempt.revisions = []
+        attempt.created = 0
+        attempt.attempt_id = secrets.token_hex(8)
+
+    async def _create_in_a_row(self, attempt: EtcdAttempt, session: _Session) -> bool:
+        """Write an ``acquire_many``'s keys one transaction each, next to each other.
+
+        Each key gets a create revision of its own (distinct fencing tokens).
+        Every key after the first is written only if no key of the queue is
+        newer than our previous one, so nobody stands between our keys.
+        ``False``: the session ended, or another key got in between (the
+        attempt then starts over, after a short pause).
+        """
+        request = attempt.request
+        queue = self._queue(request)
+        keys = attempt.keys
+        while attempt.created < len(keys):
+            key = keys[attempt.created]
+            compares = [
+                Compare.create_revision(key, "==", 0),
+                Compare.create_revision(self._tombstone(key), "==", 0),
+            ]
+            if attempt.revisions:
+                compares.append(
+                    Compare.create_revision(queue, "<", attempt.revisions[-1] + 1, prefix=True)
+                )
+            attempt.unanswered = True
+            try:
+                result = await self._client.txn(
+                    compares,
+                    [PutOp.of(key, request.participant, lease=session.lease_id)],
+                    [RangeOp.of(key)],
+                    retry=True,
+                )
+            except LeaseNotFoundError:
+                attempt.unanswered = False
+                self._session_lost(session, "etcd said the lease does not exist")
+                return False
+            attempt.unanswered = False
+            if result.succeeded:
+                revision = result.revision
+            else:
+                found = result.responses[0]
+                assert isinstance(found, RangeResult)
+                if found.kvs and found.kvs[0].lease == session.lease_id:
+                    # An earlier send of this very transaction went through.
+                    revision = found.kvs[0].create_revision
+                else:
+                    attempt.interleaved = True
+                    await self._start_over(attempt)
+                    return False
+            attempt.revisions.append(revision)
+            attempt.created += 1
+        return True
 
     async def try_once(self, attempt: Attempt) -> list[Grant] | None:
         """One transaction: create the attempt's keys if absent and read the head of the queue."""
@@ -352,6 +426,9 @@ class EtcdDriver:
         session = await self._live_session()
         if attempt.session is not session or not attempt.keys:
             self._bind(attempt, session)
+        multi = request.count > 1
+        if multi and not await self._create_in_a_row(attempt, session):
+            return None
         keys = attempt.keys
         queue = self._queue(request)
         if request.family is Family.READ_WRITE:
@@ -368,51 +445,49 @@ class EtcdDriver:
             sort_target=SortTarget.CREATE,
             sort_order=SortOrder.ASCEND,
         )
-        compares = [Compare.create_revision(key, "==", 0) for key in keys]
-        compares += [Compare.create_revision(self._tombstone(key), "==", 0) for key in keys]
-        downgrade = attempt.downgrade
-        if downgrade is not None:
-            compares.append(Compare.create_revision(downgrade.key, "==", downgrade.revision))
-        puts: list[PutOp | RangeOp] = [
-            PutOp.of(key, request.participant, lease=session.lease_id) for key in keys
-        ]
+        reads: list[PutOp | RangeOp] = [*(RangeOp.of(key) for key in keys), head]
+        if multi:
+            # The keys are written (one by one, above): only read them again.
+            compares: list[Compare] = []
+            ops: list[PutOp | RangeOp] = reads
+        else:
+            compares = [
+                Compare.create_revision(keys[0], "==", 0),
+                Compare.create_revision(self._tombstone(keys[0]), "==", 0),
+            ]
+            downgrade = attempt.downgrade
+            if downgrade is not None:
+                compares.append(Compare.create_revision(downgrade.key, "==", downgrade.revision))
+            ops = [PutOp.of(keys[0], request.participant, lease=session.lease_id), head]
         attempt.unanswered = True
         try:
-            result = await self._client.txn(
-                compares,
-                [*puts, head],
-                [*(RangeOp.of(key) for key in keys), head],
-                retry=True,
-            )
+            result = await self._client.txn(compares, ops, reads, retry=True)
         except LeaseNotFoundError:
             attempt.unanswered = False
             self._session_lost(session, "etcd said the lease does not exist")
             return None
         attempt.unanswered = False
-        if result.succeeded:
-            attempt.revision = result.revision
+        if result.succeeded and not multi:
+            attempt.revisions = [result.revision]
         else:
             found = [r for r in result.responses[: len(keys)] if isinstance(r, RangeResult)]
             if len(found) != len(keys) or any(not r.kvs for r in found):
                 # A key of ours is gone (its lease ended, it was deleted behind
                 # our back, or our write hold went before the downgrade): never
                 # claim anything; drop what is left and start over, new keys.
-                await self._drop_keys(keys)
-                attempt.keys = []
-                attempt.session = None
-                attempt.downgrade = None
-                attempt.attempt_id = secrets.token_hex(8)
+                await self._start_over(attempt)
                 return None
-            attempt.revision = found[0].kvs[0].create_revision
+            attempt.revisions = [r.kvs[0].create_revision for r in found]
+        attempt.revision = attempt.revisions[0]
         ranked = result.responses[-1]
         assert isinstance(ranked, RangeResult)
         if not self._wins(request, keys, ranked.kvs):
             return None
         grants: list[Grant] = []
         holds: list[_Hold] = []
-        for key in keys:
-            hold = _Hold(key, attempt.revision, session)
-            grant = Grant(request, attempt.revision, hold)
+        for key, revision in zip(keys, attempt.revisions, strict=True):
+            hold = _Hold(key, revision, session)
+            grant = Grant(request, revision, hold)
             grant.valid_until = session.keeper.deadline
             session.grants.add(grant)
             holds.append(hold)
@@ -470,6 +545,13 @@ class EtcdDriver:
         """
         assert isinstance(attempt, EtcdAttempt)
         attempt.waited = True
+        if attempt.interleaved:
+            # Another acquire's key got between two of ours: a short random
+            # pause before starting over, so two such attempts do not collide again.
+            attempt.interleaved = False
+            pause = random.uniform(0.002, 0.03)
+            await asyncio.sleep(pause if bound is None else min(pause, max(bound, 0)))
+            return
         session = attempt.session
         if session is None or not attempt.keys or attempt.revision == 0:
             return  # start over at once (new session or key gone)

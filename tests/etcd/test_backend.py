@@ -112,3 +112,36 @@ async def test_semaphore_waiters_watch_one_key_each(etcd: EtcdServer, prefix: st
         await asyncio.gather(*tasks)
         assert order == [0, 1, 2, 3]
         assert await sem.participants() == []
+
+
+@pytest.mark.asyncio
+async def test_acquire_many_interleaved_with_single_leases(etcd: EtcdServer, prefix: str) -> None:
+    """acquire_many writes its keys one by one; singles racing in between never
+    push the semaphore past max_leases, every lease has a token of its own, and
+    nothing is left behind."""
+    url = f"{etcd.url}/{prefix.rstrip('/')}?lease_ttl=5"
+    async with aiolocks.connect(url) as one, aiolocks.connect(url) as two:
+        inside = 0
+        most = 0
+        tokens: list[int] = []
+
+        async def take(backend: aiolocks.Backend, n: int) -> None:
+            nonlocal inside, most
+            sem = backend.semaphore("mixed", max_leases=3)
+            for _ in range(3):
+                leases = await sem.acquire_many(n, timeout=30)
+                assert leases is not None and len(leases) == n
+                inside += n
+                most = max(most, inside)
+                tokens.extend(lease.fencing_token or 0 for lease in leases)
+                await asyncio.sleep(0.002)
+                inside -= n
+                for lease in leases:
+                    await lease.release()
+
+        await asyncio.gather(
+            take(one, 2), take(two, 2), take(one, 1), take(two, 1), take(two, 3)
+        )
+        assert most <= 3
+        assert len(tokens) == 27 and len(set(tokens)) == 27
+        assert await one.semaphore("mixed", max_leases=3).participants() == []

@@ -1,4 +1,4 @@
-"""The draft etcd driver's recipe against a real server, driven the way the engine will drive it
+"""The etcd recipe against a real server, driven the way the engine drives it
 (begin / try_once / wait_for_change / abandon / finish / release)."""
 
 from __future__ import annotations
