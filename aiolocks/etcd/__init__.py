@@ -103,6 +103,12 @@ class EtcdBackend(Backend):
         )
         super().__init__(EtcdDriver(options, client=target))
 
+    @property
+    def client(self) -> EtcdClient:
+        """The etcd client this backend talks through (its own, or the one passed in)."""
+        client: EtcdClient = self._driver.client
+        return client
+
 
 def from_url(url: str, **options: object) -> EtcdBackend:
     """``etcd://h1:2379,h2:2379[/prefix][?lease_ttl=10&...]`` (+ keyword query options)."""

@@ -65,6 +65,7 @@ from .._core.errors import BackendUnavailableError
 from .._core.participants import Participant
 from .._core.tasks import TaskSet
 from ._client import (
+    CompactedError,
     Compare,
     DeleteOp,
     EtcdClient,
@@ -679,27 +680,45 @@ class EtcdDriver:
         )
         return result.succeeded and not grant.lost
 
+    def _deleted(self, grant: Grant, hold: _Hold, how: str) -> None:
+        if not hold.releasing:
+            grant.mark_lost(f"etcd key {hold.key!r} {how}")
+            hold.session.grants.discard(grant)
+
     async def _watch_hold(self, grant: Grant, hold: _Hold) -> None:
-        if hold.releasing:
-            return
-        try:
-            watch = await self._client.watch(hold.key, start_revision=hold.revision + 1)
-        except BackendUnavailableError:
-            return  # the session deadline still bounds the hold
-        try:
-            async for response in watch:
-                for event in response.events:
-                    if event.type is not EventType.DELETE:
-                        continue
-                    if not hold.releasing:
-                        grant.mark_lost(
-                            f"etcd key {hold.key!r} was deleted behind our back "
-                            f"(revision {event.kv.mod_revision})"
-                        )
-                        hold.session.grants.discard(grant)
-                    return  # the key is gone either way: nothing more to watch
-        finally:
-            await watch.aclose()
+        start = hold.revision + 1
+        while not hold.releasing and not grant.lost:
+            try:
+                watch = await self._client.watch(hold.key, start_revision=start, no_put=True)
+            except BackendUnavailableError:
+                return  # the session deadline still bounds the hold
+            try:
+                while True:
+                    try:
+                        response = await anext(watch)
+                    except BackendUnavailableError:
+                        continue  # the stream keeps trying; the session deadline bounds the hold
+                    for event in response.events:
+                        if event.type is EventType.DELETE:
+                            self._deleted(
+                                grant,
+                                hold,
+                                "was deleted behind our back "
+                                f"(revision {event.kv.mod_revision})",
+                            )
+                            return  # the key is gone either way: nothing more to watch
+            except StopAsyncIteration:
+                return
+            except CompactedError:
+                # The history we watched from is gone: is the key still ours?
+                with contextlib.suppress(BackendUnavailableError):
+                    found = await self._client.range(RangeOp.of(hold.key))
+                    if not found.kvs or found.kvs[0].create_revision != hold.revision:
+                        self._deleted(grant, hold, "was gone when its watch was compacted")
+                        return
+                    start = found.revision + 1
+            finally:
+                await watch.aclose()
 
     # -- operations
 

@@ -145,3 +145,37 @@ async def test_acquire_many_interleaved_with_single_leases(etcd: EtcdServer, pre
         assert most <= 3
         assert len(tokens) == 27 and len(set(tokens)) == 27
         assert await one.semaphore("mixed", max_leases=3).participants() == []
+
+
+@pytest.mark.asyncio
+async def test_200_waiters_drain_over_one_watch_stream(etcd: EtcdServer, prefix: str) -> None:
+    """Every watch of a backend (holds' loss watches, waiters' watches) shares one gRPC stream."""
+    url = f"{etcd.url}/{prefix.rstrip('/')}?lease_ttl=10"
+    async with aiolocks.connect(url) as backend:
+        assert isinstance(backend, EtcdBackend)
+        client = backend.client
+        lock = backend.mutex("drain")
+        inside = 0
+        most = 0
+        tokens: list[int] = []
+
+        async def waiter() -> None:
+            nonlocal inside, most
+            async with lock:
+                inside += 1
+                most = max(most, inside)
+                tokens.append(lock.fencing_token or 0)
+                await asyncio.sleep(0)
+                inside -= 1
+
+        first = await lock.acquire()
+        assert first
+        tasks = [asyncio.create_task(waiter()) for _ in range(200)]
+        async with asyncio.timeout(60):
+            while len(await lock.participants()) < 201:
+                await asyncio.sleep(0.05)
+        await lock.release()
+        await asyncio.gather(*tasks)
+        assert most == 1 and len(tokens) == 200 and tokens == sorted(tokens)
+        assert client.watch_streams_opened == 1
+        assert await lock.participants() == []
