@@ -1017,6 +1017,7 @@ class EtcdClient:
         *,
         on_expired: Callable[[str], object] | None = None,
         on_refreshed: Callable[[float], object] | None = None,
+        on_failed: Callable[[str], object] | None = None,
         interval: float | None = None,
     ) -> LeaseKeepAlive:
         """Start keeping ``lease`` alive on one stream (every ``interval``, default TTL/3).
@@ -1024,11 +1025,17 @@ class EtcdClient:
         ``on_expired(reason)`` is called once, in the event loop, when the
         lease is known or presumed gone (see :class:`LeaseKeepAlive`);
         ``on_refreshed(deadline)`` after every answered refresh that moved
-        the deadline (event-loop time).
+        the deadline (event-loop time); ``on_failed(detail)`` after every
+        refresh that failed or went unanswered (the deadline not yet passed).
         """
         self._check_open()
         keeper = LeaseKeepAlive(
-            self, lease, on_expired=on_expired, on_refreshed=on_refreshed, interval=interval
+            self,
+            lease,
+            on_expired=on_expired,
+            on_refreshed=on_refreshed,
+            on_failed=on_failed,
+            interval=interval,
         )
         self._streams.add(keeper)
         keeper._start()
@@ -1130,6 +1137,7 @@ class LeaseKeepAlive:
         on_expired: Callable[[str], object] | None,
         interval: float | None,
         on_refreshed: Callable[[float], object] | None = None,
+        on_failed: Callable[[str], object] | None = None,
     ) -> None:
         if lease.ttl < 1:
             raise ValueError(f"lease {lease.id:x} has no time left (TTL {lease.ttl})")
@@ -1141,6 +1149,7 @@ class LeaseKeepAlive:
         self._deadline = lease.granted_at + lease.ttl
         self._on_expired = on_expired
         self._on_refreshed = on_refreshed
+        self._on_failed = on_failed
         self._expired_reason: str | None = None
         self._expired = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -1281,6 +1290,12 @@ class LeaseKeepAlive:
                     "keep-alive of lease %x on %s failed: %s", self.lease_id, endpoint, detail
                 )
                 self._client._failed(endpoint)
+                failed = self._on_failed
+                if failed is not None:
+                    try:
+                        failed(f"{endpoint}: {detail}")
+                    except Exception:
+                        _log.exception("on_failed callback of lease %x failed", self.lease_id)
             finally:
                 call.cancel()
             # Next endpoint at once the first time, then pause a little
@@ -1301,6 +1316,7 @@ class LeaseKeepAlive:
         """Stop refreshing (the lease then ends at its deadline); ``on_expired`` is not called."""
         self._on_expired = None
         self._on_refreshed = None
+        self._on_failed = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

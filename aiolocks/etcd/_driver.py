@@ -57,7 +57,7 @@ import logging
 import math
 import random
 import secrets
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
@@ -69,6 +69,7 @@ from ._client import (
     Compare,
     DeleteOp,
     EtcdClient,
+    EtcdError,
     EventType,
     KeyValue,
     LeaseKeepAlive,
@@ -79,6 +80,7 @@ from ._client import (
     SortOrder,
     SortTarget,
 )
+from ._state import ConnectionState
 from ._url import EtcdOptions
 
 if TYPE_CHECKING:
@@ -215,6 +217,10 @@ class EtcdDriver:
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: _Session | None = None
         self._session_lock = asyncio.Lock()
+        self._state: ConnectionState | None = None
+        self._listeners: list[Callable[[ConnectionState], object]] = []
+        self._queues: set[asyncio.Queue[ConnectionState | None]] = set()
+        self._closing = False
 
     # -- plumbing
 
@@ -282,6 +288,9 @@ class EtcdDriver:
 
     async def close(self) -> None:
         """Revoke the session lease (its keys go at once) and disconnect our own client."""
+        self._closing = True
+        for queue in list(self._queues):
+            queue.put_nowait(None)
         session, self._session = self._session, None
         tasks = list(self._tasks)
         for task in tasks:
@@ -309,25 +318,94 @@ class EtcdDriver:
                 grant,
                 on_expired=lambda reason: self._session_lost(holder[0], reason),
                 on_refreshed=lambda deadline: self._session_renewed(holder[0], deadline),
+                on_failed=lambda detail: self._session_failing(holder[0], detail),
             )
             session = _Session(grant.id, keeper)
             holder.append(session)
             self._session = session
+            if not self._closing:
+                first = self._state is None
+                self._emit(ConnectionState.CONNECTED if first else ConnectionState.RECONNECTED)
             return session
 
     def _session_renewed(self, session: _Session, deadline: float) -> None:
         for grant in session.grants:
             grant.valid_until = deadline  # loop.time() is time.monotonic() here
             grant.note_renewed()
+        if self._session is session and self._state is ConnectionState.SUSPENDED:
+            self._emit(ConnectionState.RECONNECTED)
+
+    def _session_failing(self, session: _Session, detail: str) -> None:
+        if self._session is session and self._state in (
+            ConnectionState.CONNECTED,
+            ConnectionState.RECONNECTED,
+        ):
+            _log.info("etcd session lease %x suspended: %s", session.lease_id, detail)
+            self._emit(ConnectionState.SUSPENDED)
 
     def _session_lost(self, session: _Session, reason: str) -> None:
         session.lost_reason = reason
         session.lost.set()
         if self._session is session:
             self._session = None
+            if not self._closing:
+                self._emit(ConnectionState.LOST)
+                self._watcher(self._regrant(), "aiolocks-etcd-new-session")
         grants, session.grants = list(session.grants), set()
         for grant in grants:
             grant.mark_lost(f"the etcd session lease {session.lease_id:x} ended: {reason}")
+
+    async def _regrant(self) -> None:
+        """After ``LOST``: grant a new session lease in the background, retrying until it works."""
+        pause = 0.1
+        while not self._closing:
+            try:
+                await self._live_session()
+                return
+            except (BackendUnavailableError, EtcdError) as exc:
+                _log.info("etcd: no new session lease yet: %s", exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+    # -- connection states
+
+    @property
+    def connection_state(self) -> ConnectionState | None:
+        """The last connection state (``None`` before ``open()``)."""
+        return self._state
+
+    def _emit(self, state: ConnectionState) -> None:
+        self._state = state
+        for queue in list(self._queues):
+            queue.put_nowait(state)
+        for listener in list(self._listeners):
+            try:
+                listener(state)
+            except Exception:
+                _log.exception("connection state listener %r failed", listener)
+
+    def add_listener(self, listener: Callable[[ConnectionState], object]) -> Callable[[], None]:
+        """Call ``listener(state)`` on every state change; returns a remover."""
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return remove
+
+    async def states(self) -> AsyncIterator[ConnectionState]:
+        """Yield every state change from now on, until the driver closes."""
+        queue: asyncio.Queue[ConnectionState | None] = asyncio.Queue()
+        self._queues.add(queue)
+        try:
+            while not self._closing:
+                state = await queue.get()
+                if state is None:
+                    return
+                yield state
+        finally:
+            self._queues.discard(queue)
 
     # -- the attempt lifecycle
 
