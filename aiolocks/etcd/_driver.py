@@ -134,6 +134,7 @@ class EtcdAttempt(Attempt):
     """
 
     __slots__ = (
+        "ahead",
         "attempt_id",
         "created",
         "downgrade",
@@ -154,6 +155,9 @@ class EtcdAttempt(Attempt):
         self.revision = 0
         #: each key's create revision (its lease's fencing token), in key order
         self.revisions: list[int] = []
+        #: a mutex attempt's last try also read the key just ahead of its own:
+        #: ``(that key or None, the store revision of the read)``
+        self.ahead: tuple[bytes | None, int] | None = None
         #: keys of an ``acquire_many`` written so far (one transaction each)
         self.created = 0
         #: another key joined the queue between two of ours: pause, start over
@@ -525,6 +529,34 @@ class EtcdDriver:
             sort_order=SortOrder.ASCEND,
         )
         reads: list[PutOp | RangeOp] = [*(RangeOp.of(key) for key in keys), head]
+        # A mutex attempt also reads the key just ahead of its own in the same
+        # transaction, so that waiting needs no read of its own: a new key is
+        # the newest of the queue (the two newest keys are it and the one
+        # ahead); a key written before, of known revision, reads the newest
+        # key older than it.
+        exclusive = request.family is not Family.READ_WRITE and request.mode is not Mode.LEASE
+        ahead_new = ahead_old = None
+        if exclusive:
+            ahead_new = RangeOp.of(
+                queue,
+                prefix=True,
+                limit=2,
+                keys_only=True,
+                sort_target=SortTarget.CREATE,
+                sort_order=SortOrder.DESCEND,
+            )
+            if attempt.revision:
+                ahead_old = RangeOp.of(
+                    queue,
+                    prefix=True,
+                    limit=1,
+                    keys_only=True,
+                    max_create_revision=attempt.revision - 1,
+                    sort_target=SortTarget.CREATE,
+                    sort_order=SortOrder.DESCEND,
+                )
+                reads.append(ahead_old)
+        attempt.ahead = None
         if multi:
             # The keys are written (one by one, above): only read them again.
             compares: list[Compare] = []
@@ -538,6 +570,8 @@ class EtcdDriver:
             if downgrade is not None:
                 compares.append(Compare.create_revision(downgrade.key, "==", downgrade.revision))
             ops = [PutOp.of(keys[0], request.participant, lease=session.lease_id), head]
+            if ahead_new is not None:
+                ops.append(ahead_new)
         attempt.unanswered = True
         try:
             result = await self._client.txn(compares, ops, reads, retry=True)
@@ -558,8 +592,16 @@ class EtcdDriver:
                 return None
             attempt.revisions = [r.kvs[0].create_revision for r in found]
         attempt.revision = attempt.revisions[0]
-        ranked = result.responses[-1]
+        ranked = result.responses[len(keys)]
         assert isinstance(ranked, RangeResult)
+        if exclusive and len(result.responses) > len(keys) + 1:
+            ahead = result.responses[len(keys) + 1]
+            assert isinstance(ahead, RangeResult)
+            if result.succeeded and not multi:
+                older = [kv for kv in ahead.kvs if kv.key != keys[0]]
+                attempt.ahead = (older[0].key if older else None, result.revision)
+            elif ahead_old is not None:
+                attempt.ahead = (ahead.kvs[0].key if ahead.kvs else None, result.revision)
         if not self._wins(request, keys, ranked.kvs):
             return None
         grants: list[Grant] = []
@@ -641,6 +683,7 @@ class EtcdDriver:
         with_puts = False
         if request.family is Family.READ_WRITE:
             seen = await self._client.range(RangeOp.of(queue, prefix=True, keys_only=True))
+            read_at = seen.revision
             ordered = _ordered(seen.kvs)
             mine = attempt.keys[0]
             index = next((i for i, kv in enumerate(ordered) if kv.key == mine), None)
@@ -663,6 +706,7 @@ class EtcdDriver:
                     limit=request.max_leases + 1,
                 )
             )
+            read_at = seen.revision
             if len(seen.kvs) + request.count <= request.max_leases:
                 return  # room now: try again
             if len(seen.kvs) <= request.max_leases:
@@ -670,29 +714,34 @@ class EtcdDriver:
             else:
                 target, with_puts = seen.kvs[0].key, True
         else:
-            seen = await self._client.range(
-                RangeOp.of(
-                    queue,
-                    prefix=True,
-                    keys_only=True,
-                    max_create_revision=attempt.revision - 1,
-                    sort_target=SortTarget.CREATE,
-                    sort_order=SortOrder.DESCEND,
-                    limit=1,
+            known, attempt.ahead = attempt.ahead, None
+            if known is not None:
+                # The try's transaction read the key just ahead (see try_once).
+                target, read_at = known
+            else:
+                seen = await self._client.range(
+                    RangeOp.of(
+                        queue,
+                        prefix=True,
+                        keys_only=True,
+                        max_create_revision=attempt.revision - 1,
+                        sort_target=SortTarget.CREATE,
+                        sort_order=SortOrder.DESCEND,
+                        limit=1,
+                    )
                 )
-            )
-            if seen.kvs:
-                target = seen.kvs[0].key
+                target = seen.kvs[0].key if seen.kvs else None
+                read_at = seen.revision
         if target is None and not whole_queue:
             return  # nothing to wait for any more: try again
         if whole_queue:
             watch = await self._client.watch(
-                queue, prefix=True, start_revision=seen.revision + 1, no_put=True
+                queue, prefix=True, start_revision=read_at + 1, no_put=True
             )
         else:
             assert target is not None
             watch = await self._client.watch(
-                target, start_revision=seen.revision + 1, no_put=not with_puts
+                target, start_revision=read_at + 1, no_put=not with_puts
             )
         try:
             async with asyncio.timeout(bound):
