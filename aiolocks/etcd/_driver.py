@@ -41,8 +41,11 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   lease had expired, and kept waiting on a dead session).
 * **Release** deletes only if the create revision is still ours, so a
   stale, repeated release can never delete a newer holder's key.
-* **Prompt loss.** Each hold watches its own key from its create revision;
-  a delete behind our back (revoke, ``etcdctl del``) marks it lost at once.
+* **Prompt loss.** Each hold watches its own key from the revision after
+  its creation, starting 50 ms after the grant (a delete in between is
+  replayed, so nothing is missed, and a hold shorter than that never opens
+  a watch); a delete behind our back (revoke, ``etcdctl del``) marks it lost
+  at once.
 * **Abandon** deletes the attempt's keys; when a try was unanswered, it
   first writes a tombstone key (outside every queue) that the late
   transaction's compare refuses, on a lease of its own of twice the request
@@ -93,6 +96,11 @@ _log = logging.getLogger("aiolocks.etcd")
 
 _KIND: Final = {Mode.EXCLUSIVE: "x", Mode.LEASE: "l", Mode.READ: "r", Mode.WRITE: "w"}
 _MODE_NAME: Final = {"x": "exclusive", "l": "lease", "r": "read", "w": "write"}
+#: a hold's loss watch starts this long after the grant (seconds): it watches
+#: from the revision after the key's creation, so a delete in between is
+#: still reported, at most this much later; a hold shorter than this never
+#: opens one
+_LOSS_WATCH_DELAY: Final = 0.05
 # Tombstones live outside every queue (queues start with a family name).
 _TOMBSTONES: Final = b"\x00abandoned\x00"
 
@@ -115,7 +123,7 @@ class _Session:
 class _Hold:
     """The driver handle of a grant: its key, create revision, session, loss watch."""
 
-    __slots__ = ("key", "releasing", "revision", "session", "watch_task")
+    __slots__ = ("key", "releasing", "revision", "session", "watch_task", "watch_timer")
 
     def __init__(self, key: bytes, revision: int, session: _Session) -> None:
         self.key = key
@@ -123,6 +131,7 @@ class _Hold:
         self.session = session
         self.releasing = False
         self.watch_task: asyncio.Task[None] | None = None
+        self.watch_timer: asyncio.TimerHandle | None = None
 
 
 class EtcdAttempt(Attempt):
@@ -225,6 +234,7 @@ class EtcdDriver:
         self._listeners: list[Callable[[ConnectionState], object]] = []
         self._queues: set[asyncio.Queue[ConnectionState | None]] = set()
         self._closing = False
+        self._timers: set[asyncio.TimerHandle] = set()
 
     # -- plumbing
 
@@ -295,6 +305,9 @@ class EtcdDriver:
         self._closing = True
         for queue in list(self._queues):
             queue.put_nowait(None)
+        for timer in list(self._timers):
+            timer.cancel()
+        self._timers.clear()
         session, self._session = self._session, None
         tasks = list(self._tasks)
         for task in tasks:
@@ -613,11 +626,15 @@ class EtcdDriver:
             session.grants.add(grant)
             holds.append(hold)
             grants.append(grant)
-        # No await between "won" and the return (contract).
+        # No await between "won" and the return (contract). The loss watch
+        # starts a moment later, from the revision after the key's creation
+        # (a delete in between is replayed): a short hold never pays for it.
+        loop = asyncio.get_running_loop()
         for grant, hold in zip(grants, holds, strict=True):
-            hold.watch_task = self._watcher(
-                self._watch_hold(grant, hold), f"aiolocks-etcd-hold-{hold.key!r}"
+            hold.watch_timer = loop.call_later(
+                _LOSS_WATCH_DELAY, self._start_loss_watch, grant, hold
             )
+            self._timers.add(hold.watch_timer)
         if attempt.waited and request.mode is Mode.LEASE:
             # The next waiter watches our key for this: it may be first in line now.
             self._spawn(self._touch(holds, request.participant), "aiolocks-etcd-wake")
@@ -795,6 +812,10 @@ class EtcdDriver:
         hold = grant.handle
         assert isinstance(hold, _Hold)
         hold.releasing = True
+        timer, hold.watch_timer = hold.watch_timer, None
+        if timer is not None:
+            timer.cancel()
+            self._timers.discard(timer)
         task, hold.watch_task = hold.watch_task, None
         if task is not None:
             task.cancel()
@@ -811,6 +832,16 @@ class EtcdDriver:
         if not hold.releasing:
             grant.mark_lost(f"etcd key {hold.key!r} {how}")
             hold.session.grants.discard(grant)
+
+    def _start_loss_watch(self, grant: Grant, hold: _Hold) -> None:
+        timer, hold.watch_timer = hold.watch_timer, None
+        if timer is not None:
+            self._timers.discard(timer)
+        if hold.releasing or grant.lost or self._closing:
+            return
+        hold.watch_task = self._watcher(
+            self._watch_hold(grant, hold), f"aiolocks-etcd-hold-{hold.key!r}"
+        )
 
     async def _watch_hold(self, grant: Grant, hold: _Hold) -> None:
         start = hold.revision + 1
