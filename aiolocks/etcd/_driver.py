@@ -874,6 +874,10 @@ class EtcdDriver:
                     if not found.kvs or found.kvs[0].create_revision != hold.revision:
                         self._deleted(grant, hold, "was gone when its watch was compacted")
                         return
+                    _log.info(
+                        "etcd history of %r was compacted; the key is still ours, watching on",
+                        hold.key,
+                    )
                     start = found.revision + 1
             finally:
                 await watch.aclose()

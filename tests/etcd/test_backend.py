@@ -179,3 +179,44 @@ async def test_200_waiters_drain_over_one_watch_stream(etcd: EtcdServer, prefix:
         assert most == 1 and len(tokens) == 200 and tokens == sorted(tokens)
         assert client.watch_streams_opened == 1
         assert await lock.participants() == []
+
+
+@pytest.mark.asyncio
+async def test_hold_watch_from_a_compacted_revision_still_reports_a_delete(
+    etcd: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """History compacted before a hold's loss watch starts: the watch checks the key is still
+    ours, watches on from now, and a later delete behind our back is still a prompt loss."""
+    from aetcd.rpc import rpc_pb2
+
+    from aiolocks.etcd._client import RangeOp
+
+    # The loss watch starts a moment after the grant: make that moment long enough to
+    # compact the history it will ask for.
+    monkeypatch.setattr("aiolocks.etcd._driver._LOSS_WATCH_DELAY", 1.0)
+    caplog.set_level("INFO", logger="aiolocks.etcd")
+    url = f"{etcd.url}/{prefix.rstrip('/')}?lease_ttl=10"
+    async with aiolocks.connect(url) as backend, EtcdClient(list(etcd.endpoints)) as admin:
+        assert isinstance(backend, EtcdBackend)
+        lock = backend.mutex("compacted")
+        assert await lock.acquire(timeout=10)
+        await admin.put(prefix + "other", "x")
+        latest = (await admin.put(prefix + "other", "y")).revision
+        request = rpc_pb2.CompactionRequest(revision=latest, physical=True)
+        await admin._unary("kv", "Compact", request, timeout=None, retry=False)
+        async with asyncio.timeout(10):
+            while "was compacted; the key is still ours" not in caplog.text:
+                await asyncio.sleep(0.02)
+        assert not lock.is_lost, "a compaction alone loses nothing"
+        found = await admin.range(RangeOp.of(prefix, prefix=True, keys_only=True))
+        [key] = [kv.key for kv in found.kvs if b"compacted" in kv.key]
+        await admin.delete(key)
+        async with asyncio.timeout(10):
+            while not _is_lost(lock):
+                await asyncio.sleep(0.01)
+        with pytest.raises(aiolocks.LockLostError):
+            await lock.release()
+
+
+def _is_lost(lock: aiolocks.Mutex) -> bool:
+    return lock.is_lost
