@@ -212,6 +212,16 @@ class PubSubHub:
                 f"Redis {self._describe} did not confirm a SUBSCRIBE within {self._timeout:g} s"
             ) from None
 
+    def is_confirmed(self, channel: str) -> bool:
+        """``channel`` is subscribed and the server confirmed it (no I/O)."""
+        entry = self._channels.get(channel)
+        return (
+            entry is not None
+            and entry.ready.done()
+            and not entry.ready.cancelled()
+            and entry.ready.exception() is None
+        )
+
     def watch(self, channel: str, listener: Callable[[str | None], None]) -> None:
         """Call ``listener(message)`` on every message of ``channel``, and
         ``listener(None)`` after every (re)subscription (messages may have been
