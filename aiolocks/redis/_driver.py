@@ -98,10 +98,6 @@ HARMLESS_EVENTS = frozenset({"hset", "expire", "persist", "hincrby", "hincrbyflo
 GONE = "its Redis field is gone (deleted, overwritten or expired)"
 
 
-def _ignore(payload: str | None) -> None:
-    """A listener that only keeps a channel subscribed."""
-
-
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -841,10 +837,11 @@ class RedisDriver:
                 hub.watch(self.grant_channel, self._on_grant)
                 companion = self.node.keyspace_channel(a.keys.holders)
                 if companion is not None:
-                    # the keyspace channel the hold will watch, subscribed now
-                    # (it lingers): not on the hand-off's path
-                    hub.watch(companion, _ignore)
-                    hub.unwatch(companion, _ignore)
+                    # A waiting process need not hear the lock's keyspace
+                    # events: stop a lingering subscription (from an earlier
+                    # hold here), or every waiting process would be sent
+                    # every event of every hand-off.
+                    hub.drop_idle(companion)
                 await hub.confirmed(self.grant_channel)
                 if a.unheard:
                     a.unheard = False

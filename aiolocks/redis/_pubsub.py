@@ -248,6 +248,12 @@ class PubSubHub:
         del entry.listeners[listener]
         self._drop_if_idle(channel, entry)
 
+    def drop_idle(self, channel: str) -> None:
+        """Unsubscribe ``channel`` now if it only lingers (nobody listens). No I/O."""
+        entry = self._channels.get(channel)
+        if entry is not None and not self._closed:
+            self._drop_if_idle(channel, entry, now=True)
+
     def _linger_over(self, channel: str, entry: _Channel) -> None:
         if self._channels.get(channel) is entry and not self._closed:
             self._drop_if_idle(channel, entry, now=True)
