@@ -833,15 +833,7 @@ class RedisDriver:
         if a.member and a.queued:
             assert a.wake is not None
             if not a.listening:
-                a.listening = True
-                hub.watch(self.grant_channel, self._on_grant)
-                companion = self.node.keyspace_channel(a.keys.holders)
-                if companion is not None:
-                    # A waiting process need not hear the lock's keyspace
-                    # events: stop a lingering subscription (from an earlier
-                    # hold here), or every waiting process would be sent
-                    # every event of every hand-off.
-                    hub.drop_idle(companion)
+                self._listen(a)
                 await hub.confirmed(self.grant_channel)
                 if a.unheard:
                     a.unheard = False
@@ -863,7 +855,27 @@ class RedisDriver:
             wait = min(wait, a.queue_timeout / 3)
         if bound is not None:
             wait = min(wait, bound)
-        await a.wake.wait(wait)
+        # the wake's future, awaited here: no coroutine per waiting task
+        future = a.wake.prepare(wait)
+        if future is None:
+            return
+        try:
+            await future
+        finally:
+            a.wake.settle()
+
+    def _listen(self, a: RedisAttempt) -> None:
+        """A queued waiter starts listening on our process's grant channel. No I/O."""
+        hub = self.node.hub
+        assert hub is not None
+        a.listening = True
+        hub.watch(self.grant_channel, self._on_grant)
+        companion = self.node.keyspace_channel(a.keys.holders)
+        if companion is not None:
+            # A waiting process need not hear the lock's keyspace events:
+            # stop a lingering subscription (from an earlier hold here), or
+            # every waiting process would be sent every event of every hand-off.
+            hub.drop_idle(companion)
 
     async def abandon(self, attempt: Attempt) -> None:
         """Delete our fields and queue entry, with a tombstone if a script is unanswered."""

@@ -47,10 +47,15 @@ class Wake:
     leaving with the lock; a waiter leaving without it passes its turn on.
     """
 
-    __slots__ = ("_event", "exclusive", "member", "won")
+    __slots__ = ("_future", "_rung", "_timer", "exclusive", "member", "won")
 
     def __init__(self, *, exclusive: bool = False, member: str | None = None) -> None:
-        self._event = asyncio.Event()
+        # A flag and, only while somebody waits, one future and its timer: a
+        # waiting task costs no Event (with its deque), no timeout context
+        # manager and no coroutine of its own (see :meth:`prepare`).
+        self._rung = False
+        self._future: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self.exclusive = exclusive
         #: our entry in the lock's waiter queue: a message naming it rings us alone
         self.member = member
@@ -58,25 +63,53 @@ class Wake:
 
     def is_set(self) -> bool:
         """Rung and not yet cleared."""
-        return self._event.is_set()
+        return self._rung
 
     def clear(self) -> None:
         """Forget earlier rings; call this *before* sending a try."""
-        self._event.clear()
+        self._rung = False
 
     def ring(self) -> None:
-        self._event.set()
+        self._rung = True
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def prepare(self, timeout: float | None) -> asyncio.Future[None] | None:
+        """A future done at the next ring or after ``timeout`` s; ``None`` if rung already.
+
+        Await it, then call :meth:`settle` (in a ``finally``).
+        """
+        if self._rung:
+            return None
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        if timeout is not None:
+            self._timer = loop.call_later(timeout, _time_up, future)
+        return future
+
+    def settle(self) -> None:
+        """The wait is over (rung, timed out or cancelled): drop the future and timer."""
+        self._future = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def wait(self, timeout: float | None) -> bool:
         """Wait for a ring or ``timeout`` seconds; True if rung."""
-        if self._event.is_set():
+        future = self.prepare(timeout)
+        if future is None:
             return True
         try:
-            async with asyncio.timeout(timeout):
-                await self._event.wait()
-        except TimeoutError:
-            return False
-        return True
+            await future
+        finally:
+            self.settle()
+        return self._rung
+
+
+def _time_up(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class _Channel:
