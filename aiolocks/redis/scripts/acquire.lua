@@ -137,7 +137,10 @@ if not free then
       end
       redis.call('RPUSH', queue, member)
     end
-    if redis.call('PTTL', qtimeouts) < queue_timeout then
+    -- Both keys outlive every live entry: each try leaves them at least half
+    -- an entry's timeout, and a live waiter tries at least three times per
+    -- timeout. Never shortened (another waiter's timeout may be longer).
+    if redis.call('PTTL', qtimeouts) < queue_timeout / 2 then
       redis.call('PEXPIRE', qtimeouts, queue_timeout)
       redis.call('PEXPIRE', queue, queue_timeout)
     end

@@ -43,13 +43,12 @@ end
 -- The queue head, after dropping heads whose waiters stopped refreshing
 -- their entries (they died): a dead waiter cannot hold up the queue.
 local head = nil
-if removed > 0 then head = redis.call('LINDEX', KEYS[3], 0) end
+if removed > 0 then head = redis.call('LPOP', KEYS[3]) end
 while head do
   local to = redis.call('ZSCORE', KEYS[4], head)
   if to and tonumber(to) > now_ms then break end
-  redis.call('LPOP', KEYS[3])
   redis.call('ZREM', KEYS[4], head)
-  head = redis.call('LINDEX', KEYS[3], 0)
+  head = redis.call('LPOP', KEYS[3])
 end
 local busy = redis.call('EXISTS', KEYS[1]) == 1
 
@@ -59,10 +58,12 @@ if head then
   local field, lease, who = string.match(head, '^([^|]+)|(%d+)|(.*)$')
   if busy or not field then
     -- not free for it (a lapsed hold not reclaimed yet), or an entry we
-    -- cannot grant: its waiter looks itself
+    -- cannot grant: back to the head, and its waiter looks itself
+    redis.call('LPUSH', KEYS[3], head)
+    local ttl = redis.call('PTTL', KEYS[4])  -- the list may have been emptied
+    if ttl > 0 then redis.call('PEXPIRE', KEYS[3], ttl) end
     redis.call('PUBLISH', channel, '- ' .. head)
   else
-    redis.call('LPOP', KEYS[3])
     redis.call('ZREM', KEYS[4], head)
     lease = tonumber(lease)
     -- the fencing token exactly as acquire.lua mints it
