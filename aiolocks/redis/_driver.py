@@ -842,9 +842,11 @@ class RedisDriver:
             if a.granted is not None:
                 return
         elif a.wake is None:
-            # Shared modes: one unlock may let several in, so every waiter
-            # of the lock looks on ``released``.
-            a.wake = Wake(exclusive=False)
+            # Shared modes: one unlock may let several in: every reader or
+            # writer of the lock looks on ``released``.
+            # One-lease waiters are rung only as many as holds were freed.
+            counted = a.request.mode is Mode.LEASE and a.request.count == 1
+            a.wake = Wake(exclusive=False, counted=counted)
             # the keyspace channel the hold will watch, in the same SUBSCRIBE
             companion = self.node.keyspace_channel(a.keys.holders)
             hub.attach(a.keys.channel, a.wake, companion)

@@ -47,9 +47,11 @@ class Wake:
     leaving with the lock; a waiter leaving without it passes its turn on.
     """
 
-    __slots__ = ("_future", "_rung", "_timer", "exclusive", "member", "won")
+    __slots__ = ("_future", "_rung", "_timer", "counted", "exclusive", "member", "won")
 
-    def __init__(self, *, exclusive: bool = False, member: str | None = None) -> None:
+    def __init__(
+        self, *, exclusive: bool = False, member: str | None = None, counted: bool = False
+    ) -> None:
         # A flag and, only while somebody waits, one future and its timer: a
         # waiting task costs no Event (with its deque), no timeout context
         # manager and no coroutine of its own (see :meth:`prepare`).
@@ -59,6 +61,9 @@ class Wake:
         self.exclusive = exclusive
         #: our entry in the lock's waiter queue: a message naming it rings us alone
         self.member = member
+        #: a waiter for one semaphore lease: ``released <n>`` (n holds freed)
+        #: rings at most n such waiters here, oldest first
+        self.counted = counted
         self.won = False
 
     def is_set(self) -> bool:
@@ -139,20 +144,28 @@ class _Channel:
     def ring_message(self, payload: str) -> None:
         """An unlock addressed to a queue member rings that waiter only (if it is ours).
 
-        Otherwise (``released``: nobody queued): every shared waiter, and one
-        exclusive waiter unless one is already rung.
+        Otherwise (``released`` or ``released <n>``: nobody queued): every
+        shared waiter, but only ``n`` one-lease waiters not rung yet, and
+        one exclusive waiter unless one is already rung.
         """
         self.notify(payload)
-        if payload != "released":
+        verb, _, count = payload.partition(" ")
+        if verb != "released":
             for wake in self.wakes:
                 if wake.member == payload:
                     wake.ring()
                     return
             return
+        budget = int(count) if count.isdigit() else len(self.wakes)
         pending = False
         first: Wake | None = None
         for wake in self.wakes:
-            if not wake.exclusive:
+            if wake.counted:
+                # a freed hold for each of n waiters not rung yet
+                if budget > 0 and not wake.is_set():
+                    budget -= 1
+                    wake.ring()
+            elif not wake.exclusive:
                 wake.ring()
             elif wake.is_set():
                 pending = True
@@ -161,8 +174,14 @@ class _Channel:
         if first is not None and not pending:
             first.ring()
 
-    def pass_turn(self) -> None:
-        """An exclusive waiter left without the lock: ring the next one."""
+    def pass_turn(self, counted: bool = False) -> None:
+        """An exclusive (or one-lease) waiter left without the lock: ring the next one."""
+        if counted:
+            for wake in self.wakes:
+                if wake.counted and not wake.is_set():
+                    wake.ring()
+                    return
+            return
         for wake in self.wakes:
             # a queued waiter's turn is passed on by the server (release.lua)
             if wake.exclusive and wake.member is None and not wake.is_set():
@@ -301,6 +320,10 @@ class PubSubHub:
             # It may have used up the only ring of an unlock (cancelled,
             # timed out, failed): let the next local waiter look instead.
             entry.pass_turn()
+        elif wake.counted and (not wake.won or wake.is_set()):
+            # the same for a one-lease waiter; one that won while rung again
+            # (during its try) leaves that ring unused: pass it on
+            entry.pass_turn(counted=True)
         self._drop_if_idle(channel, entry)
 
     def _drop_if_idle(self, channel: str, entry: _Channel, *, now: bool = False) -> None:

@@ -19,7 +19,8 @@
 -- channel "<key prefix>grant:<client uuid>" (the first half of its field).
 -- The waiter only learns that it holds the lock; it does not try again. If
 -- the lock is not free for it, "- <member>" tells it to try. With nobody
--- queued, 'released' goes out on ARGV[1] (shared modes, Redlock).
+-- queued, 'released <n>' goes out on ARGV[1] (shared modes, Redlock): n
+-- holds were given back.
 -- Returns the number of holds and queue entries removed.
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -36,6 +37,7 @@ for i = 4, #ARGV do
     end
   end
 end
+local freed = removed
 if ARGV[2] ~= '' then
   removed = removed + redis.call('LREM', KEYS[3], 0, ARGV[2])
   redis.call('ZREM', KEYS[4], ARGV[2])
@@ -94,5 +96,9 @@ if not busy then
     end
   end
 end
-if removed > 0 and not head then redis.call('PUBLISH', ARGV[1], 'released') end
+-- "released <holds freed>": a process rings at most that many of its
+-- one-lease waiters (the others of its waiters all look)
+if removed > 0 and not head then
+  redis.call('PUBLISH', ARGV[1], 'released ' .. freed)
+end
 return removed
