@@ -391,12 +391,18 @@ async def test_renewal_after_unlock_cannot_resurrect_the_lease(
 
     key = holders_key(prefix, "resurrect/x")
     renew = raw.register_script(source("renew"))
-    async with aiolocks.connect(url, lease_time=0.06) as backend:
+    # The watchdog's renewal script is sent by hand, so that one is in flight as
+    # every release goes out (a 60 ms lease raced them by chance, and lapsed
+    # whenever a loaded machine stalled the loop); either order must end with
+    # no hold, and a renewal that comes after the unlock must not bring it back.
+    async with aiolocks.connect(url, lease_time=5) as backend:
         lock = backend.mutex("resurrect/x")
-        for _ in range(30):  # renewals every 20 ms race the releases
+        for _ in range(30):
             async with lock:
                 field = next(iter(await raw.hkeys(key)))
-                await asyncio.sleep(0.025)
+                racing = asyncio.ensure_future(renew(keys=[key], args=[60, field]))
+                await asyncio.sleep(0)  # the renewal is sent; the release follows it
+            assert await racing in (0, 1)
             assert await renew(keys=[key], args=[60, field]) == 0
             assert await raw.exists(key) == 0
 
