@@ -75,6 +75,11 @@ class Engine:
         self._fallback: Driver | None = None
         self._degraded_live = 0
         self._release_waiters: list[asyncio.Future[None]] = []
+        #: one future per release being sent (resolved when it ends): close()
+        #: waits for them before closing the driver, whose connections a late
+        #: release would otherwise reopen and leave open
+        self._releasing: set[asyncio.Future[None]] = set()
+        self._driver_closing = False
 
     # -- identity -----------------------------------------------------------
 
@@ -230,10 +235,14 @@ class Engine:
         ]
         if releases:
             cancelled = await wait_finished(asyncio.gather(*releases, return_exceptions=True))
+        if self._releasing:  # releases of bodies that ended before ours began
+            waiting = asyncio.gather(*self._releasing)
+            cancelled = await wait_finished(waiting) or cancelled
         try:
             await self.tasks.drain(cancel=True)
         except asyncio.CancelledError as exc:
             cancelled = cancelled or exc
+        self._driver_closing = True
         if self.opened:
             closing = asyncio.ensure_future(self.driver.close())
             cancelled = await wait_finished(closing) or cancelled
@@ -518,6 +527,12 @@ class Engine:
         self.holds.discard(hold)
         self._hold_ended(hold)
         grant = hold.grant
+        if self._driver_closing and grant.lost:
+            # Closing lost it; its session or lease ends with the driver.
+            self.emit_hold("released", hold)
+            return
+        in_flight: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._releasing.add(in_flight)
         try:
             ok = await self._driver_for(grant).release(grant)
         except asyncio.CancelledError:
@@ -537,6 +552,9 @@ class Engine:
             if not hold.lost:
                 raise
             return
+        finally:
+            self._releasing.discard(in_flight)
+            in_flight.set_result(None)
         if ok is False:
             grant.mark_lost("it was already gone on the server when it was released")
         self.emit_hold("released", hold)

@@ -1,9 +1,9 @@
 """Real etcd servers for tests: a single :class:`EtcdServer` or an :class:`EtcdCluster`.
 
-They follow the recipe of :mod:`aiolocks.testing.servers`: free loopback
-ports below the ephemeral range, a private temporary folder per server, the
-binary started in its own process group with its output in a log file,
-readiness checked by protocol (``GET /health`` on the client port answers
+They follow the recipe every launcher shares (``aiolocks.testing._process``):
+free loopback ports below the ephemeral range, a private temporary folder per
+server, the binary started in its own process group with its output in a log
+file, readiness checked by protocol (``GET /health`` on the client port answers
 ``"health":"true"`` once the member has a leader), SIGTERM then SIGKILL to
 stop, ``kill()`` for crashes, ``pause()``/``resume()`` (SIGSTOP/SIGCONT) for a
 member that hangs without closing its sockets. ``stop()`` keeps the folder and
@@ -37,19 +37,18 @@ import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final, Literal, Self, final
+from typing import Final, Literal, final
 
-from .servers import (
+from ._process import (
     LOCALHOST,
     ServerError,
     ServerNotInstalledError,
-    ServerNotManagedError,
-    _Launcher,
+    _Ensemble,
     _make_dir,
     _read_all,
     _ServerProcess,
     _signal_group,
-    _wait_until,
+    _split_hosts,
     free_port,
 )
 
@@ -391,19 +390,7 @@ def _run_etcdctl(
 
 
 def _split_endpoints(text: str) -> list[str]:
-    result: list[str] = []
-    body = text.strip()
-    if "://" in body:
-        scheme, _, body = body.partition("://")
-        if scheme not in ("etcd", "http"):
-            raise ValueError(f"expected host:port[,host:port...] or etcd://..., got {text!r}")
-    body = body.split("/", 1)[0].split("?", 1)[0]
-    for item in body.split(","):
-        host, sep, port = item.strip().rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"expected host:port[,host:port...], got {text!r}")
-        result.append(f"{host}:{int(port)}")
-    return result
+    return [f"{host}:{port}" for host, port in _split_hosts(text, "etcd", "http")]
 
 
 @final
@@ -529,7 +516,7 @@ class EtcdMember(_EtcdProcess):
 
 
 @final
-class EtcdCluster(_Launcher):
+class EtcdCluster(_Ensemble[EtcdMember]):
     """An etcd cluster of ``size`` members on localhost (default 3).
 
     ::
@@ -541,6 +528,9 @@ class EtcdCluster(_Launcher):
 
     ``start()`` returns once every member is healthy (a leader is elected).
     """
+
+    _title = "etcd cluster"
+    _dir_kind = "etcd-cluster"
 
     def __init__(
         self,
@@ -555,18 +545,13 @@ class EtcdCluster(_Launcher):
     ) -> None:
         if size < 1:
             raise ValueError(f"an etcd cluster needs at least one member, not {size}")
+        super().__init__(size, base_dir=base_dir, startup_timeout=startup_timeout)
         self.flavor: Final[EtcdFlavor] = _check_flavor(flavor)
         """Which etcd build runs the members."""
-        self._size = size
-        self._managed = True
         self._external_endpoints: tuple[str, ...] = ()
         self._heartbeat_interval = heartbeat_interval
         self._election_timeout = election_timeout
         self._extra_args = tuple(extra_args)
-        self._base_dir = base_dir
-        self._startup_timeout = startup_timeout
-        self._dir: Path | None = None
-        self._members: list[EtcdMember] = []
         self._token = "aiolocks-" + secrets.token_hex(4)
 
     @classmethod
@@ -576,11 +561,6 @@ class EtcdCluster(_Launcher):
         cluster._managed = False
         cluster._external_endpoints = tuple(_split_endpoints(endpoints))
         return cluster
-
-    @property
-    def managed(self) -> bool:
-        """``True`` when we run the members, ``False`` for an external cluster."""
-        return self._managed
 
     @property
     def members(self) -> Sequence[EtcdMember]:
@@ -599,78 +579,32 @@ class EtcdCluster(_Launcher):
         """The aiolocks URL, ``"etcd://127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"``."""
         return "etcd://" + ",".join(self.endpoints)
 
-    def _require_managed(self) -> None:
-        if not self._managed:
-            raise ServerNotManagedError(
-                f"the etcd cluster {','.join(self.endpoints)} is external; "
-                "its members cannot be controlled"
+    def _address_text(self) -> str:
+        return ",".join(self.endpoints)
+
+    def _make_members(self, directory: Path) -> list[EtcdMember]:
+        return [
+            EtcdMember(
+                f"n{index}",
+                cluster=self,
+                flavor=self.flavor,
+                heartbeat_interval=self._heartbeat_interval,
+                election_timeout=self._election_timeout,
+                extra_args=self._extra_args,
+                base_dir=directory,
+                startup_timeout=self._startup_timeout,
             )
+            for index in range(1, self._size + 1)
+        ]
 
-    def start(self) -> Self:
-        """Start every member and wait until all are healthy.
+    def _live(self, member: EtcdMember) -> bool:
+        return member.running and not member.paused
 
-        :raises ServerNotInstalledError: the etcd binary is missing.
-        :raises ServerStartError: a member exited or the cluster did not form in time.
-        """
-        self._require_managed()
-        if not self._members:
-            self._dir = _make_dir("etcd-cluster", self._base_dir)
-            self._members = [
-                EtcdMember(
-                    f"n{index}",
-                    cluster=self,
-                    flavor=self.flavor,
-                    heartbeat_interval=self._heartbeat_interval,
-                    election_timeout=self._election_timeout,
-                    extra_args=self._extra_args,
-                    base_dir=self._dir,
-                    startup_timeout=self._startup_timeout,
-                )
-                for index in range(1, self._size + 1)
-            ]
-        try:
-            for member in self._members:  # spawn all first: none is healthy before a quorum
-                if not member.running:
-                    member.start(wait=False)
-            for member in self._members:
-                member.wait_ready()
-            self.wait_for_leader(timeout=self._startup_timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def _member_state(self, member: EtcdMember) -> bool | None:
+        return member.is_leader() if member.health() else None
 
-    def wait_for_leader(self, timeout: float = 30.0) -> EtcdMember:
-        """Wait until exactly one running member is leader and every running member is healthy.
-
-        :raises TimeoutError: no stable leader within ``timeout`` seconds.
-        """
-        self._require_managed()
-        found: list[EtcdMember] = []
-
-        def settled() -> bool:
-            running = [m for m in self._members if m.running and not m.paused]
-            if not all(m.health() for m in running):
-                return False
-            leaders = [m for m in running if m.is_leader()]
-            if len(leaders) == 1:
-                found[:] = leaders
-                return True
-            return False
-
-        _wait_until("the etcd cluster has a leader", settled, timeout)
-        return found[0]
-
-    def leader(self) -> EtcdMember:
-        """The member that is raft leader right now.
-
-        :raises ServerError: no running member says it is leader.
-        """
-        self._require_managed()
-        for member in self._members:
-            if member.running and not member.paused and member.is_leader():
-                return member
-        raise ServerError("no member of the etcd cluster is leader right now")
+    def _member_leads(self, member: EtcdMember) -> bool:
+        return member.is_leader()
 
     def followers(self) -> list[EtcdMember]:
         """The running members that answer and follow a leader other than themselves."""
@@ -692,9 +626,6 @@ class EtcdCluster(_Launcher):
     def etcdctl(self, *args: str, timeout: float = 10.0) -> str:
         """Run ``etcdctl`` against every endpoint of the cluster; return its output."""
         return _run_etcdctl(self.endpoints, self.flavor, args, timeout)
-
-    def _processes(self) -> list[_ServerProcess]:
-        return list(self._members)
 
     def __repr__(self) -> str:
         return f"<EtcdCluster {','.join(self.endpoints)}>"

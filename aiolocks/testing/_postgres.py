@@ -2,10 +2,10 @@
 
 Design note
 -----------
-Same recipe as the ZooKeeper and Redis launchers in
-:mod:`aiolocks.testing.servers` (free port below the ephemeral range, private
-temporary folder, own process group, readiness checked by protocol, stop by
-PID, ``atexit`` clean-up), with what PostgreSQL needs on top:
+Same recipe as every launcher (``aiolocks.testing._process``: free port below
+the ephemeral range, private temporary folder, own process group, readiness
+checked by protocol, stop by PID, ``atexit`` clean-up), with what PostgreSQL
+needs on top:
 
 * ``initdb`` and ``postgres`` refuse to run as root. When we are root they run
   as the ``postgres`` OS user (Debian's ``postgresql`` package creates it) and
@@ -67,17 +67,14 @@ from pathlib import Path
 from typing import Final, Self, final
 from urllib.parse import unquote, urlsplit
 
-from .servers import (
+from ._process import (
     INSTALL_HINT,
     ServerCommandError,
     ServerError,
     ServerNotInstalledError,
-    _die_with_parent_hook,
     _find_binary,
-    _make_dir,
-    _running,
+    _popen,
     _ServerProcess,
-    _signal_group,
 )
 
 __all__ = [
@@ -376,31 +373,6 @@ def _give_to(path: Path, user: pwd.struct_passwd | None) -> None:
                 os.chown(os.path.join(root, name), user.pw_uid, user.pw_gid, follow_symlinks=False)
 
 
-def _popen_as(
-    command: list[str], *, cwd: Path, log_path: Path, user: pwd.struct_passwd | None
-) -> subprocess.Popen[bytes]:
-    with log_path.open("ab") as log:
-        log.write(f"\n=== aiolocks.testing: starting {' '.join(command)}\n".encode())
-        log.flush()
-        extra: dict[str, object] = {}
-        if user is not None:
-            extra = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-        env = dict(os.environ)
-        if user is not None:
-            env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
-        return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent_hook(),
-            **extra,
-        )
-
-
 def _quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -479,14 +451,8 @@ class _PgProcess(_ServerProcess):
             conn.query("SELECT 1")
         return True
 
-    def _spawn(self, command: list[str]) -> None:
-        if self._dir is None:
-            self._dir = _make_dir(self.kind, self._base_dir)
-        self._prepare(self._dir)
-        self._proc = _popen_as(
-            command, cwd=self._dir, log_path=self._output_path(self._dir), user=_run_as()
-        )
-        _running.add(self)
+    def _spawn_user(self) -> pwd.struct_passwd | None:
+        return _run_as()
 
 
 @final
@@ -551,7 +517,7 @@ class PostgresServer(_PgProcess):
             return
         initdb = str(_postgres_bin_dir() / "initdb")
         log_path = directory / "initdb.log"
-        proc = _popen_as(
+        proc = _popen(
             [
                 initdb,
                 "-D",
@@ -596,26 +562,10 @@ class PostgresServer(_PgProcess):
             command += ["-c", f"{name}={value}"]
         return command
 
-    def stop(self, *, timeout: float | None = None) -> None:
-        """Fast shutdown (SIGINT ends the sessions), SIGKILL after a grace. Keeps folder, port."""
-        self._require_managed()
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(self._stop_grace if timeout is None else timeout)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-        self._reap()
-
-    def _terminate(self) -> None:
-        proc = self._proc
-        if self._managed and proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGINT)
+    def _send_stop_signal(self, proc: subprocess.Popen[bytes]) -> None:
+        # Fast shutdown: SIGINT ends the sessions (SIGTERM would wait for them).
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
 
     # -- helpers for fault tests
 

@@ -52,8 +52,8 @@ import pytest
 
 from ._etcd import EtcdCluster, EtcdServer
 from ._postgres import PgBouncer, PostgresServer
+from ._process import INSTALL_HINT
 from .servers import (
-    INSTALL_HINT,
     RedisCluster,
     RedisSentinelSet,
     RedisServer,
@@ -139,6 +139,21 @@ def _external(env_var: str) -> str | None:
     return value or None
 
 
+def _external_or_serve(
+    env_var: str, external: Callable[[str], _L], factory: Callable[[], _L]
+) -> Iterator[_L]:
+    """The shape of every shared fixture: the server ``env_var`` names, else one we start.
+
+    An external server is described (``external(value)``), never started or
+    closed; a managed one is started, and closed when the fixture ends.
+    """
+    value = _external(env_var)
+    if value is not None:
+        yield external(value)
+        return
+    yield from _serve(factory, env_var)
+
+
 def require_managed(server: _Managed) -> None:
     """Skip the current test unless ``server`` is run by aiolocks.testing (not external).
 
@@ -149,6 +164,12 @@ def require_managed(server: _Managed) -> None:
             "this test stops or restarts its server, and the fixture points at an external "
             "server given by an AIOLOCKS_* environment variable"
         )
+
+
+def _private(env_var: str, factory: Callable[[], _L]) -> Iterator[_L]:
+    """The shape of every restartable fixture: a server of its own, unless ``env_var`` is set."""
+    _skip_if_external(env_var)
+    yield from _serve(factory, env_var)
 
 
 def _skip_if_external(env_var: str) -> None:
@@ -162,11 +183,7 @@ def _skip_if_external(env_var: str) -> None:
 @pytest.fixture(scope="session")
 def zookeeper_server() -> Iterator[ZooKeeperServer]:
     """A ZooKeeper server shared by the session (or ``AIOLOCKS_ZK_HOSTS``)."""
-    hosts = _external("AIOLOCKS_ZK_HOSTS")
-    if hosts is not None:
-        yield ZooKeeperServer.external(hosts)
-        return
-    yield from _serve(ZooKeeperServer, "AIOLOCKS_ZK_HOSTS")
+    yield from _external_or_serve("AIOLOCKS_ZK_HOSTS", ZooKeeperServer.external, ZooKeeperServer)
 
 
 @pytest.fixture(scope="session")
@@ -176,21 +193,15 @@ def zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
     Tests that kill members must restart them and call ``wait_for_leader()``
     before they end, so the next test finds the full ensemble.
     """
-    hosts = _external("AIOLOCKS_ZK_ENSEMBLE_HOSTS")
-    if hosts is not None:
-        yield ZooKeeperEnsemble.external(hosts)
-        return
-    yield from _serve(ZooKeeperEnsemble, "AIOLOCKS_ZK_ENSEMBLE_HOSTS")
+    yield from _external_or_serve(
+        "AIOLOCKS_ZK_ENSEMBLE_HOSTS", ZooKeeperEnsemble.external, ZooKeeperEnsemble
+    )
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """A Redis server shared by the session (or ``AIOLOCKS_REDIS_URL``)."""
-    url = _external("AIOLOCKS_REDIS_URL")
-    if url is not None:
-        yield RedisServer.external(url)
-        return
-    yield from _serve(RedisServer, "AIOLOCKS_REDIS_URL")
+    yield from _external_or_serve("AIOLOCKS_REDIS_URL", RedisServer.external, RedisServer)
 
 
 @pytest.fixture(scope="session")
@@ -200,55 +211,43 @@ def redis_sentinel() -> Iterator[RedisSentinelSet]:
     Shared: a test that fails the master over should start its own
     :class:`RedisSentinelSet` instead.
     """
-    url = _external("AIOLOCKS_REDIS_SENTINEL_URL")
-    if url is not None:
-        yield RedisSentinelSet.external(url)
-        return
-    yield from _serve(RedisSentinelSet, "AIOLOCKS_REDIS_SENTINEL_URL")
+    yield from _external_or_serve(
+        "AIOLOCKS_REDIS_SENTINEL_URL", RedisSentinelSet.external, RedisSentinelSet
+    )
 
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisCluster]:
     """A 3-master Redis Cluster shared by the session (or ``AIOLOCKS_REDIS_CLUSTER_URL``)."""
-    url = _external("AIOLOCKS_REDIS_CLUSTER_URL")
-    if url is not None:
-        yield RedisCluster.external(url)
-        return
-    yield from _serve(RedisCluster, "AIOLOCKS_REDIS_CLUSTER_URL")
+    yield from _external_or_serve("AIOLOCKS_REDIS_CLUSTER_URL", RedisCluster.external, RedisCluster)
 
 
 @pytest.fixture(scope="session")
 def redis_servers5() -> Iterator[RedisServerGroup]:
     """Five independent Redis servers, for Redlock (or ``AIOLOCKS_REDLOCK_URLS``, comma list)."""
-    urls = _external("AIOLOCKS_REDLOCK_URLS")
-    if urls is not None:
-        yield RedisServerGroup.external([url.strip() for url in urls.split(",") if url.strip()])
-        return
-    yield from _serve(RedisServerGroup, "AIOLOCKS_REDLOCK_URLS")
+    yield from _external_or_serve(
+        "AIOLOCKS_REDLOCK_URLS",
+        lambda urls: RedisServerGroup.external([u.strip() for u in urls.split(",") if u.strip()]),
+        RedisServerGroup,
+    )
 
 
 @pytest.fixture
 def zookeeper_restartable() -> Iterator[ZooKeeperServer]:
     """A private ZooKeeper server for this test only: stop, kill and restart it freely."""
-    _skip_if_external("AIOLOCKS_ZK_HOSTS")
-    yield from _serve(ZooKeeperServer, "AIOLOCKS_ZK_HOSTS")
+    yield from _private("AIOLOCKS_ZK_HOSTS", ZooKeeperServer)
 
 
 @pytest.fixture
 def redis_restartable() -> Iterator[RedisServer]:
     """A private Redis server for this test only: stop, kill and restart it freely."""
-    _skip_if_external("AIOLOCKS_REDIS_URL")
-    yield from _serve(RedisServer, "AIOLOCKS_REDIS_URL")
+    yield from _private("AIOLOCKS_REDIS_URL", RedisServer)
 
 
 @pytest.fixture(scope="session")
 def etcd_server() -> Iterator[EtcdServer]:
     """An etcd server shared by the session (or ``AIOLOCKS_ETCD_ENDPOINTS``)."""
-    endpoints = _external("AIOLOCKS_ETCD_ENDPOINTS")
-    if endpoints is not None:
-        yield EtcdServer.external(endpoints)
-        return
-    yield from _serve(EtcdServer, "AIOLOCKS_ETCD_ENDPOINTS")
+    yield from _external_or_serve("AIOLOCKS_ETCD_ENDPOINTS", EtcdServer.external, EtcdServer)
 
 
 @pytest.fixture(scope="session")
@@ -258,18 +257,15 @@ def etcd_cluster() -> Iterator[EtcdCluster]:
     Tests that kill, stop or pause members must bring them back and call
     ``wait_for_leader()`` before they end, so the next test finds the full cluster.
     """
-    endpoints = _external("AIOLOCKS_ETCD_CLUSTER_ENDPOINTS")
-    if endpoints is not None:
-        yield EtcdCluster.external(endpoints)
-        return
-    yield from _serve(EtcdCluster, "AIOLOCKS_ETCD_CLUSTER_ENDPOINTS")
+    yield from _external_or_serve(
+        "AIOLOCKS_ETCD_CLUSTER_ENDPOINTS", EtcdCluster.external, EtcdCluster
+    )
 
 
 @pytest.fixture
 def etcd_restartable() -> Iterator[EtcdServer]:
     """A private etcd server for this test only: stop, kill, pause and restart it freely."""
-    _skip_if_external("AIOLOCKS_ETCD_ENDPOINTS")
-    yield from _serve(EtcdServer, "AIOLOCKS_ETCD_ENDPOINTS")
+    yield from _private("AIOLOCKS_ETCD_ENDPOINTS", EtcdServer)
 
 
 @pytest.fixture(scope="session")
@@ -279,11 +275,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     Tests share its ``postgres`` database: use names of your own (a random
     suffix) and clean up what you create.
     """
-    url = _external("AIOLOCKS_POSTGRES_URL")
-    if url is not None:
-        yield PostgresServer.external(url)
-        return
-    yield from _serve(PostgresServer, "AIOLOCKS_POSTGRES_URL")
+    yield from _external_or_serve("AIOLOCKS_POSTGRES_URL", PostgresServer.external, PostgresServer)
 
 
 @pytest.fixture(scope="session")
@@ -293,20 +285,19 @@ def pgbouncer(postgres_server: PostgresServer) -> Iterator[PgBouncer]:
     With ``AIOLOCKS_PGBOUNCER_URL`` set, that (external) bouncer is used instead;
     it must pool in transaction mode in front of the same server.
     """
-    url = _external("AIOLOCKS_PGBOUNCER_URL")
-    if url is not None:
-        yield PgBouncer.external(url, postgres_server)
-        return
-    if not postgres_server.managed:
+    if not postgres_server.managed and _external("AIOLOCKS_PGBOUNCER_URL") is None:
         pytest.skip(
             "AIOLOCKS_POSTGRES_URL points at an external server; set AIOLOCKS_PGBOUNCER_URL "
             "to a pgbouncer (transaction pooling) in front of it"
         )
-    yield from _serve(lambda: PgBouncer(postgres_server), "AIOLOCKS_PGBOUNCER_URL")
+    yield from _external_or_serve(
+        "AIOLOCKS_PGBOUNCER_URL",
+        lambda url: PgBouncer.external(url, postgres_server),
+        lambda: PgBouncer(postgres_server),
+    )
 
 
 @pytest.fixture
 def postgres_restartable() -> Iterator[PostgresServer]:
     """A private PostgreSQL for this test only: stop, kill and restart it freely."""
-    _skip_if_external("AIOLOCKS_POSTGRES_URL")
-    yield from _serve(PostgresServer, "AIOLOCKS_POSTGRES_URL")
+    yield from _private("AIOLOCKS_POSTGRES_URL", PostgresServer)

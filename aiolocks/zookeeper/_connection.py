@@ -58,6 +58,12 @@ _EMPTY_PASSWORD: Final = b"\x00" * 16
 
 #: first pause between two rounds over the server list (doubles up to a cap)
 _FIRST_DELAY: Final = 0.05
+#: the longest wait for the answer to a ConnectRequest. A server that is
+#: still starting can accept the connection, fail to serve it ("ZooKeeperServer
+#: not running") and, through a server bug, never close it: without this bound
+#: we would wait a whole session timeout, and lose the session, on a server
+#: that answers the next connection at once. Asking again is safe (same session).
+_HANDSHAKE_LIMIT: Final = 10.0
 
 #: paths per SetWatches request, in bytes (the Java client's limit: far below
 #: the server's packet limit, so re-arming many watches cannot be refused)
@@ -462,7 +468,7 @@ class Session:
             logger.debug("cannot connect to ZooKeeper %s:%s: %r", host, port, exc)
             return None
         try:
-            return await self._handshake_with(conn, host, port, per_server)
+            return await self._handshake_with(conn, host, port, min(per_server, _HANDSHAKE_LIMIT))
         except BaseException:
             conn.abort()  # cancelled (closing) or failed mid-handshake: no stray socket
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 import pytest
@@ -38,7 +39,8 @@ async def test_never_more_than_max_leases(
     backend: aiolocks.Backend, other_backend: aiolocks.Backend, names: Callable[[], str]
 ) -> None:
     name = names()
-    state = {"inside": 0, "max": 0, "done": 0}
+    state = {"inside": 0, "max": 0, "done": 0, "waited": 0}
+    shared = asyncio.Event()
 
     async def worker(b: aiolocks.Backend) -> None:
         sem = b.semaphore(name, max_leases=3)
@@ -47,6 +49,15 @@ async def test_never_more_than_max_leases(
                 assert isinstance(lease, aiolocks.Lease)
                 state["inside"] += 1
                 state["max"] = max(state["max"], state["inside"])
+                if state["inside"] >= 2:
+                    shared.set()
+                elif not state["waited"]:
+                    # Liveness without timing: the first lone holder stays until a
+                    # second one joins (on a loaded machine 2 ms holds may never
+                    # overlap); the bound only ends a run where nobody can join.
+                    state["waited"] = 1
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(shared.wait(), 60)
                 await asyncio.sleep(0.002)
                 state["inside"] -= 1
                 state["done"] += 1
@@ -63,6 +74,11 @@ async def test_acquire_many_all_or_nothing(
     sem = backend.semaphore(names(), max_leases=4)
     first = await sem.acquire_many(3, timeout=1)
     assert first is not None and len(first) == 3
+    # every lease of one acquire_many has a fencing token of its own
+    tokens = [lease.fencing_token for lease in first]
+    assert None not in tokens and len(set(tokens)) == 3
+    holders = [p for p in await sem.participants() if p.is_holder]
+    assert sorted(p.fencing_token or 0 for p in holders) == sorted(t or 0 for t in tokens)
     assert await sem.acquire_many(2, timeout=0.05) is None
     # nothing partial stayed behind: one lease is still free
     one = await sem.acquire(timeout=0)
@@ -72,6 +88,8 @@ async def test_acquire_many_all_or_nothing(
         await lease.release()
     both = await sem.acquire_many(4, timeout=1)
     assert both is not None and len(both) == 4
+    later = [lease.fencing_token or 0 for lease in both]
+    assert len(set(later)) == 4 and min(later) > max(t or 0 for t in tokens)
     for lease in both:
         await lease.release()
 

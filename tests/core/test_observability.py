@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Iterator
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -80,7 +82,9 @@ async def test_acquire_errors_are_counted_by_kind(redis_restartable: RedisServer
     registry = CollectorRegistry()
     prom = PrometheusHook(registry)
     provider, exporter = tracing()
-    url = redis_restartable.url + "?connect_timeout=1"
+    # A short lease: the failed acquire's clean-up retries until its lease
+    # would have lapsed (30 s by default), which is all this test would wait for.
+    url = redis_restartable.url + "?connect_timeout=1&lease_time=2"
     async with aiolocks.connect(url) as backend:
         prom.attach(backend)
         backend.add_event_hook(OpenTelemetryHook(tracer_provider=provider))
@@ -95,12 +99,23 @@ async def test_acquire_errors_are_counted_by_kind(redis_restartable: RedisServer
     assert span.attributes["aiolocks.error"] == "BackendUnavailableError"
 
 
+@pytest.fixture
+def zookeeper_patient() -> Iterator[ZooKeeperServer]:
+    """A private ZooKeeper that grants sessions of up to 10 minutes; stop and restart it freely."""
+    if os.environ.get("AIOLOCKS_ZK_HOSTS", "").strip():
+        pytest.skip("AIOLOCKS_ZK_HOSTS is set: this test needs a private server it can restart")
+    with ZooKeeperServer(max_session_timeout=600_000) as server:
+        yield server
+
+
 @pytest.mark.asyncio
 @pytest.mark.zookeeper
-async def test_connection_state_gauge(zookeeper_restartable: ZooKeeperServer) -> None:
+async def test_connection_state_gauge(zookeeper_patient: ZooKeeperServer) -> None:
     registry = CollectorRegistry()
     prom = PrometheusHook(registry)
-    backend = await aiolocks.connect(zookeeper_restartable.url + "?session_timeout=30")
+    # The session outlives any restart (10 min): on a loaded machine stop + start
+    # took longer than a 30 s session, and LOST came instead of RECONNECTED.
+    backend = await aiolocks.connect(zookeeper_patient.url + "?session_timeout=600")
     assert isinstance(backend, ZooKeeperBackend)
     try:
         detach = prom.attach(backend)
@@ -113,11 +128,11 @@ async def test_connection_state_gauge(zookeeper_restartable: ZooKeeperServer) ->
         assert value(ConnectionState.CONNECTED) == 1
         states: asyncio.Queue[ConnectionState] = asyncio.Queue()
         backend.add_connection_listener(states.put_nowait)
-        await asyncio.to_thread(zookeeper_restartable.stop)
+        await asyncio.to_thread(zookeeper_patient.stop)
         assert await asyncio.wait_for(states.get(), 60) is ConnectionState.SUSPENDED
         assert value(ConnectionState.SUSPENDED) == 1
         assert value(ConnectionState.CONNECTED) == 0
-        await asyncio.to_thread(zookeeper_restartable.start)
+        await asyncio.to_thread(zookeeper_patient.start)
         assert await asyncio.wait_for(states.get(), 60) is ConnectionState.RECONNECTED
         assert value(ConnectionState.RECONNECTED) == 1
         assert value(ConnectionState.SUSPENDED) == 0

@@ -18,54 +18,43 @@ import aiolocks
 from aiolocks import LockLostError
 from aiolocks.postgres._admin import parse_fencing_name
 from aiolocks.testing import PostgresServer
-from tests.test_admin import _list_and_kinds, hold_forever, unique
+from tests.admin_helpers import list_and_kinds, standoff, unique
 
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
 
 
 async def test_advisory_list_and_kinds(postgres_server: PostgresServer) -> None:
-    await _list_and_kinds(postgres_server.url)
+    await list_and_kinds(postgres_server.url)
 
 
 async def test_lease_list_and_kinds(postgres_server: PostgresServer) -> None:
-    await _list_and_kinds(postgres_server.url + "?mode=lease&lease_time=10")
+    await list_and_kinds(postgres_server.url + "?mode=lease&lease_time=10")
 
 
 async def test_advisory_force_release_ends_the_holders_session(
     postgres_server: PostgresServer,
 ) -> None:
     url = postgres_server.url + "?heartbeat=2"
-    name = unique("adm/pg")
-    async with aiolocks.connect(url) as holder_side, aiolocks.connect(url) as admin_side:
-        pids: set[int] = set()
-        lock = holder_side.semaphore_mutex(name)
-        held = asyncio.Event()
-        holder = asyncio.create_task(hold_forever(lock, held))
-        await held.wait()
-        pids.update(int(str(p.node).removeprefix("pid:")) for p in (await lock.participants()))
-        other = holder_side.mutex(unique("adm/pg-other"))  # same backend, other lock
+    async with standoff(url, unique("adm/pg")) as scene:
+        pids = {int(str(p.node).removeprefix("pid:")) for p in await scene.lock.participants()}
+        other = scene.holder_side.mutex(unique("adm/pg-other"))  # same backend, other lock
         assert await other.acquire(timeout=10)
-        waiter = admin_side.semaphore_mutex(name)
-        waiting = asyncio.create_task(waiter.acquire(timeout=30))
-        (info,) = await admin_side.list_locks(name)
+        (info,) = await scene.admin_side.list_locks(scene.name)
         assert info.participants[0].is_holder
-        assert await admin_side.force_release(name) == 1
+        assert await scene.admin_side.force_release(scene.name) == 1
         with pytest.raises(LockLostError):
-            await asyncio.wait_for(holder, 30)
-        assert await asyncio.wait_for(waiting, 30)
-        (info,) = await admin_side.list_locks(name)
-        assert [p.is_holder for p in info.participants] == [True]
-        assert info.participants[0].fencing_token == waiter.fencing_token
+            await asyncio.wait_for(scene.holder, 30)
+        assert await asyncio.wait_for(scene.waiting, 30)
+        (info,) = await scene.admin_side.list_locks(scene.name)
+        assert info.participants[0].fencing_token == scene.waiter.fencing_token
         # the whole session went: the holder's other lock too (documented)
         assert other.is_lost
         with contextlib.suppress(LockLostError):
             await other.release()
-        assert await admin_side.force_release(name) == 1  # the admin's own session
-        assert await admin_side.force_release(name) == 0
-        with contextlib.suppress(LockLostError):
-            await waiter.release()
+        # the admin's own session goes next
+        await scene.waiter_alone_then_clear()
         # the backends take locks again afterwards
-        again = holder_side.mutex(name)
+        again = scene.holder_side.mutex(scene.name)
         assert await again.acquire(timeout=10)
         await again.release()
     # nothing of this test is left on the server
@@ -76,25 +65,13 @@ async def test_lease_force_release_is_noticed_at_the_next_renewal(
     postgres_server: PostgresServer,
 ) -> None:
     url = postgres_server.url + "?mode=lease&lease_time=1.5"
-    name = unique("adm/pgl")
-    async with aiolocks.connect(url) as holder_side, aiolocks.connect(url) as admin_side:
-        lock = holder_side.semaphore_mutex(name)
-        held = asyncio.Event()
-        holder = asyncio.create_task(hold_forever(lock, held))
-        await held.wait()
-        waiter = admin_side.semaphore_mutex(name)
-        waiting = asyncio.create_task(waiter.acquire(timeout=30))
-        assert await admin_side.force_release(name) == 1
-        assert await asyncio.wait_for(waiting, 30)
+    async with standoff(url, unique("adm/pgl")) as scene:
+        assert await scene.admin_side.force_release(scene.name) == 1
+        assert await asyncio.wait_for(scene.waiting, 30)
         with pytest.raises(LockLostError):
-            await asyncio.wait_for(holder, 30)
-        (info,) = await admin_side.list_locks(name)
-        assert [p.is_holder for p in info.participants] == [True]
-        assert await admin_side.force_release(name) == 1
-        assert await admin_side.force_release(name) == 0
-        with contextlib.suppress(LockLostError):
-            await waiter.release()
-        assert await admin_side.list_locks(name) == []
+            await asyncio.wait_for(scene.holder, 30)
+        await scene.waiter_alone_then_clear()
+        assert await scene.admin_side.list_locks(scene.name) == []
 
 
 async def test_names_with_like_wildcards_are_listed_literally(
