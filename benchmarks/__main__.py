@@ -1,6 +1,8 @@
 """``python -m benchmarks``: :mod:`benchmarks.run`.
 
 ``python -m benchmarks etcd``: :mod:`benchmarks.etcd`.
+``python -m benchmarks postgres``: :mod:`benchmarks.postgres` alone (the main run
+has it as its PostgreSQL section).
 """
 
 import sys
@@ -9,6 +11,10 @@ if sys.argv[1:2] == ["etcd"]:
     from .etcd import main as etcd_main
 
     raise SystemExit(etcd_main(sys.argv[2:]))
+if sys.argv[1:2] == ["postgres"]:
+    from .postgres import main as postgres_main
+
+    raise SystemExit(postgres_main(sys.argv[2:]))
 
 from .run import main
 

@@ -249,12 +249,48 @@ TITLES = {
 }
 
 
+def _postgres_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """The PostgreSQL section (``benchmarks.postgres``): one row per contender."""
+    pg = doc.get("postgres") or {}
+    if "uncontended_cycle_us" not in pg:
+        return []
+    rows = [["contender", "uncontended cycle", "x floor", "contended holds/s", "x floor"]]
+    for name, us in pg["uncontended_cycle_us"].items():
+        holds = pg["contended_holds_per_s"].get(name)
+        rows.append(
+            [
+                name,
+                _f(round(us), unit=" µs"),
+                _f(pg["uncontended_vs_floor"][name], 3),
+                _f(None if holds is None else round(holds)),
+                _f(pg["contended_vs_floor"].get(name), 3),
+            ]
+        )
+    return rows
+
+
+def _postgres_drain(doc: dict[str, Any]) -> str:
+    drain = (doc.get("postgres") or {}).get("many_waiters")
+    if not drain:
+        return ""
+    return (
+        f"{drain['waiters']} waiters (two backends) drained in {drain['drain_s']:.2f} s; "
+        f"{drain['server_transactions_per_hold']:.2f} server transactions per hold"
+    )
+
+
 def table(doc: dict[str, Any]) -> str:
     """The results as plain-text tables."""
     parts = []
     for name, rows in _rows(doc).items():
         if len(rows) > 1:
             parts.append(f"\n{TITLES[name]}\n{_render(rows)}")
+    pg_rows = _postgres_rows(doc)
+    if pg_rows:
+        parts.append(f"\nPostgreSQL (benchmarks.postgres)\n{_render(pg_rows)}")
+        parts.append(_postgres_drain(doc))
+    elif "error" in (doc.get("postgres") or {}):
+        parts.append(f"\nPostgreSQL not run: {doc['postgres']['error']}")
     missing = [
         f"  {key}: {c['reason']}" for key, c in doc["contenders"].items() if not c["available"]
     ]
@@ -408,6 +444,24 @@ def markdown(doc: dict[str, Any]) -> str:
             "no loss detection: their bodies run on, *never* told.",
             "",
             _md(tables["loss_latency"]),
+            "",
+        ]
+    pg_rows = _postgres_rows(doc)
+    if pg_rows:
+        lines += [
+            "## PostgreSQL",
+            "",
+            "`benchmarks.postgres` on a throwaway server (`fsync=off`), in the same run:",
+            "the bare `pg_try_advisory_lock`/`pg_advisory_unlock` pair on asyncpg (the",
+            "floor), the floor plus a `nextval()` and plus a fencing-row upsert, both",
+            "aiolocks modes, a `SELECT … FOR UPDATE` lock row and `asyncpg-lock` (when",
+            "installed). Uncontended: median cycle over interleaved rounds; contended:",
+            "completed holds per second of several tasks on one name. See",
+            "`docs/postgres.md` for the reading.",
+            "",
+            _md(pg_rows),
+            "",
+            f"Many waiters: {_postgres_drain(doc)}.",
             "",
         ]
     missing = [

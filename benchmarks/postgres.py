@@ -14,8 +14,9 @@ Contenders (each takes and gives back one lock per cycle):
     the fencing row's ``INSERT … ON CONFLICT DO UPDATE`` in one statement
     (separates the SQL's cost from the library's own).
 ``aiolocks-advisory``
-    ``async with backend.mutex(name)`` in ``mode=advisory`` (the grant also
-    bumps the name's fencing row, in the same statement).
+    ``async with backend.mutex(name)`` in ``mode=advisory`` (the grant draws
+    its fencing token with ``nextval`` in the same statement; tasks of one
+    backend hand the lock on with one ``nextval``).
 ``aiolocks-lease``
     the same in ``mode=lease`` (a row per hold through a pool).
 ``for-update``
@@ -37,6 +38,15 @@ and ratios are ratios of medians. Contended: ``--tasks`` tasks, each with its
 own connection (or its own lock object on one aiolocks backend), hammer one
 name for ``--seconds``; the figure is completed holds per second, and a
 shared counter checks that no two holders overlapped.
+
+Many waiters: ``--waiters`` tasks (split over two aiolocks backends, as two
+processes would be) queue on one held name; the holder lets go and every
+waiter takes and releases the lock once. Reported: the drain time and the
+server's transactions per hold (``pg_stat_database.xact_commit``, every
+statement is one): a polling waiter would show many per hold, a waiter that
+the server or a local hand-off wakes shows about two.
+
+Also part of ``python -m benchmarks`` (the PostgreSQL section of its report).
 """
 
 from __future__ import annotations
@@ -57,7 +67,7 @@ import asyncpg
 
 import aiolocks
 
-__all__ = ["main", "run"]
+__all__ = ["main", "many_waiters", "run", "table"]
 
 Cycle = Callable[[], Awaitable[None]]
 
@@ -248,6 +258,55 @@ async def _contended(name: str, url: str, tasks: int, seconds: float) -> float:
     return done / elapsed
 
 
+async def _commits(conn: Any) -> int:
+    value = await conn.fetchval(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+    )
+    return int(value)
+
+
+async def many_waiters(url: str, waiters: int, *, settle: float = 1.5) -> dict[str, Any]:
+    """``waiters`` queued tasks on one name drain; time and server transactions per hold."""
+    name = f"bench/many/{uuid.uuid4().hex[:10]}"
+    inside = 0
+    done = 0
+    observer = await asyncpg.connect(url)
+    try:
+        async with aiolocks.connect(url) as one, aiolocks.connect(url) as two:
+            holder = one.mutex(name)
+            assert await holder.acquire(timeout=30)
+
+            async def wait(backend: aiolocks.Backend) -> None:
+                nonlocal inside, done
+                async with backend.mutex(name):
+                    inside += 1
+                    if inside != 1:
+                        raise Overlap(f"many waiters: {inside} holders at once")
+                    await asyncio.sleep(0)
+                    inside -= 1
+                    done += 1
+
+            tasks = [asyncio.create_task(wait(one if i % 2 == 0 else two)) for i in range(waiters)]
+            # every waiter queued (locally or on the server); the statistics of
+            # their first tries are flushed (sessions report at most every second)
+            await asyncio.sleep(settle)
+            before = await _commits(observer)
+            started = time.perf_counter()
+            await holder.release()
+            await asyncio.gather(*tasks)
+            elapsed = time.perf_counter() - started
+            await asyncio.sleep(settle)  # the sessions' statistics of the drain are flushed
+            after = await _commits(observer)
+    finally:
+        await observer.close()
+    return {
+        "waiters": waiters,
+        "drain_s": elapsed,
+        "holds_per_s": done / elapsed if elapsed else None,
+        "server_transactions_per_hold": (after - before - 1) / max(1, done),
+    }
+
+
 async def run(
     url: str,
     *,
@@ -256,6 +315,8 @@ async def run(
     tasks: int = 8,
     seconds: float = 3.0,
     with_peer: bool = True,
+    waiters: int = 200,
+    settle: float = 1.5,
 ) -> dict[str, Any]:
     """Every measurement; returns the JSON-ready result (times in microseconds)."""
     names = list(UNCONTENDED)
@@ -284,16 +345,24 @@ async def run(
         for n in order:
             holds[n].append(await _contended(n, url, tasks, seconds))
     contended = {n: statistics.median(v) for n, v in holds.items()}
+    drain = await many_waiters(url, waiters, settle=settle)
     return {
         "uncontended_cycle_us": uncontended,
         "uncontended_vs_floor": {n: v / floor for n, v in uncontended.items()},
         "contended_holds_per_s": contended,
         "contended_vs_floor": {n: v / contended["floor"] for n, v in contended.items()},
-        "method": {"rounds": rounds, "cycles": cycles, "tasks": tasks, "seconds": seconds},
+        "many_waiters": drain,
+        "method": {
+            "rounds": rounds,
+            "cycles": cycles,
+            "tasks": tasks,
+            "seconds": seconds,
+            "waiters": waiters,
+        },
     }
 
 
-def _table(result: dict[str, Any]) -> str:
+def table(result: dict[str, Any]) -> str:
     lines = [f"{'contender':<20} {'cycle µs':>10} {'x floor':>8} {'holds/s':>10} {'x floor':>8}"]
     for n, us in result["uncontended_cycle_us"].items():
         ratio = result["uncontended_vs_floor"][n]
@@ -301,6 +370,12 @@ def _table(result: dict[str, Any]) -> str:
         hratio = result["contended_vs_floor"].get(n)
         tail = f"{holds:>10.0f} {hratio:>8.2f}" if holds is not None else f"{'-':>10} {'-':>8}"
         lines.append(f"{n:<20} {us:>10.0f} {ratio:>8.2f} {tail}")
+    drain = result.get("many_waiters")
+    if drain:
+        lines.append(
+            f"many waiters: {drain['waiters']} drained in {drain['drain_s']:.2f} s, "
+            f"{drain['server_transactions_per_hold']:.2f} server transactions per hold"
+        )
     return "\n".join(lines)
 
 
@@ -316,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("asyncpg_lock").setLevel(logging.CRITICAL)
     options: dict[str, Any] = {"tasks": args.tasks}
     if args.quick:
-        options.update(rounds=1, cycles=20, seconds=0.5)
+        options.update(rounds=1, cycles=20, seconds=0.5, waiters=40)
 
     async def go(url: str) -> dict[str, Any]:
         return await run(url, **options)
@@ -328,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
 
         with PostgresServer() as server:
             result = asyncio.run(go(server.url))
-    print(json.dumps(result, indent=2) if args.json else _table(result))
+    print(json.dumps(result, indent=2) if args.json else table(result))
     return 0
 
 

@@ -421,10 +421,56 @@ async def run(
         if "zookeeper" in urls:
             await _zookeeper_loss_row(doc, urls["zookeeper"], plan)
 
+    # ---------------------------------------------------------------- PostgreSQL
+    if "postgres" in services:
+        doc["postgres"] = await _postgres_section(plan)
+
     _add_ratios(doc)
     doc["targets"] = _targets(doc, plan)
     doc["meta"]["duration_s"] = round(time.monotonic() - started, 1)
     return doc
+
+
+#: benchmarks.postgres.run() sizes per plan (rounds, cycles, tasks, seconds, waiters,
+#: settle seconds of the many-waiters statistics)
+_POSTGRES_SIZES: dict[int, tuple[int, int, int, float, int, float]] = {
+    2: (1, 10, 4, 0.2, 10, 0.1),  # smoke: plumbing only, the figures mean nothing
+    3: (5, 150, 8, 1.0, 100, 1.5),  # quick
+    9: (15, 300, 8, 3.0, 200, 1.5),  # full
+}
+
+
+async def _postgres_section(plan: Plan) -> dict[str, Any]:
+    """``doc["postgres"]``: :mod:`benchmarks.postgres` on a throwaway server."""
+    from aiolocks.testing import PostgresServer
+
+    from . import postgres
+
+    rounds, cycles, tasks, seconds, waiters, settle = _POSTGRES_SIZES.get(
+        plan.uncontended_rounds, _POSTGRES_SIZES[9]
+    )
+    _log("starting PostgreSQL")
+    try:
+        server = PostgresServer()
+        await asyncio.to_thread(server.start)
+    except (ServerError, OSError) as exc:
+        return {"error": f"no PostgreSQL server: {exc}"}
+    try:
+        _log("PostgreSQL: uncontended, contended, many waiters")
+        return await postgres.run(
+            server.url,
+            rounds=rounds,
+            cycles=cycles,
+            tasks=tasks,
+            seconds=seconds,
+            waiters=waiters,
+            settle=settle,
+            with_peer=plan.uncontended_rounds != 2,  # asyncpg-lock: a connection per hold
+        )
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        await asyncio.to_thread(server.stop)
 
 
 async def _zookeeper_loss_row(doc: dict[str, Any], url: str, plan: Plan) -> None:
@@ -782,7 +828,11 @@ def main(argv: list[str] | None = None) -> int:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small sizes (about 2 minutes)")
     size.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
-    parser.add_argument("--only-service", choices=["redis", "zookeeper"], help="run only one half")
+    parser.add_argument(
+        "--only-service",
+        choices=["redis", "zookeeper", "postgres"],
+        help="run only one part",
+    )
     parser.add_argument(
         "--contenders",
         help="comma-separated peer keys to include (aiolocks always runs), e.g. redis-py,kazoo",
@@ -816,7 +866,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     plan = PLANS[mode]
-    services = {args.only_service} if args.only_service else {"redis", "zookeeper"}
+    services = {args.only_service} if args.only_service else {"redis", "zookeeper", "postgres"}
     only = set(args.contenders.split(",")) if args.contenders else None
     warnings.simplefilter("ignore")  # peers' deprecation noise must not reach the table
     args.out.mkdir(parents=True, exist_ok=True)

@@ -10,16 +10,24 @@ Importing this package loads asyncpg only when a backend is built.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, final
 
 from .._core.backend import Backend
 from ._sql import PostgresSetupError, TableNames
+from ._state import ConnectionState, StateBroadcaster
 from ._url import PostgresOptions, parse_postgres_url
 
 if TYPE_CHECKING:
     from ._driver import PostgresPoolerError
 
-__all__ = ["PostgresBackend", "PostgresPoolerError", "PostgresSetupError", "from_url"]
+__all__ = [
+    "ConnectionState",
+    "PostgresBackend",
+    "PostgresPoolerError",
+    "PostgresSetupError",
+    "from_url",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -146,6 +154,42 @@ class PostgresBackend(Backend):
                 release_connection=give_back,
             )
         super().__init__(driver)
+
+    @property
+    def _states(self) -> StateBroadcaster:
+        states: StateBroadcaster = getattr(self._engine.driver, "states")  # noqa: B009
+        return states
+
+    @property
+    def connection_state(self) -> ConnectionState | None:
+        """The last connection state reported (``None`` before ``open()``).
+
+        ``mode=advisory``: ``LOST`` when the server ended a session of the
+        backend that held locks (or the primary one), ``SUSPENDED`` while it
+        cannot connect again, ``RECONNECTED`` once it has a session again.
+        ``mode=lease``: ``SUSPENDED`` while statements (renewals) fail,
+        ``RECONNECTED`` when they go through again, ``LOST`` when a hold
+        expired unrenewed. See ``docs/postgres.md``.
+        """
+        return self._states.state
+
+    def add_connection_listener(
+        self, listener: Callable[[ConnectionState], object]
+    ) -> Callable[[], None]:
+        """Call ``listener(state)`` on every connection-state change; returns a remover.
+
+        The listener runs in the event loop and must not block. Added before
+        ``open()``, it also sees the first ``CONNECTED``.
+        """
+        return self._states.add_listener(listener)
+
+    def connection_states(self) -> AsyncIterator[ConnectionState]:
+        """Iterate over connection-state changes from now on, until the backend closes.
+
+        >>> async for state in backend.connection_states():  # doctest: +SKIP
+        ...     if state is ConnectionState.LOST: ...
+        """
+        return self._states.states()
 
 
 def from_url(url: str, **options: object) -> PostgresBackend:

@@ -151,7 +151,7 @@ class PostgresLeaseAdmin:
         fencing = f"{family.value}/{name}"
         value = await self._pool.fetchval(
             f"WITH gone AS (DELETE FROM {self._tables.leases} WHERE name = $1 "
-            "RETURNING expires_at > clock_timestamp() AS live) "
+            "RETURNING slot >= 0 AND expires_at > clock_timestamp() AS live) "
             f"SELECT count(*) FILTER (WHERE live), pg_notify('{self._tables.channel}', $1) "
             "FROM gone",
             fencing,

@@ -28,6 +28,19 @@ a further waiter waits for a local release or a session to come free, and
 tries again at least every ``heartbeat`` seconds (a lock freed by another
 process is noticed that way only in this overflow case).
 
+**Hand-offs.** Tasks of this backend waiting for an exclusive lock
+(mutex, semaphore mutex, write lock) that another of its tasks holds, or
+already waits for on the server, queue locally instead of taking a session
+each. A release with a task queued keeps the server lock on its session and
+passes it on with a new token (the chain's tokens are drawn in one round
+trip, see :meth:`PostgresAdvisoryDriver._hand_off`); after ``MAX_HANDOFFS``
+in a row it really unlocks so that other processes get their turn. Idle
+extra sessions are closed only after ``heartbeat`` seconds idle.
+
+**Fencing tokens** come from one sequence (see :mod:`._sql`); another
+backend's holder is asked for its token by ``NOTIFY`` when ``participants``
+lists it (nothing is written per grant for that).
+
 **Semaphores.** A semaphore of N is N slot keys. A waiter cannot block on
 "any of N" keys, so semaphore releases send ``NOTIFY`` on the backend's
 channel with the semaphore's name, the primary session ``LISTEN``s, and a
@@ -79,6 +92,7 @@ from ._sql import (
     probe_session,
     slot_keys,
 )
+from ._state import ConnectionState, StateBroadcaster
 
 if TYPE_CHECKING:
     from ._admin import PostgresAdvisoryAdmin
@@ -91,6 +105,16 @@ logger = logging.getLogger("aiolocks.postgres")
 DEFAULT_MAX_SESSIONS = 8
 
 Connect = Callable[[], Awaitable[Any]]
+
+#: fencing names remembered as recorded (then forgotten at once; re-recording is harmless)
+_MAX_REGISTERED = 65536
+
+#: local hand-offs of one lock in a row before it is really unlocked (so that
+#: other processes' waiters, queued on the server, get their turn)
+MAX_HANDOFFS = 16
+
+#: seconds ``participants`` waits for another backend to tell its holder's token
+_TOKEN_ASK_BOUND = 1.0
 
 #: seconds a write-to-read downgrade may take on the writer's session (it is
 #: granted at once; this only bounds a surprise)
@@ -108,6 +132,14 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 #: a connection the server ended between two of our calls can surface as a
 #: client protocol error on the next call; the session is unusable either way
 _BROKEN: tuple[type[BaseException], ...] = (*_TRANSIENT, asyncpg.exceptions.InternalClientError)
+
+
+#: what a reconnect attempt waits out (the server is not reachable yet)
+_RECONNECT_ERRORS: tuple[type[BaseException], ...] = (BackendUnavailableError, *_BROKEN)
+
+
+class _SessionGone(BackendUnavailableError):
+    """A lock call found its session ended by the server (a try may go again, once)."""
 
 
 class PostgresPoolerError(LockError, RuntimeError):
@@ -130,6 +162,7 @@ class _Session:
         "conn",
         "dedicated",
         "grants",
+        "idle_since",
         "io",
         "pid",
         "primary",
@@ -148,6 +181,8 @@ class _Session:
         #: grants this session backs -> their lock id
         self.grants: dict[Grant, LockId] = {}
         self.waiting = False
+        #: loop time the session last became idle (retired after ``heartbeat``)
+        self.idle_since = 0.0
         #: reserved for one leader latch (no other lock is sent here meanwhile)
         self.dedicated = False
         #: participant id of the attempt waiting on this session
@@ -177,7 +212,17 @@ class _Session:
 class _PgAttempt(Attempt):
     """One acquire: where its calls went and what the wait won."""
 
-    __slots__ = ("change", "grants", "keys", "lock_ids", "pending", "wait_session")
+    __slots__ = (
+        "change",
+        "grants",
+        "handoff",
+        "keys",
+        "lock_ids",
+        "pending",
+        "retried",
+        "server_wait",
+        "wait_session",
+    )
 
     def __init__(self, request: Request, keys: list[int]) -> None:
         super().__init__(request)
@@ -189,6 +234,12 @@ class _PgAttempt(Attempt):
         self.wait_session: _Session | None = None
         #: set by the next local release or semaphore NOTIFY (armed before each try)
         self.change: asyncio.Future[None] | None = None
+        #: while queued for a local hand-off: set when handed the lock (or woken)
+        self.handoff: asyncio.Future[None] | None = None
+        #: the lock id this attempt is blocked on at the server (counted once)
+        self.server_wait: LockId | None = None
+        #: a try already went again after its session was ended under it
+        self.retried = False
 
 
 @final
@@ -243,12 +294,30 @@ class PostgresAdvisoryDriver:
         self._opening = 0
         self._owned: TaskSet | None = None
         self._beat_timer: asyncio.TimerHandle | None = None
+        self._retire_timer: asyncio.TimerHandle | None = None
         self._beat_task: asyncio.Task[None] | None = None
         #: woken on every local release, session freed, semaphore NOTIFY
         self._change: asyncio.Future[None] | None = None
         self._closed = False
         #: semaphore name -> largest max_leases seen (participants lists every slot)
         self._slots: dict[str, int] = {}
+        #: fencing names known to have their row (grants skip the row write)
+        self._registered: set[str] = set()
+        #: exclusive lock id -> our grant holding it (may be stale: check before use)
+        self._held_by: dict[LockId, Grant] = {}
+        #: exclusive lock id -> our attempts queued for a hand-off, in arrival order
+        self._queued: dict[LockId, dict[_PgAttempt, None]] = {}
+        #: exclusive lock id -> how many of our attempts block on the server for it
+        self._server_waiters: dict[LockId, int] = {}
+        #: exclusive lock id -> hand-offs in a row since its last real unlock
+        self._handoffs: dict[LockId, int] = {}
+        #: exclusive lock id -> (session, tokens drawn for the rest of a hand-off chain)
+        self._tokens: dict[LockId, tuple[_Session, list[int]]] = {}
+        #: the connection state (see :mod:`._state`)
+        self.states = StateBroadcaster()
+        self._reconnect_task: asyncio.Task[None] | None = None
+        #: (pid, fencing name) -> the answer to our question for that holder's token
+        self._token_asks: dict[tuple[int, str], asyncio.Future[int]] = {}
 
     # -- identity ---------------------------------------------------------
 
@@ -271,6 +340,8 @@ class PostgresAdvisoryDriver:
         change, self._change = self._change, None
         if change is not None and not change.done():
             change.set_result(None)
+        if self._queued:
+            self._wake_queued()
 
     def _change_future(self) -> asyncio.Future[None]:
         if self._change is None or self._change.done():
@@ -296,6 +367,7 @@ class PostgresAdvisoryDriver:
             if primary:
                 await ensure_schema(conn, self._tables, create=self._create_tables)
                 await conn.add_listener(self.channel, self._on_notify)
+                await conn.add_listener(self._tables.token_channel, self._on_token)
         except BaseException:
             await self._drop_connection(conn)
             raise
@@ -315,9 +387,70 @@ class PostgresAdvisoryDriver:
     def _on_notify(self, _conn: object, _pid: int, _channel: str, _payload: str) -> None:
         self._wake()
 
+    def _on_token(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        """``?<pid> <fence>``: asks our hold's token; ``!<pid> <token> <fence>``: an answer."""
+        try:
+            if payload.startswith("?"):
+                pid_text, fence = payload[1:].split(" ", 1)
+                self._answer_token(int(pid_text), fence)
+            elif payload.startswith("!"):
+                pid_text, token_text, fence = payload[1:].split(" ", 2)
+                future = self._token_asks.get((int(pid_text), fence))
+                if future is not None and not future.done():
+                    future.set_result(int(token_text))
+        except ValueError:
+            logger.debug("ignored a malformed token notification %r", payload)
+
+    def _answer_token(self, pid: int, fence: str) -> None:
+        """Publish the token of our hold of ``fence`` on session ``pid`` (no row is written)."""
+        tokens = [
+            grant.token
+            for session in [self._primary, *self._extra]
+            if session is not None and session.alive and session.pid == pid
+            for grant in session.grants
+            if _fencing_name(grant.request) == fence
+        ]
+        primary = self._primary
+        if not tokens or primary is None or self._owned is None:
+            return
+
+        async def answer(session: _Session = primary, token: int = max(tokens)) -> None:
+            try:
+                await session.fetch(
+                    "SELECT pg_notify($1, $2)",
+                    self._tables.token_channel,
+                    f"!{pid} {token} {fence}",
+                    timeout=_TOKEN_ASK_BOUND,
+                )
+            except _BROKEN as exc:  # TimeoutError is an OSError
+                logger.debug("could not publish a fencing token: %r", exc)
+
+        self._owned.spawn(answer(), name="aiolocks-pg-token")
+
+    async def _ask_token(self, primary: _Session, pid: int, fence: str) -> int | None:
+        """The token another backend's session ``pid`` holds ``fence`` with, if it answers."""
+        key = (pid, fence)
+        future = self._token_asks.get(key)
+        if future is None or future.done():
+            future = self._token_asks[key] = asyncio.get_running_loop().create_future()
+        try:
+            await primary.fetch(
+                "SELECT pg_notify($1, $2)", self._tables.token_channel, f"?{pid} {fence}"
+            )
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), _TOKEN_ASK_BOUND)
+            except TimeoutError:
+                return None  # not an aiolocks session, or one that did not answer in time
+        finally:
+            if self._token_asks.get(key) is future:
+                del self._token_asks[key]
+
     def _session_ended(self, session: _Session, why: str) -> None:
         if not session.alive:
             return
+        if (session.primary or session.grants) and not self._closed:
+            self.states.set(ConnectionState.LOST)
+            self._start_reconnect()
         session.alive = False
         if session is self._primary:
             self._primary = None
@@ -326,12 +459,49 @@ class PostgresAdvisoryDriver:
         grants = list(session.grants)
         session.grants.clear()
         session.reserved.clear()
+        for lock in [k for k, (owner, _t) in self._tokens.items() if owner is session]:
+            del self._tokens[lock]
         for grant in grants:
             grant.mark_lost(
                 f"its PostgreSQL session (pid {session.pid}) ended ({why}); "
                 "the server dropped its advisory locks"
             )
+        # Whatever ended it, the connection is done: close it (a broken but
+        # open one would keep its session and locks) and, when it was borrowed,
+        # hand it back so that the user's pool does not shrink for good
+        # (both steps are idempotent; the callers that drop it too are fine).
+        session.conn.terminate()
+        if self._release_connection is not None and self._owned is not None:
+            self._owned.spawn(
+                self._drop_connection(session.conn), name="aiolocks-pg-return", log_errors=False
+            )
         self._wake()
+
+    def _start_reconnect(self) -> None:
+        """Open a primary session again in the background (the state's ``RECONNECTED``)."""
+        if self._owned is None or self._closed:
+            return
+        if self._reconnect_task is None or self._reconnect_task.done():
+            self._reconnect_task = self._owned.spawn(
+                self._reconnect(), name="aiolocks-pg-reconnect"
+            )
+
+    async def _reconnect(self) -> None:
+        delay = 0.05
+        while not self._closed:
+            primary = self._primary
+            try:
+                if primary is not None and primary.alive:
+                    await primary.fetch("SELECT 1", timeout=self._heartbeat)
+                    self.states.connected()
+                    return
+                await self._get_primary()  # reports RECONNECTED
+                return
+            except _RECONNECT_ERRORS as exc:
+                logger.info("PostgreSQL %s: not connected yet: %r", self._describe, exc)
+                self.states.set(ConnectionState.SUSPENDED)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._heartbeat)
 
     async def _get_primary(self) -> _Session:
         if self._closed:
@@ -343,6 +513,7 @@ class PostgresAdvisoryDriver:
             primary = self._primary
             if primary is None or not primary.alive:
                 primary = self._primary = await self._new_session(primary=True)
+                self.states.connected()
             return primary
 
     async def _session_for(
@@ -384,18 +555,42 @@ class PostgresAdvisoryDriver:
         return session
 
     def _maybe_retire(self, session: _Session) -> None:
-        """Close an extra session that holds nothing when others are idle too (keep one)."""
+        """Arm the retirement of idle extra sessions (one is kept; see :meth:`_retire_idle`).
+
+        Not at once: under contention a session freed now is wanted again
+        a moment later, and a new connection costs far more than a query.
+        """
         session.settle()
         if session.primary or not session.idle():
             return
-        idle = [s for s in self._extra if s.idle()]
-        if len(idle) > 1:
+        session.idle_since = asyncio.get_running_loop().time()
+        if self._retire_timer is None and not self._closed:
+            self._retire_timer = asyncio.get_running_loop().call_later(
+                self._heartbeat, self._retire_idle
+            )
+
+    def _retire_idle(self) -> None:
+        """Close extra sessions idle for ``heartbeat`` seconds or more, keeping one idle."""
+        self._retire_timer = None
+        if self._closed:
+            return
+        now = asyncio.get_running_loop().time()
+        idle = sorted(
+            (s for s in self._extra if s.idle()), key=lambda s: s.idle_since, reverse=True
+        )
+        for session in idle[1:]:
+            if now - session.idle_since < self._heartbeat:
+                continue
             self._extra.remove(session)
             session.alive = False
             if self._release_connection is None:
                 session.conn.terminate()
             elif self._owned is not None:
                 self._owned.spawn(self._drop_connection(session.conn), name="aiolocks-pg-retire")
+        if sum(1 for s in self._extra if s.idle()) > 1:
+            self._retire_timer = asyncio.get_running_loop().call_later(
+                self._heartbeat, self._retire_idle
+            )
 
     # -- lifecycle --------------------------------------------------------
 
@@ -439,6 +634,9 @@ class PostgresAdvisoryDriver:
         timer, self._beat_timer = self._beat_timer, None
         if timer is not None:
             timer.cancel()
+        retire, self._retire_timer = self._retire_timer, None
+        if retire is not None:
+            retire.cancel()
         task = self._beat_task
         if task is not None:
             task.cancel()
@@ -446,6 +644,7 @@ class PostgresAdvisoryDriver:
         sessions = [s for s in [self._primary, *self._extra] if s is not None]
         self._primary = None
         self._extra = []
+        self.states.close()
         for session in sessions:
             session.alive = False
             await self._drop_connection(session.conn)
@@ -507,6 +706,10 @@ class PostgresAdvisoryDriver:
             return await self._try_slots(a)
         shared = request.mode is Mode.READ
         lock = (a.keys[0], shared)
+        if _hands_off(request) and self._holder(lock) is not None:
+            # Held by another task of this backend: the server would say no;
+            # wait for the hand-off instead.
+            return None
         if request.downgrade_of is not None:
             handle = request.downgrade_of.handle
             session: _Session | None = handle.session if isinstance(handle, _Handle) else None
@@ -518,7 +721,7 @@ class PostgresAdvisoryDriver:
             session = await self._session_for(lock, wait=False)
         if session is None:
             return None
-        query = self._queries.try_shared if shared else self._queries.try_exclusive
+        query, extra = self._grant_sql(request, wait=False, shared=shared)
         downgrade = request.downgrade_of
         if (
             downgrade is not None
@@ -530,20 +733,21 @@ class PostgresAdvisoryDriver:
             # (the server puts it ahead of the waiters it would conflict
             # with). A short bound guards the shared connection anyway.
             try:
+                wait_query, wait_extra = self._grant_sql(request, wait=True, shared=True)
                 row = await self._send(
-                    a,
-                    session,
-                    lock,
-                    self._queries.lock_shared,
-                    a.keys[0],
-                    _fencing_name(request),
-                    timeout=_DOWNGRADE_BOUND,
+                    a, session, lock, wait_query, a.keys[0], *wait_extra, timeout=_DOWNGRADE_BOUND
                 )
             except TimeoutError:
                 await self._unlock_pending(a)
                 return None
             return None if row is None else [self._grant(a, session, lock, int(row[0]))]
-        row = await self._send(a, session, lock, query, a.keys[0], _fencing_name(request))
+        try:
+            row = await self._send(a, session, lock, query, a.keys[0], *extra)
+        except _SessionGone:
+            if a.retried:
+                raise
+            a.retried = True  # once: the next session is a fresh one
+            return await self.try_once(a)
         if row is None:
             return None
         return [self._grant(a, session, lock, int(row[0]))]
@@ -584,7 +788,17 @@ class PostgresAdvisoryDriver:
                 row = await session.conn.fetchrow(query, *args, timeout=timeout)
         except TimeoutError:
             raise
-        except _TRANSIENT as exc:
+        except _BROKEN as exc:
+            if session.conn.is_closed() or isinstance(exc, asyncpg.InternalClientError):
+                # The server ended the session under the call (an operator's
+                # pg_terminate_backend): it is gone, and so is any lock it had
+                # won. Close it for good; the caller may try a fresh one.
+                self._session_ended(session, f"lock call failed: {exc!r}")
+                if entry in a.pending:
+                    a.pending.remove(entry)
+                raise _SessionGone(
+                    f"PostgreSQL {self._describe}: lock call failed: {exc!r}"
+                ) from exc
             raise _unavailable(exc, "lock call", self._describe) from exc
         # Answered: from here to the return, no await.
         a.pending.remove(entry)
@@ -593,9 +807,29 @@ class PostgresAdvisoryDriver:
             session.settle()
         return row
 
+    def _grant_sql(
+        self, request: Request, *, wait: bool, shared: bool
+    ) -> tuple[str, tuple[str, ...]]:
+        """The grant statement and its arguments after the key: ``_register`` for a new name."""
+        q = self._queries
+        fence = _fencing_name(request)
+        if fence in self._registered:
+            if wait:
+                return (q.lock_shared if shared else q.lock_exclusive), ()
+            return (q.try_shared if shared else q.try_exclusive), ()
+        if wait:
+            return (q.lock_shared_register if shared else q.lock_exclusive_register), (fence,)
+        return (q.try_shared_register if shared else q.try_exclusive_register), (fence,)
+
     def _grant(self, a: _PgAttempt, session: _Session, lock: LockId, token: int) -> Grant:
+        # Granted: the name's fencing row exists (this grant or an earlier one wrote it).
+        if len(self._registered) >= _MAX_REGISTERED:
+            self._registered.clear()
+        self._registered.add(_fencing_name(a.request))
         grant = Grant(a.request, token, handle=_Handle(session, lock))
         session.grants[grant] = lock
+        if _hands_off(a.request):
+            self._held_by[lock] = grant
         self._ensure_heartbeat()
         return grant
 
@@ -613,10 +847,14 @@ class PostgresAdvisoryDriver:
                 primary.reserved.add(lock)
                 a.pending.append((primary, lock))
             try:
+                fence = _fencing_name(request)
                 async with primary.io:
-                    row = await primary.conn.fetchrow(
-                        self._queries.try_slot, free, _fencing_name(request)
-                    )
+                    if fence in self._registered:
+                        row = await primary.conn.fetchrow(self._queries.try_slot, free)
+                    else:
+                        row = await primary.conn.fetchrow(
+                            self._queries.try_slot_register, free, fence
+                        )
             except _TRANSIENT as exc:
                 raise _unavailable(exc, "lock call", self._describe) from exc
             taken = None if row is None else (free[int(row[0])], False)
@@ -645,6 +883,11 @@ class PostgresAdvisoryDriver:
             return
         shared = request.mode is Mode.READ
         lock = (a.keys[0], shared)
+        if _hands_off(request) and (
+            self._holder(lock) is not None or self._server_waiters.get(lock, 0) > 0
+        ):
+            await self._wait_handoff(a, lock, bound)
+            return
         if request.family is Family.LEADER:
             session = await self._leader_session(a, lock, wait=True)
         else:
@@ -652,22 +895,92 @@ class PostgresAdvisoryDriver:
         if session is None:
             await self._wait_local(a, bound, self._heartbeat)
             return
-        query = self._queries.lock_shared if shared else self._queries.lock_exclusive
+        if _hands_off(request):
+            a.server_wait = lock
+            self._server_waiters[lock] = self._server_waiters.get(lock, 0) + 1
+        query, extra = self._grant_sql(request, wait=True, shared=shared)
         session.waiting = True
         session.waiting_for = request.participant
         a.wait_session = session
         try:
-            row = await self._send(
-                a, session, lock, query, a.keys[0], _fencing_name(request), timeout=bound
-            )
+            row = await self._send(a, session, lock, query, a.keys[0], *extra, timeout=bound)
         except TimeoutError:
             # The bound passed; the server may have granted just then.
             session.waiting = False
+            self._end_server_wait(a)
             await self._unlock_pending(a)
             return
+        # (cancelled or failed: ``finish`` ends the server wait, after ``abandon``)
         session.waiting = False
         if row is not None:
             a.grants = [self._grant(a, session, lock, int(row[0]))]
+        self._end_server_wait(a)  # after the grant is recorded: the queue stays put
+
+    def _end_server_wait(self, a: _PgAttempt) -> None:
+        lock, a.server_wait = a.server_wait, None
+        if lock is not None:
+            left = self._server_waiters.get(lock, 0) - 1
+            if left > 0:
+                self._server_waiters[lock] = left
+            else:
+                self._server_waiters.pop(lock, None)
+                self._wake_queued(lock)  # nobody of ours on the server now: retry
+
+    def _holder(self, lock: LockId) -> Grant | None:
+        """Our grant holding exclusive ``lock``, if any (drops a stale record)."""
+        grant = self._held_by.get(lock)
+        if grant is None:
+            return None
+        handle = grant.handle
+        assert isinstance(handle, _Handle)
+        if handle.session.alive and grant in handle.session.grants:
+            return grant
+        del self._held_by[lock]
+        return None
+
+    async def _wait_handoff(self, a: _PgAttempt, lock: LockId, bound: float | None) -> None:
+        """Queue for ``lock`` behind another task of this backend (no session, no query).
+
+        Woken by a hand-off (``a.grants`` set), by any local change, or after
+        ``heartbeat`` seconds at the latest, and then tries again.
+        """
+        change = a.change if a.change is not None else self._change_future()
+        if change.done():
+            return  # something changed since the try: try again first
+        queue = self._queued.setdefault(lock, {})
+        handoff = a.handoff = asyncio.get_running_loop().create_future()
+        queue[a] = None
+        try:
+            limit = self._heartbeat if bound is None else min(bound, self._heartbeat)
+            await wait_done(handoff, limit)
+        finally:
+            self._unqueue(a, lock)
+
+    def _unqueue(self, a: _PgAttempt, lock: LockId) -> None:
+        queue = self._queued.get(lock)
+        if queue is not None:
+            queue.pop(a, None)
+            if not queue:
+                del self._queued[lock]
+        a.handoff = None
+
+    def _wake_queued(self, lock: LockId | None = None) -> None:
+        """Wake the first attempt queued for ``lock`` (every lock: ``None``): it tries again.
+
+        Not while another task of ours blocks on the server for that lock or
+        holds it: a try would fail, and that task hands the lock on. Only the
+        first: it takes the lock or blocks on the server for it, the others
+        stay queued behind it; when it ends without either, ``finish`` wakes
+        the next one.
+        """
+        locks = list(self._queued) if lock is None else [lock]
+        for each in locks:
+            if self._server_waiters.get(each, 0) > 0 or self._holder(each) is not None:
+                continue
+            for waiter in self._queued.get(each, {}):
+                if waiter.handoff is not None and not waiter.handoff.done():
+                    waiter.handoff.set_result(None)
+                    break
 
     async def _wait_local(self, a: _PgAttempt, bound: float | None, cap: float) -> None:
         limit = cap if bound is None else min(bound, cap)
@@ -701,8 +1014,13 @@ class PostgresAdvisoryDriver:
             await self.release(grant)
 
     def finish(self, attempt: Attempt) -> None:
-        """Nothing to drop locally beyond the attempt itself."""
+        """Leave the hand-off queue; nothing else to drop locally."""
         a = cast(_PgAttempt, attempt)
+        if a.handoff is not None:
+            self._unqueue(a, (a.keys[0], False))
+        self._end_server_wait(a)
+        if _hands_off(a.request) and a.grants is None:
+            self._wake_queued((a.keys[0], False))  # ended empty-handed: the next one tries
         session = a.wait_session
         if session is not None and not a.pending:
             session.waiting = False
@@ -716,6 +1034,10 @@ class PostgresAdvisoryDriver:
             return False
         if grant not in session.grants:
             return False  # released before (idempotent) or found lost
+        if _hands_off(grant.request) and self._queued.get((key, shared)):
+            handed = await self._hand_off(grant, session, (key, shared))
+            if handed is not None:
+                return handed
         query = self._queries.unlock_shared if shared else self._queries.unlock_exclusive
         notify = grant.request.family is Family.SEMAPHORE
         try:
@@ -734,9 +1056,63 @@ class PostgresAdvisoryDriver:
             return False
         if session.grants.pop(grant, None) is not None:
             session.reserved.discard((key, shared))
+        self._handoffs.pop((key, shared), None)
+        self._tokens.pop((key, shared), None)  # the chain ended: its leftovers are void
         self._maybe_retire(session)
         self._wake()
         return bool(held)
+
+    async def _hand_off(self, grant: Grant, session: _Session, lock: LockId) -> bool | None:
+        """Pass the server lock of ``grant`` to the first task queued for it in this backend.
+
+        The session keeps the advisory lock; the next task gets a new token.
+        The first hand-off of a chain draws the tokens of the whole chain in
+        one round trip (``nextval`` up to ``MAX_HANDOFFS`` times); the later
+        ones need none. That is safe because the lock stays held by this
+        session from the first hand-off to the last: no one else gets a token
+        for this name meanwhile, every token drawn later (after the real
+        unlock) is larger, and a token is used only if it is larger than the
+        current holder's (a leftover of an earlier chain never is).
+        ``None``: not handed off (the caller unlocks): nobody queued, or
+        ``MAX_HANDOFFS`` in a row were made (then the server's queue, other
+        processes, go next). ``False``: the session failed (the hold is lost).
+        """
+        done = self._handoffs.get(lock, 0)
+        if done >= MAX_HANDOFFS:
+            return None
+        batch = self._tokens.get(lock)
+        if batch is not None and (batch[0] is not session or not batch[1]):
+            batch = None
+        if batch is None or batch[1][0] <= grant.token:
+            try:
+                async with session.io:
+                    rows = await session.conn.fetch(self._queries.next_token, MAX_HANDOFFS - done)
+            except _BROKEN as exc:
+                was_alive = session.alive
+                self._session_ended(session, f"hand-off failed: {exc!r}")
+                if was_alive:
+                    await self._drop_connection(session.conn)
+                return False
+            batch = self._tokens[lock] = (session, [int(r[0]) for r in rows])
+        # From here to the return, no await: the lock moves in one step.
+        if grant not in session.grants or not session.alive:
+            return False  # lost meanwhile (the session ended)
+        successor = next(
+            (w for w in self._queued.get(lock, {}) if w.grants is None and w.handoff), None
+        )
+        if successor is None:
+            return None  # the queue emptied while the token was drawn: unlock
+        token = batch[1].pop(0)
+        if not batch[1]:
+            del self._tokens[lock]
+        handoff = successor.handoff
+        self._unqueue(successor, lock)
+        del session.grants[grant]
+        successor.grants = [self._grant(successor, session, lock, token)]
+        self._handoffs[lock] = self._handoffs.get(lock, 0) + 1
+        if handoff is not None and not handoff.done():
+            handoff.set_result(None)
+        return True
 
     async def diagnose(self) -> Diagnosis:
         """``backend.doctor()``'s findings for this server (see :mod:`._doctor`).
@@ -798,17 +1174,19 @@ class PostgresAdvisoryDriver:
             rows = [(key, r) for r in await primary.fetch(self._queries.participants, key)]
         holders: list[Participant] = []
         waiters: list[Participant] = []
-        # A sole holder of another process: the fencing row's epoch is its token
-        # (the row is bumped in the grant's own statement, and nobody else has
-        # been granted since while it holds).
+        # A sole exclusive holder of another process: its token is written
+        # nowhere (a grant writes no row); ask its backend, which answers by
+        # NOTIFY if it is an aiolocks backend (any other session: no token).
         granted_rows = [r for _k, r in rows if bool(r[2])]
-        sole_epoch: int | None = None
-        if family is not Family.SEMAPHORE and len(granted_rows) == 1:
-            epochs = await primary.fetch(
-                f"SELECT epoch FROM {self._tables.fencing} WHERE name = $1",
-                f"{family.value}/{name}",
-            )
-            sole_epoch = int(epochs[0][0]) if epochs else None
+        foreign_token: int | None = None
+        if (
+            family is not Family.SEMAPHORE
+            and len(granted_rows) == 1
+            and str(granted_rows[0][1]) == "ExclusiveLock"
+        ):
+            sole = int(granted_rows[0][0])
+            if not any(pid == sole for pid, _key, _shared in ours):
+                foreign_token = await self._ask_token(primary, sole, f"{family.value}/{name}")
         for row_key, row in rows:
             pid, mode, granted = int(row[0]), str(row[1]), bool(row[2])
             shared = mode == "ShareLock"
@@ -822,7 +1200,7 @@ class PostgresAdvisoryDriver:
                     Participant(
                         id=grant.request.participant if grant else other,
                         is_holder=True,
-                        fencing_token=grant.token if grant else sole_epoch,
+                        fencing_token=grant.token if grant else foreign_token,
                         mode=grant.request.mode.value if grant else kind,
                         node=f"pid:{pid}",
                     )
@@ -836,7 +1214,30 @@ class PostgresAdvisoryDriver:
                         node=f"pid:{pid}",
                     )
                 )
+        if family is not Family.SEMAPHORE:
+            # Tasks queued in this backend for a hand-off wait for no server
+            # lock (so pg_locks does not show them); they are next in line.
+            key = advisory_key(family.value, name)
+            queued = [
+                Participant(
+                    id=w.request.participant,
+                    is_holder=False,
+                    mode=_mode_name(family, False),
+                    node=f"pid:{primary.pid}",
+                )
+                for w in self._queued.get((key, False), {})
+            ]
+            waiters = queued + waiters
         return holders + waiters
+
+
+def _hands_off(request: Request) -> bool:
+    """An exclusive hold that a release may pass to another task of the backend."""
+    return (
+        request.family in (Family.MUTEX, Family.SEMAPHORE_MUTEX, Family.READ_WRITE)
+        and request.mode in (Mode.EXCLUSIVE, Mode.WRITE)
+        and request.downgrade_of is None
+    )
 
 
 def _touches(session: _Session, key: int) -> bool:

@@ -45,6 +45,7 @@ from .._core.options import check_portable_options
 from .._core.participants import Participant
 from .._core.tasks import TaskSet, wait_done
 from ._sql import LeaseQueries, TableNames, advisory_key, ensure_schema, probe_session
+from ._state import ConnectionState, StateBroadcaster
 
 if TYPE_CHECKING:
     from ._admin import PostgresLeaseAdmin
@@ -62,7 +63,20 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CrashShutdownError,
 )
 
-_MODES = {Mode.EXCLUSIVE: "exclusive", Mode.WRITE: "exclusive", Mode.READ: "shared"}
+_MODES = {Mode.EXCLUSIVE: "exclusive", Mode.WRITE: "write", Mode.READ: "shared"}
+
+
+async def _return_quietly(pool: Any, conn: Any) -> None:
+    """Hand ``conn`` back to ``pool``; a connection that died meanwhile is the pool's business.
+
+    asyncpg resets a returned connection; when the server ended it (or the
+    backend is closing and terminated the pool), the reset fails and asyncpg
+    has already closed it and freed its slot: nothing to report.
+    """
+    try:
+        await pool.release(conn)
+    except (*_TRANSIENT, asyncpg.InterfaceError) as exc:
+        logger.debug("a lease connection was gone when handed back: %r", exc)
 
 
 def _fencing_name(request: Request) -> str:
@@ -130,6 +144,8 @@ class PostgresLeaseDriver:
         self._owned: TaskSet | None = None
         self._waiters: dict[str, asyncio.Future[None]] = {}
         self._closed = False
+        #: the connection state (see :mod:`._state`): the statement pool's health
+        self.states = StateBroadcaster()
 
     def describe(self) -> str:
         """``postgresql://host:port/db`` without credentials."""
@@ -140,6 +156,8 @@ class PostgresLeaseDriver:
         return check_portable_options(family, options, self._describe)
 
     def _unavailable(self, exc: BaseException, what: str) -> BackendUnavailableError:
+        if self.states.state is not None and not self._closed:
+            self.states.set(ConnectionState.SUSPENDED)
         return BackendUnavailableError(f"PostgreSQL {self._describe}: {what} failed: {exc!r}")
 
     async def open(self, tasks: TaskSet) -> None:
@@ -166,10 +184,12 @@ class PostgresLeaseDriver:
                     await listener.add_listener(self._tables.channel, self._on_notify)
         except _TRANSIENT as exc:
             raise self._unavailable(exc, "connect") from exc
+        self.states.connected()
 
     async def close(self) -> None:
         """Close the listener and the pool (rows of released holds are gone already)."""
         self._closed = True
+        self.states.close()
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.terminate()
@@ -236,6 +256,7 @@ class PostgresLeaseDriver:
                 rows.append(row)
         except _TRANSIENT as exc:
             raise self._unavailable(exc, "lease acquire") from exc
+        self.states.connected()  # the statements went through
         if len(rows) < request.count:
             if rows:
                 await self._abandon_rows(a)
@@ -266,7 +287,8 @@ class PostgresLeaseDriver:
             "ON CONFLICT (name) DO UPDATE SET epoch = f.epoch + 1 RETURNING f.epoch), "
             f"ins AS (INSERT INTO {leases} (name, slot, owner, epoch, expires_at) "
             f"SELECT $1, (SELECT coalesce(max(l.slot), 0) + 1 FROM {leases} AS l "
-            "WHERE l.name = $1), $4, f.epoch, clock_timestamp() + make_interval(secs => $5) "
+            "WHERE l.name = $1 AND l.slot > 0), $4, f.epoch, "
+            "clock_timestamp() + make_interval(secs => $5) "
             "FROM f RETURNING slot, epoch) SELECT slot, epoch FROM ins"
         )
         if self._pool is None:
@@ -344,7 +366,7 @@ class PostgresLeaseDriver:
             del self._waiters[name]
         conn, a.conn = a.conn, None
         if conn is not None and self._owned is not None and self._pool is not None:
-            self._owned.spawn(self._pool.release(conn), name="aiolocks-pg-release-conn")
+            self._owned.spawn(_return_quietly(self._pool, conn), name="aiolocks-pg-release-conn")
 
     # -- renewal ----------------------------------------------------------
 
@@ -370,6 +392,8 @@ class PostgresLeaseDriver:
             )
         except _TRANSIENT as exc:
             logger.warning("lease renewal of %r failed, retrying: %r", grant, exc)
+            if not self._closed:
+                self.states.set(ConnectionState.SUSPENDED)
             row = False
         if hold.released:
             return
@@ -377,10 +401,13 @@ class PostgresLeaseDriver:
             grant.mark_lost("its lease row is gone (deleted, taken over or expired) at the renewal")
             return
         if row is not False:
+            self.states.connected()
             grant.valid_until = sent + ttl
             grant.note_renewed()
         if grant.verify():
             self._schedule(grant, ttl)
+        elif row is False and not self._closed:
+            self.states.set(ConnectionState.LOST)  # expired: no renewal got through in time
 
     async def release(self, grant: Grant) -> bool:
         """Delete our row (owner and epoch); ``False`` when it was gone or had expired."""

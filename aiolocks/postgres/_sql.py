@@ -15,18 +15,24 @@ hash. The same key can be computed in SQL, for an operator looking at
 ``pg_locks`` (:data:`KEY_SQL`). Advisory locks are per database, so two
 databases never share a key.
 
-**Fencing.** One row per lock name in the fencing table, bumped with
-``INSERT ... ON CONFLICT DO UPDATE SET epoch = epoch + 1 RETURNING epoch`` *in
-the same statement* that takes the lock, so a grant and its token are one
-round trip and one transaction. The row is durable (WAL), so the sequence
-survives a server restart, unlike a ``SEQUENCE`` whose ``nextval`` is not
-transactional. Read and write holds of one name, and the slots of one
-semaphore, share the name's row. ``ON CONFLICT DO UPDATE`` works on the newest
-committed version of the row even when the statement's snapshot is older (a
-blocking wait takes its snapshot before it waits), so two grants never get
-the same epoch. A session-level advisory lock survives a ROLLBACK: if the
-statement fails after the lock was granted (the fencing insert failed), the
-lock is still held and the caller must unlock it (:data:`AdvisoryQueries.unlock_if_held`).
+**Fencing.** ``mode=advisory`` takes its tokens from one sequence per table
+set (:attr:`TableNames.sequence`), in the statement that takes the lock:
+``SELECT nextval(seq) WHERE pg_try_advisory_lock($1)`` (the one-time filter
+runs first, so a refused try consumes nothing). A sequence is WAL-logged and
+never goes back, across a restart as across a crash (a crash may skip values,
+which keeps tokens increasing), so a token is strictly increasing per name,
+and across names too: tokens of one name are increasing but not consecutive.
+``nextval`` writes no row: a grant costs about what the bare lock call
+costs. The fencing table (``name`` → ``epoch``) lists the names in use
+(``aiolocks list`` reads it, as a key is a hash): the first grant of a name in
+a backend records it in the same statement (``*_register`` queries), later
+grants do not. When the sequence is created where a fencing table already
+has rows (an upgrade from per-name rows), it starts above their largest epoch,
+so no name's token goes backwards. ``mode=lease`` bumps the name's fencing row
+in its acquire function (a lease grant writes a row anyway). A session-level
+advisory lock survives a ROLLBACK: if the statement fails after the lock was
+granted, the lock is still held and the caller must unlock it
+(:data:`AdvisoryQueries.unlock_if_held`).
 
 **Lease mode.** A lease table with a row per hold (unique ``(name, slot)``,
 owner, server-time expiry, fencing epoch) and one PL/pgSQL function that
@@ -57,6 +63,7 @@ asyncpg's ``fetch``/``fetchrow``/``fetchval``/``execute``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import socket
@@ -156,6 +163,7 @@ def key_text(family: str, name: str) -> str:
     return f"aiolocks/{family}/{name}"
 
 
+@functools.lru_cache(maxsize=4096)
 def advisory_key(family: str, name: str) -> int:
     """The signed 64-bit advisory-lock key of ``name`` in ``family``.
 
@@ -224,6 +232,11 @@ class TableNames:
         return self._qualified("fencing")
 
     @property
+    def sequence(self) -> str:
+        """The sequence of ``mode=advisory`` fencing tokens, quoted."""
+        return self._qualified("fencing_seq")
+
+    @property
     def leases(self) -> str:
         """The lease table of ``mode=lease``, quoted."""
         return self._qualified("leases")
@@ -231,7 +244,7 @@ class TableNames:
     @property
     def acquire_function(self) -> str:
         """The lease-acquire function, quoted."""
-        return self._qualified("lease_acquire_v1")
+        return self._qualified("lease_acquire_v2")
 
     @property
     def channel(self) -> str:
@@ -240,8 +253,15 @@ class TableNames:
             return f"{self.prefix}_released"
         return f"{self.schema}_{self.prefix}_released"
 
+    @property
+    def token_channel(self) -> str:
+        """The ``NOTIFY`` channel where one backend asks another for a holder's token."""
+        if self.schema is None:
+            return f"{self.prefix}_token"
+        return f"{self.schema}_{self.prefix}_token"
+
     def lookup_sql(self) -> str:
-        """A query returning three booleans: fencing table, lease table, function exist."""
+        """A query returning four booleans: fencing table, lease table, function, sequence exist."""
 
         def literal(text: str) -> str:
             return "'" + text.replace("'", "''") + "'"
@@ -250,13 +270,20 @@ class TableNames:
         return (
             f"SELECT to_regclass({literal(self.fencing)}) IS NOT NULL, "
             f"to_regclass({literal(self.leases)}) IS NOT NULL, "
-            f"to_regprocedure({literal(signature)}) IS NOT NULL"
+            f"to_regprocedure({literal(signature)}) IS NOT NULL, "
+            f"to_regclass({literal(self.sequence)}) IS NOT NULL"
         )
 
 
 def ddl(names: TableNames) -> str:
-    """The statements that create the fencing table, the lease table and its function."""
+    """The statements that create the fencing table and sequence, the lease table and its function.
+
+    The sequence starts above the largest epoch already in the fencing table
+    (created only when missing, so a running sequence is never set back).
+    """
     fencing, leases, function = names.fencing, names.leases, names.acquire_function
+    sequence = names.sequence
+    sequence_literal = "'" + sequence.replace("'", "''") + "'"
     return f"""\
 CREATE TABLE IF NOT EXISTS {fencing} (
     name  text   PRIMARY KEY,        -- "<family>/<lock name>"
@@ -264,12 +291,25 @@ CREATE TABLE IF NOT EXISTS {fencing} (
 );
 CREATE TABLE IF NOT EXISTS {leases} (
     name       text        NOT NULL, -- "<family>/<lock name>"
-    slot       integer     NOT NULL, -- 0: exclusive or writer; semaphore slot; reader number
+    slot       integer     NOT NULL, -- 0: exclusive or writer; semaphore slot; reader number;
+                                     -- < 0: a waiting writer (keeps new readers out)
     owner      text        NOT NULL, -- unique per hold
     epoch      bigint      NOT NULL, -- fencing token of the hold
     expires_at timestamptz NOT NULL, -- server time; renewed by the watchdog
     PRIMARY KEY (name, slot)
 );
+-- mode=advisory fencing tokens; starts above every epoch already handed out.
+-- Roles that take locks need SELECT, INSERT, UPDATE, DELETE on the tables and
+-- USAGE on this sequence.
+DO $aiolocks$
+BEGIN
+    IF to_regclass({sequence_literal}) IS NULL THEN
+        CREATE SEQUENCE {sequence} AS bigint;
+        PERFORM setval({sequence_literal},
+                       coalesce((SELECT max(f.epoch) FROM {fencing} AS f), 0) + 1, false);
+    END IF;
+END
+$aiolocks$;
 CREATE OR REPLACE FUNCTION {function}(
     p_name text, p_key int8, p_owner text, p_mode text, p_slots int4, p_ttl float8
 ) RETURNS TABLE (slot int4, epoch int8)
@@ -285,8 +325,26 @@ BEGIN
     IF p_mode = 'exclusive' THEN
         IF EXISTS (SELECT 1 FROM {leases} AS l WHERE l.name = p_name) THEN RETURN; END IF;
         v_slot := 0;
+    ELSIF p_mode = 'write' THEN
+        IF EXISTS (SELECT 1 FROM {leases} AS l WHERE l.name = p_name AND l.slot >= 0) THEN
+            -- Taken: mark this writer as waiting (one row per waiting writer,
+            -- renewed by each of its tries, gone when it is granted, gives up
+            -- or stops trying for two TTLs), which keeps new readers out.
+            UPDATE {leases} AS l SET expires_at = v_now + make_interval(secs => 2 * p_ttl)
+            WHERE l.name = p_name AND l.owner = p_owner AND l.slot < 0;
+            IF NOT FOUND THEN
+                INSERT INTO {leases} (name, slot, owner, epoch, expires_at)
+                SELECT p_name, least(coalesce(min(l.slot), 0), 0) - 1, p_owner, 0,
+                       v_now + make_interval(secs => 2 * p_ttl)
+                FROM {leases} AS l WHERE l.name = p_name AND l.slot < 0;
+            END IF;
+            RETURN;
+        END IF;
+        DELETE FROM {leases} AS l WHERE l.name = p_name AND l.owner = p_owner AND l.slot < 0;
+        v_slot := 0;
     ELSIF p_mode = 'shared' THEN
-        IF EXISTS (SELECT 1 FROM {leases} AS l WHERE l.name = p_name AND l.slot = 0) THEN
+        -- a writer holds (slot 0) or waits (slot < 0): readers wait
+        IF EXISTS (SELECT 1 FROM {leases} AS l WHERE l.name = p_name AND l.slot <= 0) THEN
             RETURN;
         END IF;
         SELECT coalesce(max(l.slot), 0) + 1 INTO v_slot FROM {leases} AS l WHERE l.name = p_name;
@@ -325,8 +383,12 @@ class AdvisoryQueries:
     """The statements of ``mode=advisory`` (asyncpg ``$n`` parameters).
 
     Grants return one row ``(epoch)`` (or ``(slot, epoch)`` for a semaphore)
-    and no row when a ``try`` finds the lock taken. ``$1`` is the key (or the
-    array of slot keys), ``$2`` the fencing name (``"<family>/<name>"``).
+    and no row when a ``try`` finds the lock taken; the epoch is the next
+    value of the fencing sequence, drawn only once the lock is granted. ``$1``
+    is the key (or the array of slot keys). The plain forms take nothing
+    else (``lock_slot``: ``$2`` is the 0-based slot to wait for); the
+    ``*_register`` forms also record the name in the fencing table (``$2`` the
+    fencing name ``"<family>/<name>"``; ``lock_slot_register``: ``$3`` the slot).
     """
 
     try_exclusive: str
@@ -335,6 +397,13 @@ class AdvisoryQueries:
     lock_shared: str
     try_slot: str
     lock_slot: str
+    try_exclusive_register: str
+    lock_exclusive_register: str
+    try_shared_register: str
+    lock_shared_register: str
+    try_slot_register: str
+    lock_slot_register: str
+    next_token: str
     unlock_exclusive: str
     unlock_shared: str
     unlock_if_held: str
@@ -345,43 +414,59 @@ class AdvisoryQueries:
     def build(cls, names: TableNames) -> AdvisoryQueries:
         """The statements for the tables in ``names``."""
         fencing = names.fencing
+        token = f"nextval('{names.sequence.replace(chr(39), chr(39) * 2)}')"
 
-        def grant(granted: str) -> str:
-            # ``granted`` selects one row with a boolean ``ok``. The CTE runs
-            # once (it is volatile); the fencing row is bumped only when the
-            # lock was granted, in the same statement.
+        def try_grant(call: str) -> str:
+            # A one-time filter: the lock call runs first, nextval only when it
+            # returned true (a refused try returns no row and draws nothing).
+            return f"SELECT {token} AS epoch WHERE {call}($1)"
+
+        def wait_grant(call: str) -> str:
+            # The blocking calls return void; a subquery with a volatile call
+            # is not pulled up, so nextval runs once the lock was granted.
+            return f"SELECT {token} AS epoch FROM (SELECT {call}($1)) AS w"
+
+        def register(grant: str, columns: str = "epoch") -> str:
+            # The grant runs once (a CTE with a volatile call is materialized);
+            # the name's row records the token (names for ``aiolocks list``).
             return (
-                f"WITH granted AS ({granted}) "
-                f"INSERT INTO {fencing} AS f (name, epoch) SELECT $2, 1 FROM granted "
-                "WHERE granted.ok "
-                "ON CONFLICT (name) DO UPDATE SET epoch = f.epoch + 1 RETURNING f.epoch"
+                f"WITH g AS ({grant}), r AS (INSERT INTO {fencing} AS f (name, epoch) "
+                "SELECT $2, g.epoch FROM g ON CONFLICT (name) DO UPDATE "
+                "SET epoch = greatest(f.epoch, excluded.epoch)) "
+                f"SELECT {columns} FROM g"
             )
 
-        def grant_slot(lock_call: str) -> str:
-            # LIMIT 1 over the scan stops at the first slot whose lock call
-            # succeeds, so exactly one slot is taken (tests check this).
+        # LIMIT 1 over the scan stops at the first slot whose lock call
+        # succeeds, so exactly one slot is taken (tests check this).
+        try_slot = (
+            "SELECT t.slot, "
+            f"{token} AS epoch FROM (SELECT (s.i - 1)::int4 AS slot FROM unnest($1::int8[]) "
+            "WITH ORDINALITY AS s(k, i) WHERE pg_try_advisory_lock(s.k) LIMIT 1) AS t"
+        )
+
+        def lock_slot(slot: str) -> str:
             return (
-                "WITH taken AS (SELECT s.i - 1 AS slot FROM unnest($1::int8[]) "
-                f"WITH ORDINALITY AS s(k, i) WHERE {lock_call} LIMIT 1) "
-                f"INSERT INTO {fencing} AS f (name, epoch) SELECT $2, 1 FROM taken "
-                "ON CONFLICT (name) DO UPDATE SET epoch = f.epoch + 1 "
-                "RETURNING (SELECT slot FROM taken)::int4 AS slot, f.epoch"
+                f"SELECT w.slot, {token} AS epoch FROM (SELECT {slot}::int4 AS slot, "
+                f"pg_advisory_lock(($1::int8[])[{slot} + 1])) AS w"
             )
 
         return cls(
-            try_exclusive=grant("SELECT pg_try_advisory_lock($1) AS ok"),
-            # The blocking calls return void: the row exists once granted.
-            lock_exclusive=grant("SELECT true AS ok FROM (SELECT pg_advisory_lock($1)) AS w"),
-            try_shared=grant("SELECT pg_try_advisory_lock_shared($1) AS ok"),
-            lock_shared=grant("SELECT true AS ok FROM (SELECT pg_advisory_lock_shared($1)) AS w"),
-            try_slot=grant_slot("pg_try_advisory_lock(s.k)"),
-            # Waits for slot $3 (0-based) only: the caller picks which.
-            lock_slot=(
-                "WITH taken AS (SELECT $3::int4 AS slot, pg_advisory_lock(($1::int8[])[$3 + 1])) "
-                f"INSERT INTO {fencing} AS f (name, epoch) SELECT $2, 1 FROM taken "
-                "ON CONFLICT (name) DO UPDATE SET epoch = f.epoch + 1 "
-                "RETURNING (SELECT slot FROM taken) AS slot, f.epoch"
-            ),
+            try_exclusive=try_grant("pg_try_advisory_lock"),
+            lock_exclusive=wait_grant("pg_advisory_lock"),
+            try_shared=try_grant("pg_try_advisory_lock_shared"),
+            lock_shared=wait_grant("pg_advisory_lock_shared"),
+            try_slot=try_slot,
+            # Waits for slot $2 (0-based) only: the caller picks which.
+            lock_slot=lock_slot("$2"),
+            try_exclusive_register=register(try_grant("pg_try_advisory_lock")),
+            lock_exclusive_register=register(wait_grant("pg_advisory_lock")),
+            try_shared_register=register(try_grant("pg_try_advisory_lock_shared")),
+            lock_shared_register=register(wait_grant("pg_advisory_lock_shared")),
+            try_slot_register=register(try_slot, "g.slot, g.epoch"),
+            lock_slot_register=register(lock_slot("$3"), "g.slot, g.epoch"),
+            # Hand-offs inside one backend: the lock stays held; $1 new tokens
+            # at once, for this hand-off and the next ones of the same chain.
+            next_token=f"SELECT {token} FROM generate_series(1, $1)",
             unlock_exclusive="SELECT pg_advisory_unlock($1)",
             unlock_shared="SELECT pg_advisory_unlock_shared($1)",
             # After a cancelled or failed grant: unlock once if this session
@@ -466,7 +551,7 @@ class LeaseQueries:
             listen=f'LISTEN "{names.channel}"',
             holders=(
                 f"SELECT slot, owner, epoch, expires_at FROM {leases} "
-                "WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY slot"
+                "WHERE name = $1 AND slot >= 0 AND expires_at > clock_timestamp() ORDER BY slot"
             ),
         )
 

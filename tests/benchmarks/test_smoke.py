@@ -138,3 +138,18 @@ def test_zookeeper_loss_is_reported_for_every_deleted_node(
     assert loss["missed"] == 0
     assert loss["samples"] == max(10, doc["meta"]["plan"]["cost_cycles"])
     assert 0 < loss["p50_ms"] <= loss["p99_ms"] <= loss["max_ms"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.postgres
+def test_postgres_section_ran_without_overlap(report: tuple[dict[str, Any], Path]) -> None:
+    doc, _ = report
+    pg = doc["postgres"]
+    if str(pg.get("error", "")).startswith("no PostgreSQL server"):
+        pytest.skip(pg["error"])
+    assert "error" not in pg, pg  # an overlap would be an Overlap error here
+    assert {"floor", "aiolocks-advisory", "aiolocks-lease", "for-update"} <= set(
+        pg["uncontended_cycle_us"]
+    )
+    assert set(pg["contended_holds_per_s"]) >= {"floor", "aiolocks-advisory"}
+    assert pg["many_waiters"]["waiters"] >= 1 and pg["many_waiters"]["drain_s"] > 0

@@ -107,6 +107,7 @@ async def test_a_lock_held_outside_aiolocks_is_listed_by_its_key(
             await raw.execute("SELECT pg_advisory_lock($1)", advisory_key("mutex", name))
             (info,) = await backend.list_locks(name)
             assert info.participants[0].id.startswith("pid:")
+            assert info.participants[0].fencing_token is None  # not an aiolocks session
             assert await backend.force_release(name) == 1
             # the plain session ended: its lock is free for us
             assert await lock.acquire(timeout=10)
@@ -122,3 +123,25 @@ async def test_fencing_names_parse() -> None:
     assert parse_fencing_name("bogus/a") is None
     assert parse_fencing_name("mutex/") is None
     assert parse_fencing_name("mutex") is None
+
+
+async def test_another_backends_holder_tells_its_current_token(
+    postgres_server: PostgresServer,
+) -> None:
+    """A grant writes no row; the holder's backend answers with the token of the hold it has."""
+    name = unique("adm/token")
+    async with (
+        aiolocks.connect(postgres_server.url) as one,
+        aiolocks.connect(postgres_server.url) as two,
+    ):
+        lock = one.mutex(name)
+        tokens: list[int] = []
+        for _ in range(3):  # the first grant records the name, the later ones write nothing
+            assert await lock.acquire(timeout=10)
+            (info,) = await two.list_locks(name)
+            assert [p.is_holder for p in info.participants] == [True]
+            assert lock.fencing_token is not None
+            tokens.append(lock.fencing_token)
+            assert info.participants[0].fencing_token == lock.fencing_token
+            await lock.release()
+        assert tokens == sorted(set(tokens))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -80,19 +81,53 @@ async def test_session_locks_stack_per_session_not_per_task(connect: Connect, un
     assert await other.fetchval(Q.unlock_exclusive, key)
 
 
-async def test_try_grant_bumps_the_fencing_epoch_only_when_granted(
+async def test_try_grant_draws_a_token_only_when_granted(
     schema: None, connect: Connect, unique: str
 ) -> None:
     a, b = await connect(), await connect()
     key, fence = advisory_key("mutex", unique), f"mutex/{unique}"
-    first = await a.fetchval(Q.try_exclusive, key, fence)
-    assert first == 1
-    for _ in range(3):  # refused tries write nothing
-        assert await b.fetchrow(Q.try_exclusive, key, fence) is None
+    row_of = "SELECT epoch FROM aiolocks_fencing WHERE name = $1"
+    assert await a.fetchval(row_of, fence) is None
+    first = await a.fetchval(Q.try_exclusive_register, key, fence)
+    assert first is not None and await a.fetchval(row_of, fence) == first  # name recorded
+    last = "SELECT last_value FROM aiolocks_fencing_seq"
+    drawn = await a.fetchval(last)
+    for _ in range(3):  # refused tries draw nothing and write nothing
+        assert await b.fetchrow(Q.try_exclusive, key) is None
+        assert await b.fetchrow(Q.try_exclusive_register, key, fence) is None
+    assert await a.fetchval(last) == drawn
     assert await a.fetchval(Q.unlock_exclusive, key)
-    assert await b.fetchval(Q.try_exclusive, key, fence) == first + 1
+    second = await b.fetchval(Q.try_exclusive, key)
+    assert second > first
+    assert await a.fetchval(row_of, fence) == first  # the plain form writes no row
     assert await b.fetchval(Q.unlock_exclusive, key)
-    assert await a.fetchval("SELECT epoch FROM aiolocks_fencing WHERE name = $1", fence) == 2
+    third = await a.fetchval(Q.try_exclusive_register, key, fence)
+    assert third > second and await a.fetchval(row_of, fence) == third
+    assert await a.fetchval(Q.unlock_exclusive, key)
+
+
+async def test_the_sequence_starts_above_existing_fencing_rows(
+    connect: Connect, unique: str
+) -> None:
+    """An upgrade from per-name fencing rows: no name's token goes backwards."""
+    conn = await connect()
+    names = TableNames(prefix=f"up_{unique.replace('-', '_')}")
+    queries = AdvisoryQueries.build(names)
+    await conn.execute(
+        f"CREATE TABLE {names.fencing} (name text PRIMARY KEY, epoch bigint NOT NULL); "
+        f"INSERT INTO {names.fencing} VALUES ('mutex/a', 7), ('mutex/b', 4100)"
+    )
+    assert await ensure_schema(conn, names)
+    key = advisory_key("mutex", "a")
+    assert await conn.fetchval(queries.try_exclusive, key) == 4101
+    assert await conn.fetchval(queries.unlock_exclusive, key)
+    # created once: a later bootstrap never sets a running sequence back
+    assert not await ensure_schema(conn, names)
+    signature = "(text, int8, text, text, int4, float8)"
+    await conn.execute(f"DROP FUNCTION {names.acquire_function}{signature}")
+    assert await ensure_schema(conn, names)
+    assert await conn.fetchval(queries.try_exclusive, key) == 4102
+    assert await conn.fetchval(queries.unlock_exclusive, key)
 
 
 async def test_blocking_waiters_are_granted_in_order_with_increasing_epochs(
@@ -101,11 +136,11 @@ async def test_blocking_waiters_are_granted_in_order_with_increasing_epochs(
     holder, observer = await connect(), await connect()
     waiters = [await connect() for _ in range(4)]
     key, fence = advisory_key("mutex", unique), f"mutex/{unique}"
-    base = await holder.fetchval(Q.try_exclusive, key, fence)
+    base = await holder.fetchval(Q.try_exclusive_register, key, fence)
     order: list[int] = []
 
     async def wait(index: int) -> int:
-        epoch = int(await waiters[index].fetchval(Q.lock_exclusive, key, fence))
+        epoch = int(await waiters[index].fetchval(Q.lock_exclusive, key))
         order.append(index)
         assert await waiters[index].fetchval(Q.unlock_exclusive, key)
         return epoch
@@ -117,7 +152,7 @@ async def test_blocking_waiters_are_granted_in_order_with_increasing_epochs(
     assert await holder.fetchval(Q.unlock_exclusive, key)
     epochs = await asyncio.gather(*tasks)
     assert order == [0, 1, 2, 3]  # the server grants advisory waiters FIFO
-    assert epochs == [base + 1, base + 2, base + 3, base + 4]
+    assert base < epochs[0] < epochs[1] < epochs[2] < epochs[3]
 
 
 async def test_cancelled_wait_that_the_server_granted_is_found_and_unlocked(
@@ -128,12 +163,12 @@ async def test_cancelled_wait_that_the_server_granted_is_found_and_unlocked(
         connect(), connect(), connect(), connect()
     )
     key, fence = advisory_key("mutex", unique), f"mutex/{unique}"
-    await holder.fetchval(Q.try_exclusive, key, fence)
+    await holder.fetchval(Q.try_exclusive_register, key, fence)
     # Park the waiter's statement *after* its grant: the fencing row is locked.
     blocker_tx = blocker.transaction()
     await blocker_tx.start()
     await blocker.execute("SELECT 1 FROM aiolocks_fencing WHERE name = $1 FOR UPDATE", fence)
-    task = asyncio.create_task(waiter.fetchval(Q.lock_exclusive, key, fence))
+    task = asyncio.create_task(waiter.fetchval(Q.lock_exclusive_register, key, fence))
     pid = waiter.get_server_pid()
     await _until(lambda: _waiting(observer, pid), "waiter queued on the advisory lock")
     assert await holder.fetchval(Q.unlock_exclusive, key)
@@ -150,7 +185,7 @@ async def test_cancelled_wait_that_the_server_granted_is_found_and_unlocked(
     assert await waiter.fetch(Q.unlock_if_held, key, "ExclusiveLock") == [(True,)]
     assert await waiter.fetch(Q.unlock_if_held, key, "ExclusiveLock") == []
     assert await _locks_of(observer, pid) == []
-    assert await observer.fetchval(Q.try_exclusive, key, fence) is not None
+    assert await observer.fetchval(Q.try_exclusive, key) is not None
     assert await observer.fetchval(Q.unlock_exclusive, key)
 
 
@@ -163,8 +198,8 @@ async def test_cancelled_wait_before_the_grant_holds_nothing(
 ) -> None:
     holder, waiter, observer = await asyncio.gather(connect(), connect(), connect())
     key, fence = advisory_key("mutex", unique), f"mutex/{unique}"
-    await holder.fetchval(Q.try_exclusive, key, fence)
-    task = asyncio.create_task(waiter.fetchval(Q.lock_exclusive, key, fence))
+    await holder.fetchval(Q.try_exclusive, key)
+    task = asyncio.create_task(waiter.fetchval(Q.lock_exclusive_register, key, fence))
     pid = waiter.get_server_pid()
     await _until(lambda: _waiting(observer, pid), "waiter queued")
     task.cancel()
@@ -182,21 +217,22 @@ async def test_shared_locks_for_readers_and_writer_preference(
 ) -> None:
     r1, r2, writer, late_reader, observer = await asyncio.gather(*(connect() for _ in range(5)))
     key, fence = advisory_key("rwlock", unique), f"rwlock/{unique}"
-    e1 = await r1.fetchval(Q.try_shared, key, fence)
-    e2 = await r2.fetchval(Q.try_shared, key, fence)
-    assert e2 == e1 + 1  # readers and writers share one fencing sequence
-    assert await writer.fetchrow(Q.try_exclusive, key, fence) is None
-    task = asyncio.create_task(writer.fetchval(Q.lock_exclusive, key, fence))
+    e1 = await r1.fetchval(Q.try_shared_register, key, fence)
+    e2 = await r2.fetchval(Q.try_shared, key)
+    assert e2 > e1  # readers and writers share one fencing sequence
+    assert await writer.fetchrow(Q.try_exclusive, key) is None
+    task = asyncio.create_task(writer.fetchval(Q.lock_exclusive, key))
     wpid = writer.get_server_pid()
     await _until(lambda: _waiting(observer, wpid), "writer queued")
     # A queued writer keeps new readers out (no writer starvation).
-    assert await late_reader.fetchrow(Q.try_shared, key, fence) is None
+    assert await late_reader.fetchrow(Q.try_shared_register, key, fence) is None
     assert await r1.fetchval(Q.unlock_shared, key)
     assert not task.done()
     assert await r2.fetchval(Q.unlock_shared, key)
-    assert await task == e2 + 1
+    e3 = await task
+    assert e3 > e2
     # A writer may also read (downgrade): the heartbeat sees both modes.
-    assert await writer.fetchval(Q.try_shared, key, fence) == e2 + 2
+    assert await writer.fetchval(Q.try_shared, key) > e3
     held = await held_advisory_locks(writer, Q)
     assert held == {key: frozenset({"ExclusiveLock", "ShareLock"})}
     assert lost_keys([(key, True), (key, False)], held) == set()
@@ -211,21 +247,27 @@ async def test_semaphore_slots_take_exactly_one_lock_each(
     conns = await asyncio.gather(*(connect() for _ in range(4)))
     observer = await connect()
     keys, fence = slot_keys(unique, 3), f"semaphore/{unique}"
-    grants = [await conn.fetchrow(Q.try_slot, keys, fence) for conn in conns[:3]]
+    grants = [await conns[0].fetchrow(Q.try_slot_register, keys, fence)]
+    grants += [await conn.fetchrow(Q.try_slot, keys) for conn in conns[1:3]]
     assert [g["slot"] for g in grants] == [0, 1, 2]
     epochs = [g["epoch"] for g in grants]
     assert epochs == sorted(epochs) and len(set(epochs)) == 3
     for conn, slot in zip(conns[:3], range(3), strict=True):
         assert await _locks_of(observer, conn.get_server_pid()) == [(keys[slot], "ExclusiveLock")]
-    assert await conns[3].fetchrow(Q.try_slot, keys, fence) is None
+    assert await conns[3].fetchrow(Q.try_slot, keys) is None
+    assert await conns[3].fetchrow(Q.try_slot_register, keys, fence) is None
     assert await _locks_of(observer, conns[3].get_server_pid()) == []
     # Free slot 1; a blocking wait on it is granted when it frees.
-    task = asyncio.create_task(conns[3].fetchrow(Q.lock_slot, keys, fence, 1))
+    task = asyncio.create_task(conns[3].fetchrow(Q.lock_slot_register, keys, fence, 1))
     pid = conns[3].get_server_pid()
     await _until(lambda: _waiting(observer, pid), "slot waiter queued")
     assert await conns[1].fetchval(Q.unlock_exclusive, keys[1])
     row = await task
-    assert row["slot"] == 1 and row["epoch"] == epochs[-1] + 1
+    assert row["slot"] == 1 and row["epoch"] > epochs[-1]
+    assert await conns[3].fetchval(Q.unlock_exclusive, keys[1])
+    assert await conns[0].fetchval(Q.unlock_exclusive, keys[0])
+    task = asyncio.create_task(conns[3].fetchrow(Q.lock_slot, keys, 0))
+    assert (await task)["slot"] == 0
     for conn in conns:
         await conn.execute("SELECT pg_advisory_unlock_all()")
 
@@ -254,8 +296,8 @@ async def test_terminated_session_loses_its_locks_and_says_so(
 ) -> None:
     holder = await connect(server_settings={"application_name": unique})
     other = await connect()
-    key, fence = advisory_key("mutex", unique), f"mutex/{unique}"
-    assert await holder.fetchval(Q.try_exclusive, key, fence) is not None
+    key = advisory_key("mutex", unique)
+    assert await holder.fetchval(Q.try_exclusive, key) is not None
     ended = asyncio.Event()
     holder.add_termination_listener(lambda _conn: ended.set())
     assert postgres_server.terminate_backends(application_name=unique) == 1
@@ -263,7 +305,7 @@ async def test_terminated_session_loses_its_locks_and_says_so(
     assert holder.is_closed()
     with pytest.raises((asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.InterfaceError)):
         await held_advisory_locks(holder, Q)
-    assert await other.fetchval(Q.try_exclusive, key, fence) is not None
+    assert await other.fetchval(Q.try_exclusive, key) is not None
     assert await other.fetchval(Q.unlock_exclusive, key)
 
 
@@ -301,18 +343,19 @@ async def test_fencing_epoch_survives_restart_and_crash(
         conn = await asyncpg.connect(pg.url)
         try:
             await ensure_schema(conn, NAMES)
-            for _ in range(3):
-                epochs.append(int(await conn.fetchval(Q.try_exclusive, key, fence)))
+            for query, args in ((Q.try_exclusive_register, (fence,)), (Q.try_exclusive, ())) * 2:
+                epochs.append(int(await conn.fetchval(query, key, *args)))
                 assert await conn.fetchval(Q.unlock_exclusive, key)
         finally:
             await conn.close()
         stop()
     conn = await asyncpg.connect(pg.url)
     try:
-        epochs.append(int(await conn.fetchval(Q.try_exclusive, key, fence)))
+        epochs.append(int(await conn.fetchval(Q.try_exclusive, key)))
     finally:
         await conn.close()
-    assert epochs == list(range(1, 8))
+    # strictly increasing (a crash may skip values of the sequence, never repeat one)
+    assert all(a < b for a, b in itertools.pairwise(epochs)), epochs
 
 
 async def test_idle_session_timeout_ends_an_idle_holder(
@@ -320,14 +363,14 @@ async def test_idle_session_timeout_ends_an_idle_holder(
 ) -> None:
     """The trap the heartbeat exists for: an idle holder's session is ended by the server."""
     holder, other = await connect(), await connect()
-    key, fence = advisory_key("mutex", unique), f"mutex/{unique}"
-    assert await holder.fetchval(Q.try_exclusive, key, fence) is not None
+    key = advisory_key("mutex", unique)
+    assert await holder.fetchval(Q.try_exclusive, key) is not None
     ended = asyncio.Event()
     holder.add_termination_listener(lambda _conn: ended.set())
     await holder.execute("SET idle_session_timeout = '300ms'")
     await asyncio.wait_for(ended.wait(), 60)  # nothing ran on the holder: it was idle
     assert holder.is_closed()
-    assert await other.fetchval(Q.try_exclusive, key, fence) is not None
+    assert await other.fetchval(Q.try_exclusive, key) is not None
     assert await other.fetchval(Q.unlock_exclusive, key)
 
 
@@ -367,14 +410,14 @@ async def test_failed_grant_statement_keeps_the_session_lock_until_unlocked(
     was taken (here: lock_timeout on the fencing row) still leaves it held."""
     waiter, blocker, observer = await asyncio.gather(connect(), connect(), connect())
     key, fence = advisory_key("mutex", unique), f"mutex/{unique}"
-    await observer.fetchval(Q.try_exclusive, key, fence)  # the fencing row exists
+    await observer.fetchval(Q.try_exclusive_register, key, fence)  # the fencing row exists
     assert await observer.fetchval(Q.unlock_exclusive, key)
     tx = blocker.transaction()
     await tx.start()
     await blocker.execute("SELECT 1 FROM aiolocks_fencing WHERE name = $1 FOR UPDATE", fence)
     await waiter.execute("SET lock_timeout = '50ms'")
     with pytest.raises(asyncpg.exceptions.LockNotAvailableError):
-        await waiter.fetchval(Q.try_exclusive, key, fence)
+        await waiter.fetchval(Q.try_exclusive_register, key, fence)
     await tx.rollback()
     assert await _locks_of(observer, waiter.get_server_pid()) == [(key, "ExclusiveLock")]
     assert await waiter.fetch(Q.unlock_if_held, key, "ExclusiveLock") == [(True,)]

@@ -11,6 +11,7 @@ import pytest
 
 import aiolocks
 from aiolocks.postgres import PostgresBackend, PostgresPoolerError
+from aiolocks.postgres._driver import PostgresAdvisoryDriver
 from aiolocks.postgres._sql import advisory_key, slot_keys
 from aiolocks.testing import PgBouncer, PostgresServer, TcpProxy
 
@@ -24,6 +25,12 @@ def _app() -> str:
 def _url(server: PostgresServer, **options: object) -> str:
     query = "&".join(f"{k}={v}" for k, v in options.items())
     return f"{server.url}?{query}" if query else server.url
+
+
+def _driver(backend: aiolocks.Backend) -> PostgresAdvisoryDriver:
+    driver = backend._engine.driver
+    assert isinstance(driver, PostgresAdvisoryDriver)
+    return driver
 
 
 async def _our_locks(server: PostgresServer, app: str) -> list[tuple[int, int, str, bool]]:
@@ -354,3 +361,228 @@ async def test_stalled_link_is_a_loss(postgres_server: PostgresServer) -> None:
             await asyncio.to_thread(postgres_server.terminate_backends, application_name=app)
             async with asyncio.timeout(30), lock:
                 assert lock.fencing_token is not None
+
+
+async def test_local_hand_offs_keep_exclusion_order_and_let_other_processes_in(
+    postgres_server: PostgresServer,
+) -> None:
+    """Tasks of one backend pass the server lock on (one ``nextval`` each); tokens
+    keep increasing in hold order, and another process's waiter still gets its turn."""
+    from aiolocks.postgres._driver import MAX_HANDOFFS
+
+    app = _app()
+    name = f"driver/handoff/{app}"
+    inside = 0
+    order: list[tuple[str, int]] = []
+    foreign_done = asyncio.Event()
+    async with (
+        aiolocks.connect(_url(postgres_server, application_name=app)) as backend,
+        aiolocks.connect(_url(postgres_server, application_name=app + "-f")) as foreign,
+    ):
+
+        async def hold(lock: aiolocks.Mutex, who: str) -> None:
+            nonlocal inside
+            async with lock:
+                inside += 1
+                assert inside == 1
+                assert lock.fencing_token is not None
+                order.append((who, lock.fencing_token))
+                await asyncio.sleep(0)
+                inside -= 1
+
+        async def local(index: int) -> None:
+            lock = backend.mutex(name)
+            # keep hammering until the other process got the lock once
+            while not foreign_done.is_set():
+                await hold(lock, f"local-{index}")
+
+        async def other() -> None:
+            # queue on the server once the local tasks are busy handing off
+            while len(order) < 3 * MAX_HANDOFFS:
+                await asyncio.sleep(0.01)
+            await hold(foreign.mutex(name), "foreign")
+            foreign_done.set()
+
+        async with asyncio.timeout(120):
+            await asyncio.gather(*(local(i) for i in range(6)), other())
+        tokens = [token for _who, token in order]
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+        assert ("foreign", tokens[[w for w, _t in order].index("foreign")]) in order
+        assert len({who for who, _t in order if who != "foreign"}) == 6
+        assert _driver(backend)._queued == {}
+        assert await _our_locks(postgres_server, app) == []
+
+
+async def test_cancelled_hand_off_waiters_leave_nothing_behind(
+    postgres_server: PostgresServer,
+) -> None:
+    """Cancel queued and handed-off tasks at random moments: no lock, no queue entry left."""
+    app = _app()
+    name = f"driver/handoff-cancel/{app}"
+    rng = random.Random(2718)
+    tokens: list[int] = []
+    async with aiolocks.connect(_url(postgres_server, application_name=app)) as backend:
+
+        async def hold() -> None:
+            lock = backend.mutex(name)
+            async with lock:
+                assert lock.fencing_token is not None
+                tokens.append(lock.fencing_token)
+                await asyncio.sleep(rng.uniform(0, 0.003))
+
+        async with asyncio.timeout(120):
+            for _round in range(12):
+                tasks = [asyncio.create_task(hold()) for _ in range(6)]
+                await asyncio.sleep(rng.uniform(0, 0.02))
+                for task in rng.sample(tasks, 3):
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            while len(backend._tasks):
+                await asyncio.sleep(0.01)
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+        driver = _driver(backend)
+        assert driver._queued == {} and driver._server_waiters == {}
+        assert await _our_locks(postgres_server, app) == []
+        async with backend.mutex(name):  # still usable
+            pass
+
+
+async def test_a_handed_off_hold_is_lost_with_its_session(postgres_server: PostgresServer) -> None:
+    app = _app()
+    name = f"driver/handoff-loss/{app}"
+    async with aiolocks.connect(_url(postgres_server, heartbeat=1, application_name=app)) as b:
+        held, go = asyncio.Event(), asyncio.Event()
+
+        async def first() -> None:
+            async with b.mutex(name):
+                held.set()
+                await go.wait()
+
+        holder = asyncio.create_task(first())
+        await held.wait()
+        second = b.mutex(name)
+
+        async def let_go() -> None:
+            while not _driver(b)._queued:  # the acquire below is queued for the hand-off
+                await asyncio.sleep(0.01)
+            go.set()
+
+        async with asyncio.timeout(30):
+            releaser = asyncio.create_task(let_go())
+            with pytest.raises(aiolocks.LockLostError):
+                async with second:
+                    await holder
+                    await releaser
+                    ended = await asyncio.to_thread(
+                        postgres_server.terminate_backends, application_name=app
+                    )
+                    assert ended >= 1
+                    await asyncio.sleep(60)
+
+
+async def test_lease_readers_do_not_overtake_a_waiting_writer(
+    postgres_server: PostgresServer,
+) -> None:
+    """Reader held, writer waiting (another backend): a new reader waits behind the writer."""
+    app = _app()
+    name = f"driver/lease-writer/{app}"
+    url = _url(postgres_server, mode="lease", lease_time=10, application_name=app)
+    events: list[str] = []
+    raw = await asyncpg.connect(postgres_server.url)
+    try:
+        async with aiolocks.connect(url) as readers, aiolocks.connect(url) as writers:
+            first = readers.read_write_lock(name)
+            assert await first.read.acquire(timeout=10)
+
+            async def write() -> None:
+                async with writers.read_write_lock(name).write:
+                    events.append("write")
+
+            async def late_read() -> None:
+                async with readers.read_write_lock(name).read:
+                    events.append("late-read")
+
+            async with asyncio.timeout(60):
+                writer = asyncio.create_task(write())
+                while not await raw.fetchval(
+                    "SELECT count(*) FROM aiolocks_leases WHERE name = $1 AND slot < 0",
+                    f"rwlock/{name}",
+                ):
+                    await asyncio.sleep(0.01)  # the writer is marked as waiting
+                # refused while a writer waits (in another task: this one reads already)
+                late = readers.read_write_lock(name)
+                assert not await asyncio.create_task(late.read.acquire(timeout=0))
+                reader = asyncio.create_task(late_read())
+                await asyncio.sleep(0.05)
+                assert events == []
+                await first.read.release()
+                await asyncio.gather(writer, reader)
+            assert events == ["write", "late-read"]
+            # nothing left: the writer's mark went with its grant
+            assert (
+                await raw.fetchval(
+                    "SELECT count(*) FROM aiolocks_leases WHERE name = $1", f"rwlock/{name}"
+                )
+                == 0
+            )
+    finally:
+        await raw.close()
+
+
+def _in_use(pool: asyncpg.Pool) -> int:
+    """Connections of ``pool`` checked out and not given back."""
+    return sum(1 for holder in pool._holders if holder._in_use is not None)
+
+
+async def test_pool_gets_back_sessions_the_server_ended_or_that_broke(
+    postgres_server: PostgresServer,
+) -> None:
+    """Terminated, cut and stalled sessions of a pool-wrapped backend go back to the
+    user's pool (closed): it never shrinks for good nor leaks checked-out connections."""
+    app = _app()
+    async with TcpProxy(postgres_server.host, postgres_server.port) as proxy:
+        pool = await asyncpg.create_pool(
+            host=proxy.host,
+            port=proxy.port,
+            user=postgres_server.user,
+            database=postgres_server.database,
+            min_size=0,
+            max_size=3,
+            server_settings={"application_name": app},
+        )
+        try:
+            async with PostgresBackend(pool, heartbeat=0.5, max_sessions=2) as backend:
+                raw = await asyncpg.connect(postgres_server.url)
+                try:
+                    for fault in ("terminate", "cut", "stall"):
+                        lock = backend.mutex(f"driver/pool-fault/{app}/{fault}")
+                        assert await lock.acquire(timeout=10)
+                        (holder,) = await lock.participants()
+                        pid = int(str(holder.node).removeprefix("pid:"))
+                        if fault == "terminate":
+                            assert await raw.fetchval("SELECT pg_terminate_backend($1)", pid)
+                        elif fault == "cut":
+                            proxy.cut()
+                        else:
+                            proxy.stall()
+                        async with asyncio.timeout(30):
+                            while not lock.is_lost:
+                                await asyncio.sleep(0.01)
+                        proxy.heal()
+                        with pytest.raises(aiolocks.LockLostError):
+                            await lock.release()
+                        await raw.execute("SELECT pg_terminate_backend($1)", pid)  # a stalled one
+                        # the backend works on, within the pool's limit
+                        async with asyncio.timeout(30), backend.mutex(f"driver/pool/{app}"):
+                            assert _in_use(pool) <= 3
+                finally:
+                    await raw.close()
+            async with asyncio.timeout(30):
+                while _in_use(pool):  # closing hands the last ones back
+                    await asyncio.sleep(0.01)
+            conns = [await asyncio.wait_for(pool.acquire(), 10) for _ in range(3)]
+            for conn in conns:
+                assert await conn.fetchval("SELECT 1") == 1
+                await pool.release(conn)
+        finally:
+            pool.terminate()

@@ -28,9 +28,10 @@ def test_key_is_the_first_8_bytes_of_sha256_as_signed_int64() -> None:
     assert advisory_key("rwlock", "a") != advisory_key("mutex", "a")
 
 
-def test_keys_of_a_million_names_are_distinct() -> None:
-    keys = {advisory_key("mutex", f"locks/tenant-{i % 997}/order-{i}") for i in range(1_000_000)}
-    assert len(keys) == 1_000_000
+def test_keys_of_many_names_are_distinct() -> None:
+    # 300k names: a 32-bit hash (hashtext, CRC32) collides after ~120k already
+    keys = {advisory_key("mutex", f"locks/tenant-{i % 997}/order-{i}") for i in range(300_000)}
+    assert len(keys) == 300_000
     assert min(keys) < 0 < max(keys)  # the whole signed range is used
 
 

@@ -123,6 +123,47 @@ async def test_readers_writers_and_semaphore_slots(connect_bouncer: Connect, uni
         await _acquire(conn, sem, "upgrade")
 
 
+async def test_a_waiting_writer_keeps_new_readers_out(
+    connect_bouncer: Connect, unique: str
+) -> None:
+    conn = await connect_bouncer()
+    await ensure_schema(conn, NAMES)
+    rw = f"rwlock/{unique}"
+    key = advisory_key("lease", rw)
+    reader = await _acquire(conn, rw, "shared")
+    assert reader is not None
+    writer, other_writer = _owner(), _owner()
+
+    async def write(owner: str) -> tuple[int, int] | None:
+        row = await conn.fetchrow(Q.acquire, rw, key, owner, "write", 1, 30.0)
+        return None if row is None else (int(row["slot"]), int(row["epoch"]))
+
+    assert await write(writer) is None  # refused, and now marked as waiting
+    assert await write(writer) is None  # a second try renews its mark, adds none
+    assert await write(other_writer) is None
+    marks = await conn.fetch(
+        "SELECT slot, owner FROM aiolocks_leases WHERE name = $1 AND slot < 0 ORDER BY slot", rw
+    )
+    assert sorted(r["owner"] for r in marks) == sorted([writer, other_writer])
+    assert await _acquire(conn, rw, "shared") is None  # new readers wait behind the writers
+    assert [r["slot"] for r in await conn.fetch(Q.holders, rw)] == [reader[1]]  # marks hidden
+    owner, slot, epoch = reader
+    assert (await conn.fetchrow(Q.release, rw, slot, owner, epoch))["live"]
+    granted = await write(writer)
+    assert granted is not None and granted[0] == 0 and granted[1] > epoch
+    # the granted writer's mark is gone, the other writer's stays
+    left = await conn.fetch("SELECT owner FROM aiolocks_leases WHERE name = $1 AND slot < 0", rw)
+    assert [r["owner"] for r in left] == [other_writer]
+    assert (await conn.fetchrow(Q.release, rw, 0, writer, granted[1]))["live"]
+    assert await _acquire(conn, rw, "shared") is None
+    # a writer that gives up takes its mark with it: readers go again
+    assert (await conn.fetchrow(Q.abandon, rw, other_writer))["removed"] == 1
+    again = await _acquire(conn, rw, "shared")
+    assert again is not None
+    await conn.fetchrow(Q.release, rw, again[1], again[0], again[2])
+    assert await _rows(conn, rw) == 0
+
+
 async def test_concurrent_acquirers_through_the_pooler_never_overlap(
     connect_bouncer: Connect, unique: str
 ) -> None:
@@ -183,7 +224,7 @@ async def test_schema_is_created_once_even_by_racing_callers(
     assert any(created)
     assert await ensure_schema(admin, names) is False  # nothing to do: no DDL runs
     row = await admin.fetchrow(names.lookup_sql())
-    assert tuple(row) == (True, True, True)
+    assert tuple(row) == (True, True, True, True)
     await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
