@@ -382,11 +382,12 @@ class RedisNode:
         On a cluster every node (replicas too, so that a promoted replica
         publishes as well) is configured on its own."""
         try:
+            changed = False
             if self.cluster:
                 for node in self.client.get_nodes():
-                    await self._enable_on(target_nodes=node)
+                    changed = await self._enable_on(target_nodes=node) or changed
             else:
-                await self._enable_on()
+                changed = await self._enable_on()
         except (RedisError, OSError) as exc:
             self.loss_events = False
             logger.warning(
@@ -399,8 +400,15 @@ class RedisNode:
             )
             return
         self.loss_events = True
+        if changed:
+            # A key changed before the server published its events would go
+            # unnoticed until the renewal: the holds watching now look once.
+            for hub in (self.hub, *self._keyspace_hubs.values()):
+                if hub is not None:
+                    hub.nudge_listeners()
 
-    async def _enable_on(self, **target: Any) -> None:
+    async def _enable_on(self, **target: Any) -> bool:
+        """Add the missing flags on one server; True if it had to be changed."""
         current = await self.client.config_get("notify-keyspace-events", **target)
         flags = _text(next(iter(current.values()), "")) if current else ""
         have = set(flags.replace("A", "g$lshzxetd"))
@@ -408,6 +416,7 @@ class RedisNode:
         if missing:
             flags += "".join(missing)
             await self.client.config_set("notify-keyspace-events", flags, **target)
+        return bool(missing)
 
     # -- commands ------------------------------------------------------------
 

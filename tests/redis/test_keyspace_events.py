@@ -10,7 +10,9 @@ owns the key's slot, so the hold listens there.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 import redis.asyncio
@@ -19,8 +21,14 @@ from redis.asyncio.cluster import RedisCluster as ClusterClient
 import aiolocks
 from aiolocks.redis import RedisBackend, from_url
 from aiolocks.testing import RedisCluster, RedisServer
+from aiolocks.testing.servers import ServerCommandError
 
+from .. import test_cli_process as cli
+from ..test_cli_process import assert_all_gone, finish, forking_command, start, wait_all_started
 from .conftest import eventually
+
+#: kills what a failed ``aiolocks run`` test left (the CLI tests' fixture)
+reaper = cli.reaper
 
 pytestmark = pytest.mark.redis
 
@@ -173,3 +181,41 @@ async def test_cluster_key_tampered_is_noticed_on_the_owning_master(
         assert not left, left
     finally:
         await raw.aclose()
+
+
+@needs_cluster_pubsub
+def test_cli_run_on_a_cluster_stops_the_command_when_the_key_is_deleted(
+    redis_cluster: RedisCluster, tmp_path: Path, reaper: list[int]
+) -> None:
+    """``aiolocks run`` on a cluster URL with a 300 s lease (first renewal 100 s
+    away): only the keyspace event at the key's master can stop the command
+    within the 60 s ``finish`` allows."""
+    prefix = f"cli-ks-{uuid.uuid4().hex[:6]}:"
+    key = holders_key(prefix, "cli/cluster")
+    owner = _owner_of(redis_cluster, key)
+    url = f"{redis_cluster.url}?lease_time=300&key_prefix={prefix}"
+    proc = start("run", "--kill-after", "1", url, "cli/cluster", "--", *forking_command(tmp_path))
+    wait_all_started(tmp_path, proc, reaper)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        subs = owner.command("PUBSUB", "NUMSUB", f"__keyspace@0__:{key}")
+        if isinstance(subs, list) and subs[1]:
+            break
+        time.sleep(0.05)
+    assert owner.command("DEL", key) == 1
+    code, err = finish(proc)
+    assert code == 76, err
+    assert "lost" in err
+    assert_all_gone(tmp_path)
+    owner.command("DEL", f"{key}:fence")
+
+
+def _owner_of(cluster: RedisCluster, key: str) -> RedisServer:
+    """The node of ``cluster`` that serves ``key`` (the others answer MOVED)."""
+    for node in cluster.nodes:
+        try:
+            node.command("EXISTS", key)
+        except ServerCommandError:
+            continue
+        return node
+    raise AssertionError(f"no node serves {key!r}")
