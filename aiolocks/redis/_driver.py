@@ -280,6 +280,9 @@ class RedisNode:
         #: keyspace notifications: None not checked yet, True on, False refused/off
         self.loss_events: bool | None = False if self.keyspace_events == "off" else None
         self._loss_events_task: asyncio.Task[None] | None = None
+        #: scripts on the wire (close() lets them finish before closing the client)
+        self._busy = 0
+        self._idle: asyncio.Event | None = None
         #: on a cluster: one pub/sub hub per master that owns a held key
         #: (keyspace events are published on the key's node only), by node name
         self._keyspace_hubs: dict[str, PubSubHub] = {}
@@ -309,7 +312,17 @@ class RedisNode:
             raise BackendUnavailableError(f"cannot reach Redis {self.describe}: {exc}") from exc
 
     async def close(self) -> None:
-        """Stop pub/sub, close the client if we made it."""
+        """Let scripts on the wire finish, stop pub/sub, close the client if we made it.
+
+        A release still running in a holder's task (its block was ended by
+        the close) would otherwise take a connection, or make one, after the
+        client closed its pool: a socket nobody closes.
+        """
+        if self._busy:
+            self._idle = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.connect_timeout):
+                    await self._idle.wait()
         hubs = [*self._keyspace_hubs.values()]
         self._keyspace_hubs.clear()
         if self.hub is not None:
@@ -429,11 +442,16 @@ class RedisNode:
         """
         assert self.scripts is not None
         sha = getattr(self.scripts, script).sha
+        self._busy += 1
         try:
             return await self.client.evalsha(sha, len(keys), *keys, *args)
         except NoScriptError:
             await self.client.script_load(source(script))
             return await self.client.evalsha(sha, len(keys), *keys, *args)
+        finally:
+            self._busy -= 1
+            if not self._busy and self._idle is not None:
+                self._idle.set()
 
     async def try_acquire(self, keys: LockKeys, args: Sequence[object]) -> tuple[list[Any], int]:
         """Run ``acquire.lua`` (and ``WAIT`` when ``min_replicas``); returns (reply, acked)."""
@@ -840,7 +858,13 @@ class RedisDriver:
         await a.wake.wait(wait)
 
     async def abandon(self, attempt: Attempt) -> None:
-        """Delete our fields and queue entry, with a tombstone if a script is unanswered."""
+        """Delete our fields and queue entry, with a tombstone if a script is unanswered.
+
+        Not after close: nothing is sent on a closed client (it would open a
+        new connection that nobody closes); what the attempt wrote lapses
+        with its lease or queue timeout."""
+        if self._closed:
+            return
         await self.node.abandon(cast(RedisAttempt, attempt))
 
     def finish(self, attempt: Attempt) -> None:
@@ -959,6 +983,11 @@ class RedisDriver:
         # Stop the watchdog *before* sending the unlock (Redisson #7272).
         hold.stop()
         self._holds.discard(hold)
+        if self._closed:
+            # Closing the backend released every hold first; a release after
+            # close (the body of a hold the close ended, leaving its block)
+            # must not reopen a connection on the closed client.
+            return True
         backoff = Backoff(time.monotonic() + min(hold.lease, self.node.connect_timeout), cap=0.5)
         # After a connection error the script may have run: a later "nothing
         # to delete" then proves nothing, unless the server refused it unrun.

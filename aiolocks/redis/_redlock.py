@@ -328,7 +328,12 @@ class RedlockDriver:
             await asyncio.sleep(random.uniform(0, 0.005))
 
     async def abandon(self, attempt: Attempt) -> None:
-        """Give back our field on every master that may hold it (tombstones where unanswered)."""
+        """Give back our field on every master that may hold it (tombstones where unanswered).
+
+        Not after close: a closed client would open connections nobody closes;
+        what the attempt wrote lapses with its lease."""
+        if self._closed:
+            return
         await self._give_back(cast(_RedlockAttempt, attempt), None)
 
     def finish(self, attempt: Attempt) -> None:
@@ -396,6 +401,8 @@ class RedlockDriver:
             return True
         hold.stop()
         self._holds.discard(hold)
+        if self._closed:
+            return True  # released when the backend closed; no I/O on closed clients
         # Each master within a short bound: a dead one must not hold the
         # release up (its copy lapses with the lease).
         await asyncio.gather(
