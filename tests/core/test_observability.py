@@ -80,7 +80,9 @@ async def test_acquire_errors_are_counted_by_kind(redis_restartable: RedisServer
     registry = CollectorRegistry()
     prom = PrometheusHook(registry)
     provider, exporter = tracing()
-    url = redis_restartable.url + "?connect_timeout=1"
+    # a short lease: the failed attempt's clean-up retries until the lease
+    # would have lapsed (30 s by default) before the error reaches the caller
+    url = redis_restartable.url + "?connect_timeout=1&lease_time=2"
     async with aiolocks.connect(url) as backend:
         prom.attach(backend)
         backend.add_event_hook(OpenTelemetryHook(tracer_provider=provider))
