@@ -18,7 +18,7 @@ Metrics (labels ``backend`` and ``kind``; add ``name`` with
   that raised, by error class (``BackendUnavailableError``...)
 - ``aiolocks_connection_state`` (gauge, labels ``backend``, ``state``): 1 for the
   backend's current connection state, 0 for the others; for backends that
-  report connection states (ZooKeeper), once :meth:`PrometheusHook.attach`
+  report connection states (ZooKeeper, etcd), once :meth:`PrometheusHook.attach`
   or :meth:`PrometheusHook.watch_connection` was called
 
 >>> hook = PrometheusHook()  # doctest: +SKIP

@@ -156,7 +156,8 @@ def _rows(doc: dict[str, Any]) -> dict[str, list[list[str]]]:
         elif isinstance(many, dict) and "error" in many:
             rows.append([client, *["-"] * 7, many["error"][:80]])
     tables["many_locks"] = rows
-    tables["loss_latency_zookeeper"] = _zookeeper_loss_rows(doc)
+    tables["redis_many_waiters"] = _redis_waiter_rows(doc)
+    tables["loss_latency"] = _loss_rows(doc)
     rows = [["target", "measured", "met"]]
     for target in doc.get("targets", []):
         met = {True: "yes", False: "NO", None: "not evaluated"}[target["met"]]
@@ -165,22 +166,64 @@ def _rows(doc: dict[str, Any]) -> dict[str, list[list[str]]]:
     return tables
 
 
-def _zookeeper_loss_rows(doc: dict[str, Any]) -> list[list[str]]:
-    rows = [["backend", "samples", "p50 ms", "p99 ms", "max ms", "missed"]]
-    loss = doc.get("loss_latency", {}).get("zookeeper")
-    if isinstance(loss, dict) and "error" in loss:
-        rows.append(["zookeeper", "-", "-", "-", "-", loss["error"][:80]])
-    elif isinstance(loss, dict):
+def _redis_waiter_rows(doc: dict[str, Any]) -> list[list[str]]:
+    rows = [
+        [
+            "library",
+            "processes x tasks",
+            "EVALSHA/hold",
+            "commands/hold",
+            "server CPU us/hold",
+            "holds/s",
+            "wait p99 ms",
+            "handoff p50 ms",
+            "overlaps",
+        ]
+    ]
+    section = doc.get("redis_many_waiters", {})
+    if "error" in section:
+        rows.append(["aiolocks-redis", *["-"] * 7, section["error"][:80]])
+    for row in section.get("rows", []):
         rows.append(
             [
-                "zookeeper",
-                str(loss["samples"]),
-                _f(loss["p50_ms"]),
-                _f(loss["p99_ms"]),
-                _f(loss["max_ms"]),
-                str(loss["missed"]),
+                _label(doc, row["library"]),
+                f"{row['processes']} x {row['tasks']}",
+                _f(row.get("server_evalsha_per_hold")),
+                _f(row.get("server_commands_per_hold")),
+                _f(row.get("server_cpu_us_per_hold")),
+                _f(row.get("holds_per_s"), 4),
+                _f(row.get("wait_p99_ms")),
+                _f(row.get("handoff_p50_ms")),
+                str(row.get("overlaps", "-")),
             ]
         )
+    return rows
+
+
+#: peers with no loss detection at all: a hold taken from them is never noticed
+NEVER_NOTICE = {"redis": "redis-py, python-redis-lock, pottery, aioredlock", "zookeeper": "kazoo"}
+
+
+def _loss_rows(doc: dict[str, Any]) -> list[list[str]]:
+    rows = [["backend", "samples", "p50 ms", "p99 ms", "max ms", "missed"]]
+    for service in ("redis", "zookeeper"):
+        loss = doc.get("loss_latency", {}).get(service)
+        if isinstance(loss, dict) and "error" in loss:
+            rows.append([f"aiolocks {service}", "-", "-", "-", "-", loss["error"][:80]])
+        elif isinstance(loss, dict):
+            rows.append(
+                [
+                    f"aiolocks {service}",
+                    str(loss["samples"]),
+                    _f(loss.get("p50_ms")),
+                    _f(loss.get("p99_ms")),
+                    _f(loss.get("max_ms")),
+                    str(loss.get("missed", "-")),
+                ]
+            )
+        else:
+            continue
+        rows.append([NEVER_NOTICE[service], "-", "never", "never", "never", "all"])
     return rows
 
 
@@ -197,9 +240,11 @@ TITLES = {
     "handoff": "Handoff: every release goes to a queued waiter "
     "(a releaser asks again only after the next entry)",
     "many_waiters": "Many waiters on one ZooKeeper lock",
+    "redis_many_waiters": "Many waiters on one Redis lock, one run each, side by side "
+    "(per acquisition, counted on the server)",
     "many_locks": "Many held Redis locks kept alive by the aiolocks watchdog",
-    "loss_latency_zookeeper": "Loss latency, ZooKeeper: held node deleted by another client "
-    "until the async with body is cancelled (clock starts before the delete is sent)",
+    "loss_latency": "Loss latency: held lock deleted on the server by another client until "
+    "the async with body is cancelled",
     "targets": "Targets (issue 6)",
 }
 
@@ -338,16 +383,31 @@ def markdown(doc: dict[str, Any]) -> str:
             "default pool, which raises `MaxConnectionsError` past 100 commands in flight.",
             "",
         ]
-    if len(tables["loss_latency_zookeeper"]) > 1:
+    if len(tables["redis_many_waiters"]) > 1:
         lines += [
-            "## Loss latency (ZooKeeper)",
+            "## Many waiters (Redis)",
             "",
-            "A mutex is held, its `async with` body waits; another client deletes the lock",
-            "node; the time until the body's cancellation arrives. The clock starts before",
-            "the delete is sent, so each sample includes that request's trip. *missed*: no",
-            "cancellation within 10 s (none expected).",
+            "*W* worker processes (one waiting task each, or *tasks* each) take turns on one",
+            "lock, as in the handoff scenario (a worker asks again only after another one",
+            "entered), aiolocks and python-redis-lock one after the other on the same server.",
+            "Per hold, counted on the server: `EVALSHA` calls (`INFO commandstats`), all",
+            "commands executed including those run inside scripts",
+            "(`total_commands_processed`), and server CPU (`INFO cpu`, idle CPU subtracted).",
             "",
-            _md(tables["loss_latency_zookeeper"]),
+            _md(tables["redis_many_waiters"]),
+            "",
+        ]
+    if len(tables["loss_latency"]) > 1:
+        lines += [
+            "## Loss latency",
+            "",
+            "A mutex is held, its `async with` body waits; another client deletes the lock's",
+            "Redis key or ZooKeeper node; the time until the body's cancellation arrives.",
+            "ZooKeeper: the clock starts before the delete is sent; Redis: when the `DEL`",
+            "returned. *missed*: no cancellation within 10 s (none expected). The peers have",
+            "no loss detection: their bodies run on, *never* told.",
+            "",
+            _md(tables["loss_latency"]),
             "",
         ]
     missing = [

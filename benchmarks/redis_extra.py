@@ -1,5 +1,5 @@
-"""Two Redis scenarios not yet in the main report: many waiters spread over
-processes, and loss latency. ``python -m benchmarks.redis_extra``.
+"""Two Redis scenarios of the main report (``python -m benchmarks``), also
+runnable alone: ``python -m benchmarks.redis_extra``.
 
 * **Many waiters**: ``W`` worker processes (one waiting task each, or
   ``--tasks`` each) take turns on one lock (the handoff mode of the contended
@@ -8,7 +8,8 @@ processes, and loss latency. ``python -m benchmarks.redis_extra``.
   those run inside scripts (``total_commands_processed``), and server CPU
   (idle CPU subtracted).
 * **Loss latency**: a held lock's key is deleted by another client; the time
-  from that ``DEL`` returning to the body's ``LockLostError``.
+  from that ``DEL`` returning to the body's ``LockLostError`` (a sample
+  without one within 10 s counts as *missed*).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -44,14 +46,18 @@ FIELDS = (
 
 
 def many_waiters(
-    server: RedisServer, keys: list[str], waiters: list[int], tasks: int, duration_s: float
+    server: RedisServer,
+    keys: list[str],
+    waiters: list[tuple[int, int]],
+    duration_s: float,
+    idle_cpu_us_per_s: float | None = None,
 ) -> list[dict[str, object]]:
-    """One row per (W, contender): the figures in ``FIELDS``."""
+    """One row per ((processes, tasks), contender): the figures in ``FIELDS``."""
     rows: list[dict[str, object]] = []
     contenders = [c for c in CONTENDERS if c.key in keys]
     with tempfile.TemporaryDirectory() as workdir:
-        idle = idle_redis_cpu(server, 1.0)
-        for w in waiters:
+        idle = idle_redis_cpu(server, 1.0) if idle_cpu_us_per_s is None else idle_cpu_us_per_s
+        for w, tasks in waiters:
             for contender in contenders:
                 result = contended_round(
                     contender,
@@ -77,6 +83,7 @@ async def loss_latency(url: str, samples: int) -> dict[str, float]:
     """Delete a held lock's key ``samples`` times; p50/p99/max ms until the body's loss."""
     raw = redis.asyncio.Redis.from_url(url)
     latencies: list[float] = []
+    missed = 0
     key = "bench-loss:{mutex:loss/x}"
     try:
         async with aiolocks.connect(url + "?key_prefix=bench-loss:") as backend:
@@ -88,15 +95,19 @@ async def loss_latency(url: str, samples: int) -> dict[str, float]:
                         await asyncio.sleep(0.05)  # the keyspace subscription settles
                         await raw.delete(key)
                         deleted = time.perf_counter()
-                        await asyncio.sleep(60)
+                        await asyncio.sleep(10)
+                    missed += 1
                 except aiolocks.LockLostError:
                     latencies.append((time.perf_counter() - deleted) * 1000)
                 await raw.delete(f"{key}:fence")
     finally:
         await raw.aclose()
     latencies.sort()
+    if not latencies:
+        return {"samples": samples, "missed": missed, "p50_ms": math.nan, "p99_ms": math.nan}
     return {
-        "samples": len(latencies),
+        "samples": samples,
+        "missed": missed,
         "p50_ms": statistics.median(latencies),
         "p99_ms": latencies[max(0, int(len(latencies) * 0.99) - 1)],
         "max_ms": latencies[-1],
@@ -116,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in many_waiters(
             server,
             args.libraries.split(","),
-            [int(w) for w in args.waiters.split(",")],
-            args.tasks,
+            [(int(w), args.tasks) for w in args.waiters.split(",")],
             args.duration,
         ):
             print(json.dumps({"scenario": "many-waiters", **row}), flush=True)

@@ -55,6 +55,8 @@ from ._scenarios import (
 )
 from ._stats import median
 from ._zk_loss import zookeeper_loss_latency
+from .redis_extra import loss_latency as redis_loss_latency
+from .redis_extra import many_waiters
 
 __all__ = ["PLANS", "Plan", "main", "run"]
 
@@ -86,14 +88,22 @@ class Plan:
     window_s: float
     #: waiters for the memory-per-waiting-task measurement: memory://, then each server
     memory_waiters: tuple[int, int] = (2000, 500)
+    #: many waiters on one Redis lock: (processes, tasks each) per run, aiolocks and
+    #: python-redis-lock side by side; and how long each run lasts (s)
+    redis_waiters: tuple[tuple[int, int], ...] = ((4, 1), (8, 1), (16, 1), (4, 50))
+    redis_waiters_duration_s: float = 3.0
 
 
 PLANS: dict[str, Plan] = {
     # For the test suite: checks the plumbing, not the numbers.
     "smoke": Plan(
-        2, 20, 3, 10, 1, 2, 2, 1.0, 0.001, 0.005, 2, 1, 1.0, 1, 20, 200, 3.0, 3.0, (50, 20)
+        2, 20, 3, 10, 1, 2, 2, 1.0, 0.001, 0.005, 2, 1, 1.0, 1, 20, 200, 3.0, 3.0, (50, 20),
+        ((2, 1),), 0.5,
     ),
-    "quick": Plan(3, 100, 10, 50, 2, 3, 3, 2.0, 0.001, 0.005, 4, 1, 2.0, 1, 200, 2000, 3.0, 3.0),
+    "quick": Plan(
+        3, 100, 10, 50, 2, 3, 3, 2.0, 0.001, 0.005, 4, 1, 2.0, 1, 200, 2000, 3.0, 3.0,
+        (2000, 500), ((4, 1), (16, 1), (4, 50)), 2.0,
+    ),
     # Contended rounds vary by +-10 % with the machine; 5 of them keep the
     # median steady enough to compare libraries a few percent apart.
     "full": Plan(
@@ -101,6 +111,10 @@ PLANS: dict[str, Plan] = {
         (10_000, 2000),
     ),
 }
+
+
+#: the Redis many-waiters rows: aiolocks and the peer that waits without polling
+REDIS_WAITER_LIBRARIES = ("aiolocks-redis", "python-redis-lock")
 
 
 def _log(message: str) -> None:
@@ -367,6 +381,23 @@ async def run(
             "python-redis-lock's auto_renewal runs one thread per lock"
         )
 
+        # ---------------------------------------------------------------- many waiters (Redis)
+        redis_keys = [c.key for c in contenders if c.key in REDIS_WAITER_LIBRARIES]
+        if redis_server is not None and "aiolocks-redis" in redis_keys:
+            _log(f"many waiters on one Redis lock: {plan.redis_waiters} (processes, tasks)")
+            try:
+                doc["redis_many_waiters"] = {
+                    "rows": many_waiters(
+                        redis_server,
+                        redis_keys,
+                        list(plan.redis_waiters),
+                        plan.redis_waiters_duration_s,
+                        servers.get("redis_idle_cpu_us_per_s"),
+                    )
+                }
+            except Exception as exc:
+                doc["redis_many_waiters"] = {"error": f"{type(exc).__name__}: {exc}"}
+
         # ---------------------------------------------------------------- memory per waiter
         local_n, server_n = plan.memory_waiters
         targets = [("memory", "memory://", local_n)]
@@ -378,7 +409,15 @@ async def run(
             except Exception as exc:
                 doc["memory_per_waiter"][service] = {"error": f"{type(exc).__name__}: {exc}"}
 
-        # ---------------------------------------------------------------- loss latency (ZooKeeper)
+        # ---------------------------------------------------------------- loss latency
+        if "redis" in urls and any(c.key == "aiolocks-redis" for c in contenders):
+            samples = max(10, plan.cost_cycles)
+            _log(f"loss latency: redis, {samples} deletions of a held lock's key")
+            section = doc.setdefault("loss_latency", {})
+            try:
+                section["redis"] = await redis_loss_latency(urls["redis"], samples)
+            except Exception as exc:
+                section["redis"] = {"error": f"{type(exc).__name__}: {exc}"}
         if "zookeeper" in urls:
             await _zookeeper_loss_row(doc, urls["zookeeper"], plan)
 
@@ -631,6 +670,7 @@ def _targets(doc: dict[str, Any], plan: Plan) -> list[dict[str, Any]]:
         sum(int(r.get("overlaps", 0)) for r in con.values())
         + sum(int(r.get("overlaps", 0)) for r in doc["handoff"].values())
         + sum(int(r.get("overlaps", 0)) for r in doc["many_waiters"].values())
+        + sum(int(r.get("overlaps", 0)) for r in doc.get("redis_many_waiters", {}).get("rows", []))
     )
     lost_updates = sum(int(r.get("lost_updates", 0)) for r in con.values()) + sum(
         int(r.get("lost_updates", 0)) for r in doc["handoff"].values()
@@ -659,7 +699,76 @@ def _targets(doc: dict[str, Any], plan: Plan) -> list[dict[str, Any]]:
             else all(m.get("kib_per_waiter", 1e9) <= 5 for m in mem.values()),
         )
     )
+    out += _redis_waiter_targets(doc)
     del plan
+    return out
+
+
+def _redis_waiter_targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Many waiters on one Redis lock, side by side with python-redis-lock; loss latency."""
+    out: list[dict[str, Any]] = []
+    rows = doc.get("redis_many_waiters", {}).get("rows", [])
+    ours = [r for r in rows if r["library"] == "aiolocks-redis"]
+    peer = {(r["processes"], r["tasks"]): r for r in rows if r["library"] == "python-redis-lock"}
+
+    def per(field: str) -> str:
+        return ", ".join(
+            f"{r['processes']}x{r['tasks']}: {float(r[field]):.3g}"
+            + (
+                f" vs {float(peer[(r['processes'], r['tasks'])][field]):.3g}"
+                if (r["processes"], r["tasks"]) in peer
+                and peer[(r["processes"], r["tasks"])].get(field) is not None
+                else ""
+            )
+            for r in ours
+            if r.get(field) is not None
+        )
+
+    def le_peer(field: str) -> bool | None:
+        pairs = [
+            (float(r[field]), float(peer[(r["processes"], r["tasks"])][field]))
+            for r in ours
+            if (r["processes"], r["tasks"]) in peer
+            and r.get(field) is not None
+            and peer[(r["processes"], r["tasks"])].get(field) is not None
+        ]
+        return None if not pairs else all(a <= p for a, p in pairs)
+
+    evalsha = [
+        float(r["server_evalsha_per_hold"]) for r in ours if r.get("server_evalsha_per_hold")
+    ]
+    out.append(
+        _target(
+            "redis_many_waiters_evalsha",
+            "many waiters on one Redis lock: EVALSHA per acquisition <= 1.5, flat in W",
+            per("server_evalsha_per_hold") or "not run",
+            None if not evalsha else max(evalsha) <= 1.5,
+        )
+    )
+    for field, goal in (
+        ("server_commands_per_hold", "commands executed per acquisition <= python-redis-lock's"),
+        ("server_cpu_us_per_hold", "server CPU per acquisition <= python-redis-lock's"),
+    ):
+        out.append(
+            _target(
+                f"redis_many_waiters_{field.split('_')[1]}",
+                f"many waiters on one Redis lock: {goal}",
+                per(field) or "not run",
+                le_peer(field),
+            )
+        )
+    loss = doc.get("loss_latency", {}).get("redis", {})
+    p99 = loss.get("p99_ms")
+    out.append(
+        _target(
+            "redis_loss_latency",
+            "Redis key deleted behind the holder -> body cancelled: p99 <= 1 s",
+            "n/a"
+            if p99 is None
+            else f"p50 {loss['p50_ms']:.3g} ms, p99 {p99:.3g} ms, missed {loss['missed']}",
+            None if p99 is None or math.isnan(p99) else p99 <= 1000 and loss["missed"] == 0,
+        )
+    )
     return out
 
 

@@ -10,15 +10,17 @@ backend is built (or when ``aiolocks.etcd.EtcdClient`` is first used).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, final
 
 from .._core.backend import Backend
+from ._state import ConnectionState
 from ._url import DEFAULT_LEASE_TTL, EtcdOptions, parse_etcd_url
 
 if TYPE_CHECKING:
     from ._client import EtcdClient
 
-__all__ = ["EtcdBackend", "EtcdClient", "from_url"]
+__all__ = ["ConnectionState", "EtcdBackend", "EtcdClient", "from_url"]
 
 
 def _load_client() -> Any:
@@ -102,6 +104,43 @@ class EtcdBackend(Backend):
             request_timeout=target.request_timeout,
         )
         super().__init__(EtcdDriver(options, client=target))
+
+    @property
+    def client(self) -> EtcdClient:
+        """The etcd client this backend talks through (its own, or the one passed in)."""
+        client: EtcdClient = self._driver.client
+        return client
+
+    @property
+    def connection_state(self) -> ConnectionState | None:
+        """The last connection state of the session lease (``None`` before ``open()``).
+
+        ``CONNECTED``, ``SUSPENDED`` (keep-alive failing, deadline not passed),
+        ``RECONNECTED`` or ``LOST`` (the lease ended: every hold is lost); see
+        :class:`ConnectionState`.
+        """
+        state: ConnectionState | None = self._driver.connection_state
+        return state
+
+    def add_connection_listener(
+        self, listener: Callable[[ConnectionState], object]
+    ) -> Callable[[], None]:
+        """Call ``listener(state)`` on every connection-state change; returns a remover.
+
+        The listener runs in the event loop and must not block. It may be
+        added before ``open()``, and then also sees the first ``CONNECTED``.
+        """
+        remover: Callable[[], None] = self._driver.add_listener(listener)
+        return remover
+
+    def connection_states(self) -> AsyncIterator[ConnectionState]:
+        """Iterate over connection-state changes from now on, until the backend closes.
+
+        >>> async for state in backend.connection_states():  # doctest: +SKIP
+        ...     if state is ConnectionState.LOST: ...
+        """
+        states: AsyncIterator[ConnectionState] = self._driver.states()
+        return states
 
 
 def from_url(url: str, **options: object) -> EtcdBackend:

@@ -30,13 +30,15 @@ Rules of this layer:
   channel usable.
 * **One keep-alive stream per lease** (:class:`LeaseKeepAlive`), refreshing
   at TTL/3, with the client-side deadline known to the caller.
-* **One watch stream per watch** (:class:`Watch`), resumed on another
-  endpoint from the next revision when its stream breaks.
+* **One watch stream per client**: every :class:`Watch` is multiplexed on
+  it by etcd's watch id; when the stream breaks, it is opened on another
+  endpoint and every watch is re-created from its next revision.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import logging
@@ -339,9 +341,17 @@ class Compare:
         return cls(0, cls._result(op), _b(key), number=version)
 
     @classmethod
-    def create_revision(cls, key: Bytes, op: str, revision: int) -> Compare:
-        """``create_revision(key) op revision`` (0 = the key does not exist)."""
-        return cls(1, cls._result(op), _b(key), number=revision)
+    def create_revision(
+        cls, key: Bytes, op: str, revision: int, *, prefix: bool = False
+    ) -> Compare:
+        """``create_revision(key) op revision`` (0 = the key does not exist).
+
+        ``prefix=True``: the condition must hold for every key that starts
+        with ``key`` (a range compare).
+        """
+        key_bytes = _b(key)
+        end = prefix_end(key_bytes) if prefix else b""
+        return cls(1, cls._result(op), key_bytes, number=revision, range_end=end)
 
     @classmethod
     def mod_revision(cls, key: Bytes, op: str, revision: int) -> Compare:
@@ -676,6 +686,7 @@ class EtcdClient:
         self._current = 0
         self._closed = False
         self._streams: set[LeaseKeepAlive | Watch] = set()
+        self._hub: _WatchHub | None = None
 
     # -- life cycle
 
@@ -743,6 +754,8 @@ class EtcdClient:
         self._closed = True
         for stream in list(self._streams):
             await stream.aclose()
+        if self._hub is not None:
+            await self._hub.aclose()
         stubs, self._stubs = list(self._stubs.values()), {}
         for item in stubs:
             await item.channel.close(grace=None)
@@ -1004,6 +1017,7 @@ class EtcdClient:
         *,
         on_expired: Callable[[str], object] | None = None,
         on_refreshed: Callable[[float], object] | None = None,
+        on_failed: Callable[[str], object] | None = None,
         interval: float | None = None,
     ) -> LeaseKeepAlive:
         """Start keeping ``lease`` alive on one stream (every ``interval``, default TTL/3).
@@ -1011,17 +1025,34 @@ class EtcdClient:
         ``on_expired(reason)`` is called once, in the event loop, when the
         lease is known or presumed gone (see :class:`LeaseKeepAlive`);
         ``on_refreshed(deadline)`` after every answered refresh that moved
-        the deadline (event-loop time).
+        the deadline (event-loop time); ``on_failed(detail)`` after every
+        refresh that failed or went unanswered (the deadline not yet passed).
         """
         self._check_open()
         keeper = LeaseKeepAlive(
-            self, lease, on_expired=on_expired, on_refreshed=on_refreshed, interval=interval
+            self,
+            lease,
+            on_expired=on_expired,
+            on_refreshed=on_refreshed,
+            on_failed=on_failed,
+            interval=interval,
         )
         self._streams.add(keeper)
         keeper._start()
         return keeper
 
     # -- watches
+
+    def _watch_hub(self) -> _WatchHub:
+        self._check_open()
+        if self._hub is None:
+            self._hub = _WatchHub(self)
+        return self._hub
+
+    @property
+    def watch_streams_opened(self) -> int:
+        """How many ``Watch`` streams this client has opened so far (all watches share one)."""
+        return 0 if self._hub is None else self._hub.streams_opened
 
     async def watch(
         self,
@@ -1035,7 +1066,10 @@ class EtcdClient:
         no_put: bool = False,
         no_delete: bool = False,
     ) -> Watch:
-        """Open a watch stream and wait until etcd confirms it (within ``request_timeout``).
+        """Create a watch on the client's one watch stream; return once etcd confirms it.
+
+        Every watch of a client shares one gRPC stream (etcd multiplexes them
+        by watch id); confirmation is awaited within ``connect_timeout``.
 
         ``start_revision`` 0 = changes after now. Iterate the returned
         :class:`Watch` for :class:`WatchResponse` batches; close it with
@@ -1068,7 +1102,7 @@ class EtcdClient:
         )
         self._streams.add(watch)
         try:
-            await watch._open_any()
+            await self._watch_hub().add(watch)
         except BaseException:
             await watch.aclose()
             raise
@@ -1103,6 +1137,7 @@ class LeaseKeepAlive:
         on_expired: Callable[[str], object] | None,
         interval: float | None,
         on_refreshed: Callable[[float], object] | None = None,
+        on_failed: Callable[[str], object] | None = None,
     ) -> None:
         if lease.ttl < 1:
             raise ValueError(f"lease {lease.id:x} has no time left (TTL {lease.ttl})")
@@ -1114,6 +1149,7 @@ class LeaseKeepAlive:
         self._deadline = lease.granted_at + lease.ttl
         self._on_expired = on_expired
         self._on_refreshed = on_refreshed
+        self._on_failed = on_failed
         self._expired_reason: str | None = None
         self._expired = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -1254,6 +1290,12 @@ class LeaseKeepAlive:
                     "keep-alive of lease %x on %s failed: %s", self.lease_id, endpoint, detail
                 )
                 self._client._failed(endpoint)
+                failed = self._on_failed
+                if failed is not None:
+                    try:
+                        failed(f"{endpoint}: {detail}")
+                    except Exception:
+                        _log.exception("on_failed callback of lease %x failed", self.lease_id)
             finally:
                 call.cancel()
             # Next endpoint at once the first time, then pause a little
@@ -1274,6 +1316,7 @@ class LeaseKeepAlive:
         """Stop refreshing (the lease then ends at its deadline); ``on_expired`` is not called."""
         self._on_expired = None
         self._on_refreshed = None
+        self._on_failed = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -1301,15 +1344,288 @@ class _Stalled(Exception):
 # --------------------------------------------------------------------------- watch
 
 
+def _watch_response(response: Any) -> WatchResponse:
+    events = tuple(
+        WatchEvent(
+            type=EventType.DELETE if int(event.type) == 1 else EventType.PUT,
+            kv=KeyValue._from_pb(event.kv),
+            prev_kv=KeyValue._from_pb(event.prev_kv) if event.HasField("prev_kv") else None,
+        )
+        for event in response.events
+    )
+    return WatchResponse(events=events, revision=int(response.header.revision))
+
+
+_CLOSED: Final = object()
+
+
+def _canceller(call: Any) -> Callable[[asyncio.Task[None]], None]:
+    def cancel(_task: asyncio.Task[None]) -> None:
+        call.cancel()
+
+    return cancel
+
+
+class _WatchHub:
+    """Every watch of one client on one bidirectional ``Watch`` stream.
+
+    etcd gives each watch of a stream a ``watch_id``; create answers come
+    back in the order the creates were sent, so the hub pairs them with a
+    FIFO. One task reads the stream and hands each batch to its watch;
+    one task per stream generation writes (gRPC allows one write at a time).
+
+    When the stream breaks (member killed, connection cut, a create left
+    unanswered for the endpoint's share of ``connect_timeout``), the hub
+    marks the member bad, opens a stream on the next endpoint and re-creates
+    every open watch from the revision after the last one it delivered, so
+    no event is lost or repeated. If no member takes the watches within
+    ``connect_timeout``, every watch's iteration raises
+    :class:`~aiolocks.BackendUnavailableError` (once per such round) while
+    the hub keeps trying: a watch iterated again resumes when a member is
+    back. A watch whose start revision was compacted is cancelled by etcd;
+    its iteration raises :class:`CompactedError`.
+    """
+
+    def __init__(self, client: EtcdClient) -> None:
+        self._client = client
+        self._watches: set[Watch] = set()
+        self._by_id: dict[int, Watch] = {}
+        self._pending: collections.deque[tuple[Watch, float]] = collections.deque()
+        self._call: Any = None
+        self._outbox: asyncio.Queue[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._kick: asyncio.Future[None] | None = None
+        self._errors: list[str] = []
+        self._closed = False
+        #: streams opened so far (a test and the benchmarks read it)
+        self.streams_opened = 0
+
+    @property
+    def watch_count(self) -> int:
+        """Open watches on the stream (or waiting for it)."""
+        return len(self._watches)
+
+    def _ensure_task(self) -> None:
+        if self._task is None or self._task.done():
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run(), name="aiolocks-etcd-watch-stream")
+
+    def _send(self, request: Any) -> None:
+        if self._outbox is not None:
+            self._outbox.put_nowait(request)
+
+    def _queue_create(self, watch: Watch) -> None:
+        loop = asyncio.get_running_loop()
+        self._pending.append((watch, loop.time()))
+        self._send(pb.WatchRequest(create_request=watch._create_request()))
+        kick = self._kick
+        if kick is not None and not kick.done():
+            kick.set_result(None)
+
+    async def add(self, watch: Watch) -> None:
+        """Create ``watch`` on the stream; return once etcd confirmed it.
+
+        :raises BackendUnavailableError: no member confirmed it within ``connect_timeout``.
+        """
+        client = self._client
+        created = watch._created
+        self._watches.add(watch)
+        if self._call is not None:
+            self._queue_create(watch)
+        self._ensure_task()
+        await asyncio.wait((created,), timeout=client.connect_timeout)
+        if not created.done():
+            self.remove(watch)
+            raise BackendUnavailableError(
+                "no etcd endpoint accepted the watch within "
+                f"{client.connect_timeout:g}s: " + "; ".join(self._errors or ["no answer"])
+            )
+        created.result()  # raises what etcd refused
+
+    def remove(self, watch: Watch) -> None:
+        """Stop delivering to ``watch``; cancel it on the stream (no answer awaited)."""
+        self._watches.discard(watch)
+        watch_id = watch._watch_id
+        if watch_id is not None and self._by_id.get(watch_id) is watch:
+            del self._by_id[watch_id]
+            self._send(pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id)))
+        # A create still in flight is cancelled when its answer comes (see _dispatch).
+
+    def request_progress(self) -> None:
+        """Ask the member for a progress notification of every watch of the stream."""
+        if self._call is None:
+            raise BackendUnavailableError("the etcd watch stream is not open")
+        self._send(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
+
+    def _fail_all(self, error: Exception) -> None:
+        for watch in list(self._watches):
+            if not watch._created.done():
+                watch._created.set_exception(error)
+                self._watches.discard(watch)
+            else:
+                watch._deliver(error)
+
+    def _dispatch(self, response: Any) -> None:
+        watch_id = int(response.watch_id)
+        if response.created:
+            if not self._pending:
+                return
+            watch, _ = self._pending.popleft()
+            if watch._closed or watch not in self._watches:
+                if not response.canceled:
+                    self._send(
+                        pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=watch_id))
+                    )
+                return
+            if response.canceled:
+                self._watches.discard(watch)
+                error = watch._cancel_error(response)
+                if watch._created.done():
+                    watch._deliver(error)
+                else:
+                    watch._created.set_exception(error)
+                return
+            self._errors.clear()
+            self._by_id[watch_id] = watch
+            watch._on_created(watch_id, int(response.header.revision))
+            return
+        if response.canceled:
+            gone = self._by_id.pop(watch_id, None)
+            if gone is not None:
+                self._watches.discard(gone)
+                gone._deliver(gone._cancel_error(response))
+            return
+        target = self._by_id.get(watch_id)
+        if target is not None:
+            target._deliver(_watch_response(response))
+        elif not response.events:
+            # A progress notification for the whole stream (watch_id -1).
+            for watch in list(self._by_id.values()):
+                watch._deliver(_watch_response(response))
+
+    async def _write_loop(self, call: Any, outbox: asyncio.Queue[Any]) -> None:
+        while True:
+            request = await outbox.get()
+            await call.write(request)
+
+    async def _run(self) -> None:
+        client = self._client
+        loop = asyncio.get_running_loop()
+        failing_since: float | None = None
+        failures = 0
+        while self._watches and not self._closed:
+            try:
+                endpoint, stubs = client._current_stubs()
+            except BackendUnavailableError:
+                return
+            call = stubs.watch.Watch()
+            self.streams_opened += 1
+            outbox: asyncio.Queue[Any] = asyncio.Queue()
+            self._call, self._outbox = call, outbox
+            self._pending.clear()
+            self._by_id.clear()
+            for watch in list(self._watches):
+                watch._watch_id = None
+                self._queue_create(watch)
+            writer = loop.create_task(self._write_loop(call, outbox))
+            writer.add_done_callback(_canceller(call))
+            budget = client.connect_timeout / len(client.endpoints)
+            read: asyncio.Future[Any] | None = None
+            try:
+                while not self._closed:
+                    if read is None:
+                        read = asyncio.ensure_future(call.read())
+                    timeout = None
+                    if self._pending:
+                        timeout = max(self._pending[0][1] + budget - loop.time(), 0.0)
+                    kick: asyncio.Future[None] = loop.create_future()
+                    self._kick = kick
+                    try:
+                        await asyncio.wait(
+                            (read, kick), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                        )
+                    finally:
+                        self._kick = None
+                        kick.cancel()
+                    if not read.done():
+                        if kick.done() and not kick.cancelled():
+                            continue  # a new create: recompute the timeout
+                        if self._pending:
+                            raise _Stalled(endpoint)
+                        continue
+                    done, read = read, None
+                    if done.cancelled():
+                        raise _Stalled(endpoint)
+                    response = done.result()
+                    if response is grpc.aio.EOF:
+                        raise _Stalled(endpoint)
+                    failing_since, failures = None, 0
+                    self._dispatch(response)
+            except (grpc.aio.AioRpcError, _Stalled, asyncio.InvalidStateError) as exc:
+                if self._is_closed():
+                    return
+                if isinstance(exc, grpc.aio.AioRpcError) and not (
+                    _is_transport(exc) or exc.code() == grpc.StatusCode.CANCELLED
+                ):
+                    # A refusal of the whole stream (not a transport failure).
+                    self._fail_all(_map_refusal(exc))
+                    self._watches.clear()
+                    return
+                detail = (
+                    f"{_code_name(exc)} {_details(exc)}"
+                    if isinstance(exc, grpc.aio.AioRpcError)
+                    else "no answer in time"
+                )
+                self._errors.append(f"{endpoint}: {detail}")
+                del self._errors[: -len(client.endpoints)]
+                _log.info("etcd watch stream on %s failed: %s", endpoint, detail)
+                client._failed(endpoint)
+            finally:
+                self._call = self._outbox = None
+                writer.cancel()
+                call.cancel()
+                if read is not None:
+                    read.cancel()
+            failures += 1
+            now = loop.time()
+            if failing_since is None:
+                failing_since = now
+            elif now - failing_since >= client.connect_timeout:
+                self._fail_all(
+                    BackendUnavailableError(
+                        "no etcd endpoint accepted the watch stream within "
+                        f"{client.connect_timeout:g}s: " + "; ".join(self._errors)
+                    )
+                )
+                failing_since = now
+            if failures > len(client.endpoints):
+                await asyncio.sleep(min(0.05 * failures, 0.5))
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    async def aclose(self) -> None:
+        """Close the stream and stop its task (the watches are closed by the client)."""
+        self._closed = True
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+        task, self._task = self._task, None
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait((task,), timeout=0.1)
+
+
 class Watch:
-    """One watch on one gRPC stream; iterate it for :class:`WatchResponse` batches.
+    """One watch, on the client's one shared watch stream; iterate it for
+    :class:`WatchResponse` batches.
 
     If the stream breaks (member killed, stalled past gRPC's keep-alive), the
     watch is re-created on the next endpoint from the revision after the last
-    one delivered, so no event is lost or repeated; re-opening is bounded by
-    the client's ``connect_timeout``, after which iteration raises
-    :class:`~aiolocks.BackendUnavailableError`. A compaction past that
-    revision raises :class:`CompactedError`.
+    one delivered, so no event is lost or repeated; if no member takes it
+    within the client's ``connect_timeout``, iteration raises
+    :class:`~aiolocks.BackendUnavailableError` (iterate again to go on
+    waiting). A compaction past that revision raises :class:`CompactedError`.
     """
 
     def __init__(
@@ -1330,11 +1646,11 @@ class Watch:
         self._prev_kv = prev_kv
         self._progress_notify = progress_notify
         self._filters = filters
-        self._call: Any = None
-        self._endpoint = ""
         self._watch_id: int | None = None
         self._closed = False
         self._created_revision = 0
+        self._created: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inbox: asyncio.Queue[WatchResponse | Exception | object] = asyncio.Queue()
 
     @property
     def key(self) -> bytes:
@@ -1343,7 +1659,7 @@ class Watch:
 
     @property
     def watch_id(self) -> int | None:
-        """The server's id of the current stream's watch."""
+        """The server's id of this watch on the current stream."""
         return self._watch_id
 
     @property
@@ -1361,11 +1677,8 @@ class Watch:
         """Whether :meth:`aclose` was called."""
         return self._closed
 
-    async def _open(self, timeout: float) -> None:
-        endpoint, stubs = self._client._current_stubs()
-        call = stubs.watch.Watch()
-        self._call, self._endpoint = call, endpoint
-        create = pb.WatchCreateRequest(
+    def _create_request(self) -> Any:
+        return pb.WatchCreateRequest(
             key=self._key,
             range_end=self._range_end,
             start_revision=self._next_revision,
@@ -1373,57 +1686,24 @@ class Watch:
             filters=list(self._filters),
             prev_kv=self._prev_kv,
         )
-        try:
-            async with asyncio.timeout(timeout):
-                await _plain_await(call.write(pb.WatchRequest(create_request=create)))
-                while True:
-                    response = await _plain_await(call.read())
-                    if response is grpc.aio.EOF:
-                        raise _Stalled(endpoint)
-                    if response.created:
-                        break
-        except TimeoutError:
-            call.cancel()
-            self._client._failed(endpoint)
-            raise _Stalled(endpoint) from None
-        except BaseException:
-            call.cancel()
-            raise
-        if response.canceled:
-            call.cancel()
-            raise self._cancel_error(response)
-        self._watch_id = int(response.watch_id)
-        self._created_revision = int(response.header.revision)
-        if self._next_revision == 0:
-            self._next_revision = self._created_revision + 1
 
-    async def _open_any(self) -> None:
-        """(Re)open on the current endpoint, failing over within ``connect_timeout``."""
-        client = self._client
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + client.connect_timeout
-        errors: list[str] = []
-        count = len(client.endpoints)
-        for attempt in range(count):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            endpoint = client.endpoint
-            try:
-                await self._open(remaining / (count - attempt))
-                return
-            except grpc.aio.AioRpcError as exc:
-                if not _is_transport(exc):
-                    raise _map_refusal(exc) from exc
-                errors.append(f"{endpoint}: {_code_name(exc)} {_details(exc)}")
-                client._failed(endpoint)
-            except (_Stalled, asyncio.InvalidStateError):
-                errors.append(f"{endpoint}: no answer in time")
-                client._failed(endpoint)
-        raise BackendUnavailableError(
-            "no etcd endpoint accepted the watch within "
-            f"{client.connect_timeout:g}s: " + "; ".join(errors or ["no time"])
-        )
+    def _on_created(self, watch_id: int, revision: int) -> None:
+        self._watch_id = watch_id
+        self._created_revision = revision
+        if self._next_revision == 0:
+            self._next_revision = revision + 1
+        if not self._created.done():
+            self._created.set_result(None)
+
+    def _deliver(self, item: WatchResponse | Exception) -> None:
+        if self._closed:
+            return
+        if isinstance(item, WatchResponse):
+            if item.events:
+                self._next_revision = max(e.kv.mod_revision for e in item.events) + 1
+            else:
+                self._next_revision = max(self._next_revision, item.revision + 1)
+        self._inbox.put_nowait(item)
 
     def _cancel_error(self, response: Any) -> EtcdError:
         compact = int(response.compact_revision)
@@ -1439,83 +1719,32 @@ class Watch:
         return self
 
     async def __anext__(self) -> WatchResponse:
-        while True:
-            if self._closed:
-                raise StopAsyncIteration
-            call = self._call
-            try:
-                if call is None:
-                    raise _Stalled(self._endpoint)
-                response = await call.read()
-                if response is grpc.aio.EOF:
-                    raise _Stalled(self._endpoint)
-            except asyncio.CancelledError:
-                # aclose() from another task cancels the stream under a
-                # reader: that ends the iteration, it does not cancel the reader.
-                task = asyncio.current_task()
-                if self.closed and task is not None and not task.cancelling():
-                    raise StopAsyncIteration from None
-                raise
-            except (grpc.aio.AioRpcError, _Stalled, asyncio.InvalidStateError) as exc:
-                if self._closed:
-                    raise StopAsyncIteration from None
-                if isinstance(exc, grpc.aio.AioRpcError):
-                    if not _is_transport(exc) and exc.code() != grpc.StatusCode.CANCELLED:
-                        raise _map_refusal(exc) from exc
-                    self._client._failed(self._endpoint)
-                if call is not None:
-                    call.cancel()
-                self._call = None
-                await self._open_any()
-                continue
-            if response.canceled:
-                self._close_call()
-                raise self._cancel_error(response)
-            if response.created:
-                continue
-            events = tuple(
-                WatchEvent(
-                    type=EventType.DELETE if int(event.type) == 1 else EventType.PUT,
-                    kv=KeyValue._from_pb(event.kv),
-                    prev_kv=KeyValue._from_pb(event.prev_kv) if event.HasField("prev_kv") else None,
-                )
-                for event in response.events
-            )
-            revision = int(response.header.revision)
-            if events:
-                self._next_revision = max(e.kv.mod_revision for e in events) + 1
-            else:
-                self._next_revision = max(self._next_revision, revision + 1)
-            return WatchResponse(events=events, revision=revision)
+        if self._closed:
+            raise StopAsyncIteration
+        item = await self._inbox.get()
+        if item is _CLOSED:
+            raise StopAsyncIteration
+        if isinstance(item, Exception):
+            raise item
+        assert isinstance(item, WatchResponse)
+        return item
 
     async def request_progress(self) -> None:
         """Ask the member for a progress notification (a :class:`WatchResponse` with no events)."""
-        call = self._call
-        if call is None or self._closed:
-            raise BackendUnavailableError("the watch stream is not open")
-        try:
-            await call.write(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
-        except grpc.aio.AioRpcError as exc:
-            raise BackendUnavailableError(
-                f"etcd watch stream failed: {_code_name(exc)} {_details(exc)}"
-            ) from exc
-        except asyncio.InvalidStateError as exc:
-            raise BackendUnavailableError("etcd watch stream has ended") from exc
-
-    def _close_call(self) -> None:
-        call, self._call = self._call, None
-        if call is not None:
-            call.cancel()
+        if self._closed:
+            raise BackendUnavailableError("the watch is closed")
+        self._client._watch_hub().request_progress()
 
     async def aclose(self) -> None:
-        """Cancel the watch and close its stream (idempotent, never raises)."""
+        """Cancel the watch (idempotent, never raises); an iteration under way ends."""
         if self._closed:
             return
         self._closed = True
         self._client._streams.discard(self)
-        # Closing the stream ends the server-side watch with it; no cancel
-        # request is needed (and none could be answered on a dead stream).
-        self._close_call()
+        hub = self._client._hub
+        if hub is not None:
+            hub.remove(self)
+        self._inbox.put_nowait(_CLOSED)
 
     async def __aenter__(self) -> Self:
         return self

@@ -15,9 +15,13 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   a prefix of another's. An attempt's key is ``<queue><lease hex>/<attempt
   id>.<kind>``: two attempts of one backend never share a key (the shared
   per-session key of etcd's Go recipe let two mutexes of one session both
-  "win"). ``acquire_many(n)`` writes ``n`` keys (``<attempt id>-<i>``) in
-  one transaction: they enter the queue together, so two such acquires can
-  never interleave and deadlock. A write -> read downgrade writes a read key
+  "win"). ``acquire_many(n)`` writes ``n`` keys (``<attempt id>-<i>``), one
+  transaction each, so that each lease has a create revision (fencing token)
+  of its own; every transaction after the first also checks that no other
+  key joined the queue since our previous one, so the ``n`` keys stand
+  together in the queue and two such acquires can never interleave and
+  deadlock (an acquire that was interleaved drops its keys and starts over
+  after a short random pause). A write -> read downgrade writes a read key
   named ``.r@<write revision>`` in a transaction that checks the write key
   is still ours; the queue order puts it at the write key's place, so no
   writer queued behind the write hold gets in between.
@@ -37,15 +41,15 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   lease had expired, and kept waiting on a dead session).
 * **Release** deletes only if the create revision is still ours, so a
   stale, repeated release can never delete a newer holder's key.
-* **Prompt loss.** Each hold watches its own key from its create revision;
-  a delete behind our back (revoke, ``etcdctl del``) marks it lost at once.
+* **Prompt loss.** Each hold watches its own key from the revision after
+  its creation, starting 50 ms after the grant (a delete in between is
+  replayed, so nothing is missed, and a hold shorter than that never opens
+  a watch); a delete behind our back (revoke, ``etcdctl del``) marks it lost
+  at once.
 * **Abandon** deletes the attempt's keys; when a try was unanswered, it
   first writes a tombstone key (outside every queue) that the late
   transaction's compare refuses, on a lease of its own of twice the request
   timeout.
-
-Known limit: the ``n`` leases of one ``acquire_many(n)`` share one create
-revision, hence one fencing token.
 """
 
 from __future__ import annotations
@@ -54,8 +58,9 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import secrets
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
@@ -63,9 +68,11 @@ from .._core.errors import BackendUnavailableError
 from .._core.participants import Participant
 from .._core.tasks import TaskSet
 from ._client import (
+    CompactedError,
     Compare,
     DeleteOp,
     EtcdClient,
+    EtcdError,
     EventType,
     KeyValue,
     LeaseKeepAlive,
@@ -76,6 +83,7 @@ from ._client import (
     SortOrder,
     SortTarget,
 )
+from ._state import ConnectionState
 from ._url import EtcdOptions
 
 if TYPE_CHECKING:
@@ -88,6 +96,11 @@ _log = logging.getLogger("aiolocks.etcd")
 
 _KIND: Final = {Mode.EXCLUSIVE: "x", Mode.LEASE: "l", Mode.READ: "r", Mode.WRITE: "w"}
 _MODE_NAME: Final = {"x": "exclusive", "l": "lease", "r": "read", "w": "write"}
+#: a hold's loss watch starts this long after the grant (seconds): it watches
+#: from the revision after the key's creation, so a delete in between is
+#: still reported, at most this much later; a hold shorter than this never
+#: opens one
+_LOSS_WATCH_DELAY: Final = 0.05
 # Tombstones live outside every queue (queues start with a family name).
 _TOMBSTONES: Final = b"\x00abandoned\x00"
 
@@ -110,7 +123,7 @@ class _Session:
 class _Hold:
     """The driver handle of a grant: its key, create revision, session, loss watch."""
 
-    __slots__ = ("key", "releasing", "revision", "session", "watch_task")
+    __slots__ = ("key", "releasing", "revision", "session", "watch_task", "watch_timer")
 
     def __init__(self, key: bytes, revision: int, session: _Session) -> None:
         self.key = key
@@ -118,6 +131,7 @@ class _Hold:
         self.session = session
         self.releasing = False
         self.watch_task: asyncio.Task[None] | None = None
+        self.watch_timer: asyncio.TimerHandle | None = None
 
 
 class EtcdAttempt(Attempt):
@@ -129,10 +143,14 @@ class EtcdAttempt(Attempt):
     """
 
     __slots__ = (
+        "ahead",
         "attempt_id",
+        "created",
         "downgrade",
+        "interleaved",
         "keys",
         "revision",
+        "revisions",
         "session",
         "unanswered",
         "waited",
@@ -144,6 +162,15 @@ class EtcdAttempt(Attempt):
         self.keys: list[bytes] = []
         self.session: _Session | None = None
         self.revision = 0
+        #: each key's create revision (its lease's fencing token), in key order
+        self.revisions: list[int] = []
+        #: a mutex attempt's last try also read the key just ahead of its own:
+        #: ``(that key or None, the store revision of the read)``
+        self.ahead: tuple[bytes | None, int] | None = None
+        #: keys of an ``acquire_many`` written so far (one transaction each)
+        self.created = 0
+        #: another key joined the queue between two of ours: pause, start over
+        self.interleaved = False
         self.unanswered = False
         self.waited = False
         #: the write hold this read takes the place of (write -> read downgrade)
@@ -203,6 +230,11 @@ class EtcdDriver:
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: _Session | None = None
         self._session_lock = asyncio.Lock()
+        self._state: ConnectionState | None = None
+        self._listeners: list[Callable[[ConnectionState], object]] = []
+        self._queues: set[asyncio.Queue[ConnectionState | None]] = set()
+        self._closing = False
+        self._timers: set[asyncio.TimerHandle] = set()
 
     # -- plumbing
 
@@ -270,6 +302,12 @@ class EtcdDriver:
 
     async def close(self) -> None:
         """Revoke the session lease (its keys go at once) and disconnect our own client."""
+        self._closing = True
+        for queue in list(self._queues):
+            queue.put_nowait(None)
+        for timer in list(self._timers):
+            timer.cancel()
+        self._timers.clear()
         session, self._session = self._session, None
         tasks = list(self._tasks)
         for task in tasks:
@@ -297,25 +335,94 @@ class EtcdDriver:
                 grant,
                 on_expired=lambda reason: self._session_lost(holder[0], reason),
                 on_refreshed=lambda deadline: self._session_renewed(holder[0], deadline),
+                on_failed=lambda detail: self._session_failing(holder[0], detail),
             )
             session = _Session(grant.id, keeper)
             holder.append(session)
             self._session = session
+            if not self._closing:
+                first = self._state is None
+                self._emit(ConnectionState.CONNECTED if first else ConnectionState.RECONNECTED)
             return session
 
     def _session_renewed(self, session: _Session, deadline: float) -> None:
         for grant in session.grants:
             grant.valid_until = deadline  # loop.time() is time.monotonic() here
             grant.note_renewed()
+        if self._session is session and self._state is ConnectionState.SUSPENDED:
+            self._emit(ConnectionState.RECONNECTED)
+
+    def _session_failing(self, session: _Session, detail: str) -> None:
+        if self._session is session and self._state in (
+            ConnectionState.CONNECTED,
+            ConnectionState.RECONNECTED,
+        ):
+            _log.info("etcd session lease %x suspended: %s", session.lease_id, detail)
+            self._emit(ConnectionState.SUSPENDED)
 
     def _session_lost(self, session: _Session, reason: str) -> None:
         session.lost_reason = reason
         session.lost.set()
         if self._session is session:
             self._session = None
+            if not self._closing:
+                self._emit(ConnectionState.LOST)
+                self._watcher(self._regrant(), "aiolocks-etcd-new-session")
         grants, session.grants = list(session.grants), set()
         for grant in grants:
             grant.mark_lost(f"the etcd session lease {session.lease_id:x} ended: {reason}")
+
+    async def _regrant(self) -> None:
+        """After ``LOST``: grant a new session lease in the background, retrying until it works."""
+        pause = 0.1
+        while not self._closing:
+            try:
+                await self._live_session()
+                return
+            except (BackendUnavailableError, EtcdError) as exc:
+                _log.info("etcd: no new session lease yet: %s", exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+    # -- connection states
+
+    @property
+    def connection_state(self) -> ConnectionState | None:
+        """The last connection state (``None`` before ``open()``)."""
+        return self._state
+
+    def _emit(self, state: ConnectionState) -> None:
+        self._state = state
+        for queue in list(self._queues):
+            queue.put_nowait(state)
+        for listener in list(self._listeners):
+            try:
+                listener(state)
+            except Exception:
+                _log.exception("connection state listener %r failed", listener)
+
+    def add_listener(self, listener: Callable[[ConnectionState], object]) -> Callable[[], None]:
+        """Call ``listener(state)`` on every state change; returns a remover."""
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return remove
+
+    async def states(self) -> AsyncIterator[ConnectionState]:
+        """Yield every state change from now on, until the driver closes."""
+        queue: asyncio.Queue[ConnectionState | None] = asyncio.Queue()
+        self._queues.add(queue)
+        try:
+            while not self._closing:
+                state = await queue.get()
+                if state is None:
+                    return
+                yield state
+        finally:
+            self._queues.discard(queue)
 
     # -- the attempt lifecycle
 
@@ -344,6 +451,69 @@ class EtcdDriver:
         else:
             attempt.keys = [base + f"-{i}.{kind}".encode() for i in range(request.count)]
         attempt.revision = 0
+        attempt.revisions = []
+        attempt.created = 0
+
+    async def _start_over(self, attempt: EtcdAttempt) -> None:
+        """Drop what is left of the attempt's keys; the next try binds new ones."""
+        await self._drop_keys(attempt.keys)
+        attempt.keys = []
+        attempt.session = None
+        attempt.downgrade = None
+        attempt.revisions = []
+        attempt.created = 0
+        attempt.attempt_id = secrets.token_hex(8)
+
+    async def _create_in_a_row(self, attempt: EtcdAttempt, session: _Session) -> bool:
+        """Write an ``acquire_many``'s keys one transaction each, next to each other.
+
+        Each key gets a create revision of its own (distinct fencing tokens).
+        Every key after the first is written only if no key of the queue is
+        newer than our previous one, so nobody stands between our keys.
+        ``False``: the session ended, or another key got in between (the
+        attempt then starts over, after a short pause).
+        """
+        request = attempt.request
+        queue = self._queue(request)
+        keys = attempt.keys
+        while attempt.created < len(keys):
+            key = keys[attempt.created]
+            compares = [
+                Compare.create_revision(key, "==", 0),
+                Compare.create_revision(self._tombstone(key), "==", 0),
+            ]
+            if attempt.revisions:
+                compares.append(
+                    Compare.create_revision(queue, "<", attempt.revisions[-1] + 1, prefix=True)
+                )
+            attempt.unanswered = True
+            try:
+                result = await self._client.txn(
+                    compares,
+                    [PutOp.of(key, request.participant, lease=session.lease_id)],
+                    [RangeOp.of(key)],
+                    retry=True,
+                )
+            except LeaseNotFoundError:
+                attempt.unanswered = False
+                self._session_lost(session, "etcd said the lease does not exist")
+                return False
+            attempt.unanswered = False
+            if result.succeeded:
+                revision = result.revision
+            else:
+                found = result.responses[0]
+                assert isinstance(found, RangeResult)
+                if found.kvs and found.kvs[0].lease == session.lease_id:
+                    # An earlier send of this very transaction went through.
+                    revision = found.kvs[0].create_revision
+                else:
+                    attempt.interleaved = True
+                    await self._start_over(attempt)
+                    return False
+            attempt.revisions.append(revision)
+            attempt.created += 1
+        return True
 
     async def try_once(self, attempt: Attempt) -> list[Grant] | None:
         """One transaction: create the attempt's keys if absent and read the head of the queue."""
@@ -352,6 +522,9 @@ class EtcdDriver:
         session = await self._live_session()
         if attempt.session is not session or not attempt.keys:
             self._bind(attempt, session)
+        multi = request.count > 1
+        if multi and not await self._create_in_a_row(attempt, session):
+            return None
         keys = attempt.keys
         queue = self._queue(request)
         if request.family is Family.READ_WRITE:
@@ -368,60 +541,100 @@ class EtcdDriver:
             sort_target=SortTarget.CREATE,
             sort_order=SortOrder.ASCEND,
         )
-        compares = [Compare.create_revision(key, "==", 0) for key in keys]
-        compares += [Compare.create_revision(self._tombstone(key), "==", 0) for key in keys]
-        downgrade = attempt.downgrade
-        if downgrade is not None:
-            compares.append(Compare.create_revision(downgrade.key, "==", downgrade.revision))
-        puts: list[PutOp | RangeOp] = [
-            PutOp.of(key, request.participant, lease=session.lease_id) for key in keys
-        ]
+        reads: list[PutOp | RangeOp] = [*(RangeOp.of(key) for key in keys), head]
+        # A mutex attempt also reads the key just ahead of its own in the same
+        # transaction, so that waiting needs no read of its own: a new key is
+        # the newest of the queue (the two newest keys are it and the one
+        # ahead); a key written before, of known revision, reads the newest
+        # key older than it.
+        exclusive = request.family is not Family.READ_WRITE and request.mode is not Mode.LEASE
+        ahead_new = ahead_old = None
+        if exclusive:
+            ahead_new = RangeOp.of(
+                queue,
+                prefix=True,
+                limit=2,
+                keys_only=True,
+                sort_target=SortTarget.CREATE,
+                sort_order=SortOrder.DESCEND,
+            )
+            if attempt.revision:
+                ahead_old = RangeOp.of(
+                    queue,
+                    prefix=True,
+                    limit=1,
+                    keys_only=True,
+                    max_create_revision=attempt.revision - 1,
+                    sort_target=SortTarget.CREATE,
+                    sort_order=SortOrder.DESCEND,
+                )
+                reads.append(ahead_old)
+        attempt.ahead = None
+        if multi:
+            # The keys are written (one by one, above): only read them again.
+            compares: list[Compare] = []
+            ops: list[PutOp | RangeOp] = reads
+        else:
+            compares = [
+                Compare.create_revision(keys[0], "==", 0),
+                Compare.create_revision(self._tombstone(keys[0]), "==", 0),
+            ]
+            downgrade = attempt.downgrade
+            if downgrade is not None:
+                compares.append(Compare.create_revision(downgrade.key, "==", downgrade.revision))
+            ops = [PutOp.of(keys[0], request.participant, lease=session.lease_id), head]
+            if ahead_new is not None:
+                ops.append(ahead_new)
         attempt.unanswered = True
         try:
-            result = await self._client.txn(
-                compares,
-                [*puts, head],
-                [*(RangeOp.of(key) for key in keys), head],
-                retry=True,
-            )
+            result = await self._client.txn(compares, ops, reads, retry=True)
         except LeaseNotFoundError:
             attempt.unanswered = False
             self._session_lost(session, "etcd said the lease does not exist")
             return None
         attempt.unanswered = False
-        if result.succeeded:
-            attempt.revision = result.revision
+        if result.succeeded and not multi:
+            attempt.revisions = [result.revision]
         else:
             found = [r for r in result.responses[: len(keys)] if isinstance(r, RangeResult)]
             if len(found) != len(keys) or any(not r.kvs for r in found):
                 # A key of ours is gone (its lease ended, it was deleted behind
                 # our back, or our write hold went before the downgrade): never
                 # claim anything; drop what is left and start over, new keys.
-                await self._drop_keys(keys)
-                attempt.keys = []
-                attempt.session = None
-                attempt.downgrade = None
-                attempt.attempt_id = secrets.token_hex(8)
+                await self._start_over(attempt)
                 return None
-            attempt.revision = found[0].kvs[0].create_revision
-        ranked = result.responses[-1]
+            attempt.revisions = [r.kvs[0].create_revision for r in found]
+        attempt.revision = attempt.revisions[0]
+        ranked = result.responses[len(keys)]
         assert isinstance(ranked, RangeResult)
+        if exclusive and len(result.responses) > len(keys) + 1:
+            ahead = result.responses[len(keys) + 1]
+            assert isinstance(ahead, RangeResult)
+            if result.succeeded and not multi:
+                older = [kv for kv in ahead.kvs if kv.key != keys[0]]
+                attempt.ahead = (older[0].key if older else None, result.revision)
+            elif ahead_old is not None:
+                attempt.ahead = (ahead.kvs[0].key if ahead.kvs else None, result.revision)
         if not self._wins(request, keys, ranked.kvs):
             return None
         grants: list[Grant] = []
         holds: list[_Hold] = []
-        for key in keys:
-            hold = _Hold(key, attempt.revision, session)
-            grant = Grant(request, attempt.revision, hold)
+        for key, revision in zip(keys, attempt.revisions, strict=True):
+            hold = _Hold(key, revision, session)
+            grant = Grant(request, revision, hold)
             grant.valid_until = session.keeper.deadline
             session.grants.add(grant)
             holds.append(hold)
             grants.append(grant)
-        # No await between "won" and the return (contract).
+        # No await between "won" and the return (contract). The loss watch
+        # starts a moment later, from the revision after the key's creation
+        # (a delete in between is replayed): a short hold never pays for it.
+        loop = asyncio.get_running_loop()
         for grant, hold in zip(grants, holds, strict=True):
-            hold.watch_task = self._watcher(
-                self._watch_hold(grant, hold), f"aiolocks-etcd-hold-{hold.key!r}"
+            hold.watch_timer = loop.call_later(
+                _LOSS_WATCH_DELAY, self._start_loss_watch, grant, hold
             )
+            self._timers.add(hold.watch_timer)
         if attempt.waited and request.mode is Mode.LEASE:
             # The next waiter watches our key for this: it may be first in line now.
             self._spawn(self._touch(holds, request.participant), "aiolocks-etcd-wake")
@@ -470,6 +683,13 @@ class EtcdDriver:
         """
         assert isinstance(attempt, EtcdAttempt)
         attempt.waited = True
+        if attempt.interleaved:
+            # Another acquire's key got between two of ours: a short random
+            # pause before starting over, so two such attempts do not collide again.
+            attempt.interleaved = False
+            pause = random.uniform(0.002, 0.03)
+            await asyncio.sleep(pause if bound is None else min(pause, max(bound, 0)))
+            return
         session = attempt.session
         if session is None or not attempt.keys or attempt.revision == 0:
             return  # start over at once (new session or key gone)
@@ -480,6 +700,7 @@ class EtcdDriver:
         with_puts = False
         if request.family is Family.READ_WRITE:
             seen = await self._client.range(RangeOp.of(queue, prefix=True, keys_only=True))
+            read_at = seen.revision
             ordered = _ordered(seen.kvs)
             mine = attempt.keys[0]
             index = next((i for i, kv in enumerate(ordered) if kv.key == mine), None)
@@ -502,6 +723,7 @@ class EtcdDriver:
                     limit=request.max_leases + 1,
                 )
             )
+            read_at = seen.revision
             if len(seen.kvs) + request.count <= request.max_leases:
                 return  # room now: try again
             if len(seen.kvs) <= request.max_leases:
@@ -509,29 +731,34 @@ class EtcdDriver:
             else:
                 target, with_puts = seen.kvs[0].key, True
         else:
-            seen = await self._client.range(
-                RangeOp.of(
-                    queue,
-                    prefix=True,
-                    keys_only=True,
-                    max_create_revision=attempt.revision - 1,
-                    sort_target=SortTarget.CREATE,
-                    sort_order=SortOrder.DESCEND,
-                    limit=1,
+            known, attempt.ahead = attempt.ahead, None
+            if known is not None:
+                # The try's transaction read the key just ahead (see try_once).
+                target, read_at = known
+            else:
+                seen = await self._client.range(
+                    RangeOp.of(
+                        queue,
+                        prefix=True,
+                        keys_only=True,
+                        max_create_revision=attempt.revision - 1,
+                        sort_target=SortTarget.CREATE,
+                        sort_order=SortOrder.DESCEND,
+                        limit=1,
+                    )
                 )
-            )
-            if seen.kvs:
-                target = seen.kvs[0].key
+                target = seen.kvs[0].key if seen.kvs else None
+                read_at = seen.revision
         if target is None and not whole_queue:
             return  # nothing to wait for any more: try again
         if whole_queue:
             watch = await self._client.watch(
-                queue, prefix=True, start_revision=seen.revision + 1, no_put=True
+                queue, prefix=True, start_revision=read_at + 1, no_put=True
             )
         else:
             assert target is not None
             watch = await self._client.watch(
-                target, start_revision=seen.revision + 1, no_put=not with_puts
+                target, start_revision=read_at + 1, no_put=not with_puts
             )
         try:
             async with asyncio.timeout(bound):
@@ -585,6 +812,10 @@ class EtcdDriver:
         hold = grant.handle
         assert isinstance(hold, _Hold)
         hold.releasing = True
+        timer, hold.watch_timer = hold.watch_timer, None
+        if timer is not None:
+            timer.cancel()
+            self._timers.discard(timer)
         task, hold.watch_task = hold.watch_task, None
         if task is not None:
             task.cancel()
@@ -597,27 +828,59 @@ class EtcdDriver:
         )
         return result.succeeded and not grant.lost
 
-    async def _watch_hold(self, grant: Grant, hold: _Hold) -> None:
-        if hold.releasing:
+    def _deleted(self, grant: Grant, hold: _Hold, how: str) -> None:
+        if not hold.releasing:
+            grant.mark_lost(f"etcd key {hold.key!r} {how}")
+            hold.session.grants.discard(grant)
+
+    def _start_loss_watch(self, grant: Grant, hold: _Hold) -> None:
+        timer, hold.watch_timer = hold.watch_timer, None
+        if timer is not None:
+            self._timers.discard(timer)
+        if hold.releasing or grant.lost or self._closing:
             return
-        try:
-            watch = await self._client.watch(hold.key, start_revision=hold.revision + 1)
-        except BackendUnavailableError:
-            return  # the session deadline still bounds the hold
-        try:
-            async for response in watch:
-                for event in response.events:
-                    if event.type is not EventType.DELETE:
-                        continue
-                    if not hold.releasing:
-                        grant.mark_lost(
-                            f"etcd key {hold.key!r} was deleted behind our back "
-                            f"(revision {event.kv.mod_revision})"
-                        )
-                        hold.session.grants.discard(grant)
-                    return  # the key is gone either way: nothing more to watch
-        finally:
-            await watch.aclose()
+        hold.watch_task = self._watcher(
+            self._watch_hold(grant, hold), f"aiolocks-etcd-hold-{hold.key!r}"
+        )
+
+    async def _watch_hold(self, grant: Grant, hold: _Hold) -> None:
+        start = hold.revision + 1
+        while not hold.releasing and not grant.lost:
+            try:
+                watch = await self._client.watch(hold.key, start_revision=start, no_put=True)
+            except BackendUnavailableError:
+                return  # the session deadline still bounds the hold
+            try:
+                while True:
+                    try:
+                        response = await anext(watch)
+                    except BackendUnavailableError:
+                        continue  # the stream keeps trying; the session deadline bounds the hold
+                    for event in response.events:
+                        if event.type is EventType.DELETE:
+                            self._deleted(
+                                grant,
+                                hold,
+                                "was deleted behind our back "
+                                f"(revision {event.kv.mod_revision})",
+                            )
+                            return  # the key is gone either way: nothing more to watch
+            except StopAsyncIteration:
+                return
+            except CompactedError:
+                # The history we watched from is gone: is the key still ours?
+                with contextlib.suppress(BackendUnavailableError):
+                    found = await self._client.range(RangeOp.of(hold.key))
+                    if not found.kvs or found.kvs[0].create_revision != hold.revision:
+                        self._deleted(grant, hold, "was gone when its watch was compacted")
+                        return
+                    _log.info(
+                        "etcd history of %r was compacted; the key is still ours, watching on",
+                        hold.key,
+                    )
+                    start = found.revision + 1
+            finally:
+                await watch.aclose()
 
     # -- operations
 

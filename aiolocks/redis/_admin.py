@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisAdmin"]
 
-# KEYS[1] holders hash   KEYS[2] fence counter   ARGV[1] channel
+# KEYS[1] holders hash   KEYS[2] fence counter   KEYS[3] waiter queue   ARGV[1] channel
 # Deletes every hold, wakes the waiters, and drops the fence counter like a
 # release does when it is behind server time (tokens restart from server time).
 _FORCE_RELEASE = """
@@ -29,6 +29,12 @@ local n = redis.call('HLEN', KEYS[1])
 if n > 0 then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[1], 'released')
+  -- queued waiters listen on their process's channel, not the lock's
+  local head = redis.call('LINDEX', KEYS[3], 0)
+  if head then
+    local prefix = string.match(KEYS[1], '^([^{]*)')
+    redis.call('PUBLISH', prefix .. 'grant:' .. string.match(head, '^([^:]*)'), '- ' .. head)
+  end
   local t = redis.call('TIME')
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local last = redis.call('GET', KEYS[2])
@@ -100,7 +106,9 @@ class RedisAdmin:
         for node in self._nodes:
             client: Any = node.client
             try:
-                count = await client.eval(_FORCE_RELEASE, 2, keys.holders, keys.fence, keys.channel)
+                count = await client.eval(
+                    _FORCE_RELEASE, 3, keys.holders, keys.fence, keys.queue, keys.channel
+                )
             except (RedisError, OSError) as exc:
                 raise map_error(exc, f"force-releasing {name!r}", self._describe) from exc
             removed = max(removed, int(count))

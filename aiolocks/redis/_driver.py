@@ -85,6 +85,9 @@ TOMBSTONE_MS = 2000
 QUEUE_TIMEOUT = 5.0
 #: ``acquire.lua``'s ARGV[5] (0-based 4): '0' no queue, '1' fair FIFO, 'q' waiter queue
 QUEUE_ARG = 4
+#: the channel a release hands the lock over on: one per backend (process),
+#: ``<key prefix>grant:<client uuid>``; see ``release.lua``
+GRANT_CHANNEL = "{prefix}grant:{uuid}"
 #: ``notify-keyspace-events`` flags a hold's loss needs: keyspace channel,
 #: generic (DEL, RENAME, EXPIRE...), hash, expired, evicted
 LOSS_EVENT_FLAGS = "Kghxe"
@@ -203,13 +206,17 @@ class RedisAttempt(Attempt):
         "args",
         "fair",
         "fields",
+        "granted",
         "keys",
         "lease",
+        "listening",
         "maybe_written",
         "member",
         "queue_timeout",
         "send_lost",
+        "sent",
         "unanswered",
+        "unheard",
         "wait_ms",
         "wake",
     )
@@ -242,6 +249,15 @@ class RedisAttempt(Attempt):
         self.wake: Wake | None = None
         #: how long our queue entry lasts unrefreshed (s)
         self.queue_timeout = min(lease, QUEUE_TIMEOUT)
+        #: the fencing token of a hand-off (release.lua wrote our field), not taken yet
+        self.granted: int | None = None
+        #: when the last try was sent: a hand-off came after it ran
+        self.sent = 0.0
+        #: queued while our process's grant channel was not confirmed yet: a
+        #: hand-off may have gone unheard, so look at our field once listening
+        self.unheard = False
+        #: waiting on our process's grant channel
+        self.listening = False
 
     @property
     def queued(self) -> bool:
@@ -663,7 +679,11 @@ def parse_participants(reply: Sequence[Any]) -> list[Participant]:
         expiry_ms = timeouts.get(member)
         if expiry_ms is None or expiry_ms <= now:
             continue
+        # "<field>|<lease ms>|<participant>" (an entry written by hand may lack the lease)
         field, _, who = member.partition("|")
+        lease_ms, sep, rest = who.partition("|")
+        if sep and lease_ms.isdigit():
+            who = rest
         waiters.append(
             Participant(id=who, is_holder=False, node=field, ttl=(expiry_ms - now) / 1000)
         )
@@ -691,6 +711,10 @@ class RedisDriver:
         self._holds: set[RedisHold] = set()
         self._closed = False
         self._tasks: TaskSet | None = None
+        #: our process's hand-off channel (``release.lua`` publishes grants there)
+        self.grant_channel = GRANT_CHANNEL.format(prefix=self.key_prefix, uuid=self.client_uuid)
+        #: queued exclusive attempts by queue member: who a hand-off is for
+        self._queued: dict[str, RedisAttempt] = {}
         self.watchdog = Watchdog(
             node.renew_many, self._spawn, name=f"aiolocks-redis-watchdog:{node.describe}"
         )
@@ -745,7 +769,7 @@ class RedisDriver:
         # An exclusive waiter queues up (fair: FIFO; unfair: only for its
         # wake-up), so a release wakes the queue head and nobody else.
         queues = fair or (request.mode is Mode.EXCLUSIVE and request.count == 1)
-        member = f"{fields[0]}|{request.participant}" if queues else ""
+        member = f"{fields[0]}|{int(lease * 1000)}|{request.participant}" if queues else ""
         queue_ms = int(min(lease, QUEUE_TIMEOUT) * 1000)
         downgrade = ""
         if request.downgrade_of is not None and isinstance(request.downgrade_of.handle, RedisHold):
@@ -756,7 +780,7 @@ class RedisDriver:
             max_holders,
             int(lease * 1000),
             request.participant,
-            "1" if fair else "0",
+            "1" if fair else ("Q" if queues else "0"),
             max(queue_ms, 1),
             downgrade,
             member,
@@ -769,6 +793,13 @@ class RedisDriver:
         if self._closed:
             raise BackendUnavailableError(f"the Redis backend {self.describe()} is closed")
         a = cast(RedisAttempt, attempt)
+        if a.granted is not None:
+            # A release handed us the lock (release.lua wrote our field) after
+            # our last try ran: nothing to send. No await before the return.
+            token, a.granted = a.granted, None
+            return self._grants(a, [1, token], a.sent)
+        if a.member:
+            self._prepare_queued(a)
         if a.wake is not None:
             a.wake.clear()  # forget rings from before this try
         try:
@@ -797,12 +828,14 @@ class RedisDriver:
             a.unanswered = True
             # The lease runs from when the script ran, at or after this send:
             # the watchdog may trust the hold until sent + lease, no longer.
-            sent = time.monotonic()
+            sent = a.sent = time.monotonic()
             try:
                 reply, acked = await self.node.try_acquire(a.keys, a.args)
             except TRANSIENT:
                 # That send may still arrive: the cleanup must leave a tombstone.
                 a.send_lost = True
+                if a.args[QUEUE_ARG] == "Q":
+                    a.args[QUEUE_ARG] = "q"  # it may have queued us
                 if backoff is None:
                     backoff = Backoff(time.monotonic() + self.node.connect_timeout)
                 if not await backoff.wait():
@@ -816,35 +849,99 @@ class RedisDriver:
                 f"{self.describe()} acknowledged the lock write; released it"
             )
         a.unanswered = False
+        if a.args[QUEUE_ARG] == "Q":
+            a.args[QUEUE_ARG] = "q"  # queued now (or granted): later tries refresh the entry
         if not granted and not a.queued and not a.send_lost:
             a.maybe_written = False  # a definite "no" wrote nothing, and nothing else is coming
         return granted, reply, sent
 
+    def _prepare_queued(self, a: RedisAttempt) -> None:
+        """Before a try that may queue us: be ready for a hand-off. No I/O.
+
+        A release may hand the lock over as soon as the try has run, before
+        its reply is read, so the attempt is findable by its queue member
+        first. A try-lock (deadline already passed) does not queue at all:
+        it would only have to leave the queue again.
+        """
+        if a.args[QUEUE_ARG] == "Q" and a.deadline is not None and a.deadline <= time.monotonic():
+            a.args[QUEUE_ARG] = "0"
+            return
+        if a.wake is None:
+            a.wake = Wake()
+        self._queued[a.member] = a
+        hub = self.node.hub
+        if not a.listening and (hub is None or not hub.is_confirmed(self.grant_channel)):
+            a.unheard = True
+
+    def _on_grant(self, payload: str | None) -> None:
+        """A message on our process's grant channel: ``<token> <member>`` (the lock
+        is that waiter's now) or ``- <member>`` (it should look). ``None``: the
+        channel was (re)subscribed, messages may have been lost: every queued
+        waiter looks again (a try finds a hand-off it missed: ``acquire.lua``
+        answers with the grant)."""
+        if payload is None:
+            for waiting in self._queued.values():
+                if waiting.wake is not None:
+                    waiting.wake.ring()
+            return
+        token, _, member = payload.partition(" ")
+        a = self._queued.get(member)
+        if a is None or a.wake is None:
+            return  # that attempt ended: its abandon gives the hold back
+        if token.isdigit():
+            a.granted = int(token)
+        a.wake.ring()
+
+    async def _handed_over_unheard(self, a: RedisAttempt) -> bool:
+        """Our field exists: a release handed us the lock before we listened."""
+        try:
+            value = await self.node.client.hget(a.keys.holders, a.fields[0])
+        except (RedisError, OSError):
+            return True  # look with a try (it has the retries and the error mapping)
+        if value is None:
+            return False
+        parts = _text(value).split("|")
+        if len(parts) > 1 and parts[1].isdigit():
+            a.granted = int(parts[1])
+        return True
+
     async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
-        """Subscribe on the first call (then return: try again); then wait for an unlock.
+        """Wait for a hand-off (queued exclusive waiters) or an unlock.
 
-        Subscribing (confirmed) before the second try means an unlock
-        published between that try and the wait is not missed. The wait is
-        never longer than the blocking hold's TTL (expiry publishes nothing)
-        or, in the waiter queue, a third of our queue entry's timeout (we
-        refresh it by trying).
+        An exclusive waiter (a mutex, fair or not) is in the lock's waiter
+        queue from its first try on, and listens on its process's grant
+        channel (subscribed once per backend, kept): a release hands the lock
+        to the queue head directly and tells that process alone, so the
+        waiter takes it without another try. If it queued before that
+        channel was confirmed, it reads its own field once (a hand-off may
+        have come unheard). The wait is bounded by a third of the queue
+        entry's timeout (each try refreshes the entry) and the blocking
+        hold's TTL (expiry publishes nothing).
 
-        An exclusive waiter joins the lock's waiter queue from its next try
-        on: a release then publishes the queue head's member, and only that
-        waiter, in whichever process, is woken (no herd). Other waiters get
-        the plain ``released`` message and all look.
+        Other waiters subscribe (confirmed) to the lock's channel in their
+        first call and return (try again: an unlock published before the
+        subscription would be lost), then wait for ``released``.
         """
         a = cast(RedisAttempt, attempt)
         hub = self.node.hub
         assert hub is not None
-        if a.wake is None:
-            # Only an unfair exclusive waiter can be woken alone: one unlock
-            # frees one slot for anybody. Fair waiters must all look (only the
-            # queue head may take it), and leases/readers may all fit.
-            exclusive = not a.fair and a.request.mode is Mode.EXCLUSIVE
-            if a.member and not a.fair:
-                a.args[QUEUE_ARG] = "q"
-            a.wake = Wake(exclusive=exclusive, member=a.member or None)
+        if a.member and a.queued:
+            assert a.wake is not None
+            if not a.listening:
+                self._listen(a)
+                await hub.confirmed(self.grant_channel)
+                if a.unheard:
+                    a.unheard = False
+                    if await self._handed_over_unheard(a):
+                        return
+            if a.granted is not None:
+                return
+        elif a.wake is None:
+            # Shared modes: one unlock may let several in: every reader or
+            # writer of the lock looks on ``released``.
+            # One-lease waiters are rung only as many as holds were freed.
+            counted = a.request.mode is Mode.LEASE and a.request.count == 1
+            a.wake = Wake(exclusive=False, counted=counted)
             # the keyspace channel the hold will watch, in the same SUBSCRIBE
             companion = self.node.keyspace_channel(a.keys.holders)
             hub.attach(a.keys.channel, a.wake, companion)
@@ -855,7 +952,27 @@ class RedisDriver:
             wait = min(wait, a.queue_timeout / 3)
         if bound is not None:
             wait = min(wait, bound)
-        await a.wake.wait(wait)
+        # the wake's future, awaited here: no coroutine per waiting task
+        future = a.wake.prepare(wait)
+        if future is None:
+            return
+        try:
+            await future
+        finally:
+            a.wake.settle()
+
+    def _listen(self, a: RedisAttempt) -> None:
+        """A queued waiter starts listening on our process's grant channel. No I/O."""
+        hub = self.node.hub
+        assert hub is not None
+        a.listening = True
+        hub.watch(self.grant_channel, self._on_grant)
+        companion = self.node.keyspace_channel(a.keys.holders)
+        if companion is not None:
+            # A waiting process need not hear the lock's keyspace events:
+            # stop a lingering subscription (from an earlier hold here), or
+            # every waiting process would be sent every event of every hand-off.
+            hub.drop_idle(companion)
 
     async def abandon(self, attempt: Attempt) -> None:
         """Delete our fields and queue entry, with a tombstone if a script is unanswered.
@@ -870,6 +987,8 @@ class RedisDriver:
     def finish(self, attempt: Attempt) -> None:
         """Unsubscribe (a waiter leaving without the lock passes its turn on)."""
         a = cast(RedisAttempt, attempt)
+        if a.member and self._queued.get(a.member) is a:
+            del self._queued[a.member]
         if a.wake is not None and self.node.hub is not None:
             self.node.hub.detach(a.keys.channel, a.wake)
 

@@ -47,36 +47,74 @@ class Wake:
     leaving with the lock; a waiter leaving without it passes its turn on.
     """
 
-    __slots__ = ("_event", "exclusive", "member", "won")
+    __slots__ = ("_future", "_rung", "_timer", "counted", "exclusive", "member", "won")
 
-    def __init__(self, *, exclusive: bool = False, member: str | None = None) -> None:
-        self._event = asyncio.Event()
+    def __init__(
+        self, *, exclusive: bool = False, member: str | None = None, counted: bool = False
+    ) -> None:
+        # A flag and, only while somebody waits, one future and its timer: a
+        # waiting task costs no Event (with its deque), no timeout context
+        # manager and no coroutine of its own (see :meth:`prepare`).
+        self._rung = False
+        self._future: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self.exclusive = exclusive
         #: our entry in the lock's waiter queue: a message naming it rings us alone
         self.member = member
+        #: a waiter for one semaphore lease: ``released <n>`` (n holds freed)
+        #: rings at most n such waiters here, oldest first
+        self.counted = counted
         self.won = False
 
     def is_set(self) -> bool:
         """Rung and not yet cleared."""
-        return self._event.is_set()
+        return self._rung
 
     def clear(self) -> None:
         """Forget earlier rings; call this *before* sending a try."""
-        self._event.clear()
+        self._rung = False
 
     def ring(self) -> None:
-        self._event.set()
+        self._rung = True
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def prepare(self, timeout: float | None) -> asyncio.Future[None] | None:
+        """A future done at the next ring or after ``timeout`` s; ``None`` if rung already.
+
+        Await it, then call :meth:`settle` (in a ``finally``).
+        """
+        if self._rung:
+            return None
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        if timeout is not None:
+            self._timer = loop.call_later(timeout, _time_up, future)
+        return future
+
+    def settle(self) -> None:
+        """The wait is over (rung, timed out or cancelled): drop the future and timer."""
+        self._future = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def wait(self, timeout: float | None) -> bool:
         """Wait for a ring or ``timeout`` seconds; True if rung."""
-        if self._event.is_set():
+        future = self.prepare(timeout)
+        if future is None:
             return True
         try:
-            async with asyncio.timeout(timeout):
-                await self._event.wait()
-        except TimeoutError:
-            return False
-        return True
+            await future
+        finally:
+            self.settle()
+        return self._rung
+
+
+def _time_up(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class _Channel:
@@ -106,20 +144,28 @@ class _Channel:
     def ring_message(self, payload: str) -> None:
         """An unlock addressed to a queue member rings that waiter only (if it is ours).
 
-        Otherwise (``released``: nobody queued): every shared waiter, and one
-        exclusive waiter unless one is already rung.
+        Otherwise (``released`` or ``released <n>``: nobody queued): every
+        shared waiter, but only ``n`` one-lease waiters not rung yet, and
+        one exclusive waiter unless one is already rung.
         """
         self.notify(payload)
-        if payload != "released":
+        verb, _, count = payload.partition(" ")
+        if verb != "released":
             for wake in self.wakes:
                 if wake.member == payload:
                     wake.ring()
                     return
             return
+        budget = int(count) if count.isdigit() else len(self.wakes)
         pending = False
         first: Wake | None = None
         for wake in self.wakes:
-            if not wake.exclusive:
+            if wake.counted:
+                # a freed hold for each of n waiters not rung yet
+                if budget > 0 and not wake.is_set():
+                    budget -= 1
+                    wake.ring()
+            elif not wake.exclusive:
                 wake.ring()
             elif wake.is_set():
                 pending = True
@@ -128,8 +174,14 @@ class _Channel:
         if first is not None and not pending:
             first.ring()
 
-    def pass_turn(self) -> None:
-        """An exclusive waiter left without the lock: ring the next one."""
+    def pass_turn(self, counted: bool = False) -> None:
+        """An exclusive (or one-lease) waiter left without the lock: ring the next one."""
+        if counted:
+            for wake in self.wakes:
+                if wake.counted and not wake.is_set():
+                    wake.ring()
+                    return
+            return
         for wake in self.wakes:
             # a queued waiter's turn is passed on by the server (release.lua)
             if wake.exclusive and wake.member is None and not wake.is_set():
@@ -212,6 +264,16 @@ class PubSubHub:
                 f"Redis {self._describe} did not confirm a SUBSCRIBE within {self._timeout:g} s"
             ) from None
 
+    def is_confirmed(self, channel: str) -> bool:
+        """``channel`` is subscribed and the server confirmed it (no I/O)."""
+        entry = self._channels.get(channel)
+        return (
+            entry is not None
+            and entry.ready.done()
+            and not entry.ready.cancelled()
+            and entry.ready.exception() is None
+        )
+
     def watch(self, channel: str, listener: Callable[[str | None], None]) -> None:
         """Call ``listener(message)`` on every message of ``channel``, and
         ``listener(None)`` after every (re)subscription (messages may have been
@@ -243,6 +305,12 @@ class PubSubHub:
         del entry.listeners[listener]
         self._drop_if_idle(channel, entry)
 
+    def drop_idle(self, channel: str) -> None:
+        """Unsubscribe ``channel`` now if it only lingers (nobody listens). No I/O."""
+        entry = self._channels.get(channel)
+        if entry is not None and not self._closed:
+            self._drop_if_idle(channel, entry, now=True)
+
     def _linger_over(self, channel: str, entry: _Channel) -> None:
         if self._channels.get(channel) is entry and not self._closed:
             self._drop_if_idle(channel, entry, now=True)
@@ -257,6 +325,10 @@ class PubSubHub:
             # It may have used up the only ring of an unlock (cancelled,
             # timed out, failed): let the next local waiter look instead.
             entry.pass_turn()
+        elif wake.counted and (not wake.won or wake.is_set()):
+            # the same for a one-lease waiter; one that won while rung again
+            # (during its try) leaves that ring unused: pass it on
+            entry.pass_turn(counted=True)
         self._drop_if_idle(channel, entry)
 
     def _drop_if_idle(self, channel: str, entry: _Channel, *, now: bool = False) -> None:

@@ -75,6 +75,11 @@ async def test_acquire_many_all_or_nothing(
     sem = backend.semaphore(names(), max_leases=4)
     first = await sem.acquire_many(3, timeout=1)
     assert first is not None and len(first) == 3
+    # every lease of one acquire_many has a fencing token of its own
+    tokens = [lease.fencing_token for lease in first]
+    assert None not in tokens and len(set(tokens)) == 3
+    holders = [p for p in await sem.participants() if p.is_holder]
+    assert sorted(p.fencing_token or 0 for p in holders) == sorted(t or 0 for t in tokens)
     assert await sem.acquire_many(2, timeout=0.05) is None
     # nothing partial stayed behind: one lease is still free
     one = await sem.acquire(timeout=0)
@@ -84,6 +89,8 @@ async def test_acquire_many_all_or_nothing(
         await lease.release()
     both = await sem.acquire_many(4, timeout=1)
     assert both is not None and len(both) == 4
+    later = [lease.fencing_token or 0 for lease in both]
+    assert len(set(later)) == 4 and min(later) > max(t or 0 for t in tokens)
     for lease in both:
         await lease.release()
 

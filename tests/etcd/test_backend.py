@@ -112,3 +112,111 @@ async def test_semaphore_waiters_watch_one_key_each(etcd: EtcdServer, prefix: st
         await asyncio.gather(*tasks)
         assert order == [0, 1, 2, 3]
         assert await sem.participants() == []
+
+
+@pytest.mark.asyncio
+async def test_acquire_many_interleaved_with_single_leases(etcd: EtcdServer, prefix: str) -> None:
+    """acquire_many writes its keys one by one; singles racing in between never
+    push the semaphore past max_leases, every lease has a token of its own, and
+    nothing is left behind."""
+    url = f"{etcd.url}/{prefix.rstrip('/')}?lease_ttl=5"
+    async with aiolocks.connect(url) as one, aiolocks.connect(url) as two:
+        inside = 0
+        most = 0
+        tokens: list[int] = []
+
+        async def take(backend: aiolocks.Backend, n: int) -> None:
+            nonlocal inside, most
+            sem = backend.semaphore("mixed", max_leases=3)
+            for _ in range(3):
+                leases = await sem.acquire_many(n, timeout=30)
+                assert leases is not None and len(leases) == n
+                inside += n
+                most = max(most, inside)
+                tokens.extend(lease.fencing_token or 0 for lease in leases)
+                await asyncio.sleep(0.002)
+                inside -= n
+                for lease in leases:
+                    await lease.release()
+
+        await asyncio.gather(
+            take(one, 2), take(two, 2), take(one, 1), take(two, 1), take(two, 3)
+        )
+        assert most <= 3
+        assert len(tokens) == 27 and len(set(tokens)) == 27
+        assert await one.semaphore("mixed", max_leases=3).participants() == []
+
+
+@pytest.mark.asyncio
+async def test_200_waiters_drain_over_one_watch_stream(etcd: EtcdServer, prefix: str) -> None:
+    """Every watch of a backend (holds' loss watches, waiters' watches) shares one gRPC stream."""
+    url = f"{etcd.url}/{prefix.rstrip('/')}?lease_ttl=10"
+    async with aiolocks.connect(url) as backend:
+        assert isinstance(backend, EtcdBackend)
+        client = backend.client
+        lock = backend.mutex("drain")
+        inside = 0
+        most = 0
+        tokens: list[int] = []
+
+        async def waiter() -> None:
+            nonlocal inside, most
+            async with lock:
+                inside += 1
+                most = max(most, inside)
+                tokens.append(lock.fencing_token or 0)
+                await asyncio.sleep(0)
+                inside -= 1
+
+        first = await lock.acquire()
+        assert first
+        tasks = [asyncio.create_task(waiter()) for _ in range(200)]
+        async with asyncio.timeout(60):
+            while len(await lock.participants()) < 201:
+                await asyncio.sleep(0.05)
+        await lock.release()
+        await asyncio.gather(*tasks)
+        assert most == 1 and len(tokens) == 200 and tokens == sorted(tokens)
+        assert client.watch_streams_opened == 1
+        assert await lock.participants() == []
+
+
+@pytest.mark.asyncio
+async def test_hold_watch_from_a_compacted_revision_still_reports_a_delete(
+    etcd: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """History compacted before a hold's loss watch starts: the watch checks the key is still
+    ours, watches on from now, and a later delete behind our back is still a prompt loss."""
+    from aetcd.rpc import rpc_pb2
+
+    from aiolocks.etcd._client import RangeOp
+
+    # The loss watch starts a moment after the grant: make that moment long enough to
+    # compact the history it will ask for.
+    monkeypatch.setattr("aiolocks.etcd._driver._LOSS_WATCH_DELAY", 1.0)
+    caplog.set_level("INFO", logger="aiolocks.etcd")
+    url = f"{etcd.url}/{prefix.rstrip('/')}?lease_ttl=10"
+    async with aiolocks.connect(url) as backend, EtcdClient(list(etcd.endpoints)) as admin:
+        assert isinstance(backend, EtcdBackend)
+        lock = backend.mutex("compacted")
+        assert await lock.acquire(timeout=10)
+        await admin.put(prefix + "other", "x")
+        latest = (await admin.put(prefix + "other", "y")).revision
+        request = rpc_pb2.CompactionRequest(revision=latest, physical=True)
+        await admin._unary("kv", "Compact", request, timeout=None, retry=False)
+        async with asyncio.timeout(10):
+            while "was compacted; the key is still ours" not in caplog.text:
+                await asyncio.sleep(0.02)
+        assert not lock.is_lost, "a compaction alone loses nothing"
+        found = await admin.range(RangeOp.of(prefix, prefix=True, keys_only=True))
+        [key] = [kv.key for kv in found.kvs if b"compacted" in kv.key]
+        await admin.delete(key)
+        async with asyncio.timeout(10):
+            while not _is_lost(lock):
+                await asyncio.sleep(0.01)
+        with pytest.raises(aiolocks.LockLostError):
+            await lock.release()
+
+
+def _is_lost(lock: aiolocks.Mutex) -> bool:
+    return lock.is_lost

@@ -253,7 +253,8 @@ async def test_revoke_behind_our_back_expires_keeper_and_watchers_see_deletes(
     client: EtcdClient, etcd: EtcdServer, prefix: str
 ) -> None:
     lease = await client.lease_grant(30)
-    keeper = client.keep_alive(lease)
+    # Refresh often, so that the answer TTL=0 after the revoke comes soon.
+    keeper = client.keep_alive(lease, interval=0.5)
     keys = [prefix + name for name in ("a", "b")]
     for key in keys:
         await client.put(key, "v", lease=lease.id)

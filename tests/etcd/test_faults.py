@@ -199,18 +199,28 @@ async def test_connection_cut_watch_resumes_and_keepalive_reconnects(
         lease = await client.lease_grant(3)
         keeper = client.keep_alive(lease)
         watch = await client.watch("c/", prefix=True)
+        other = await client.watch("d/", prefix=True, no_delete=True)
         try:
+            # Both watches live on one stream; both are re-created on the new one.
+            assert client.watch_streams_opened == 1
+            assert watch.watch_id != other.watch_id
             await client.put("c/1", "x")
+            await client.put("d/1", "x")
             assert proxied.cut() >= 1
-            # A write behind the client's back while its connection is down.
+            # Writes behind the client's back while its connection is down.
             await asyncio.to_thread(etcd.etcdctl, "put", "c/2", "y")
+            await asyncio.to_thread(etcd.etcdctl, "put", "d/2", "y")
             events = await _events(watch, 2)
             assert [e.kv.key for e in events] == [b"c/1", b"c/2"]
+            others = await _events(other, 2)
+            assert [e.kv.key for e in others] == [b"d/1", b"d/2"]
+            assert client.watch_streams_opened >= 2
             before = keeper.refreshes
             await _wait_for(lambda: keeper.refreshes >= before + 2, "refreshes after the cut")
             assert not keeper.expired
         finally:
             await watch.aclose()
+            await other.aclose()
             await keeper.revoke()
 
 

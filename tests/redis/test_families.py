@@ -8,7 +8,9 @@ import pytest
 import redis.asyncio
 
 import aiolocks
-from aiolocks.testing.servers import RedisSentinelSet
+from aiolocks.testing.servers import RedisSentinelSet, RedisServer
+
+from .conftest import command_calls, eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
@@ -124,5 +126,48 @@ async def test_min_replicas_waits_for_replicas_and_fails_clearly(
     raw = redis.asyncio.Redis.from_url(url)
     try:
         assert await raw.keys("aiolocks:{mutex:wait/*") == []  # the failed write was undone
+    finally:
+        await raw.aclose()
+
+
+async def test_freed_leases_wake_only_as_many_local_waiters(
+    redis_restartable: RedisServer,
+) -> None:
+    """Ten one-lease waiters in one backend behind three held leases: each
+    release rings only as many waiters as it freed leases (``released <n>``),
+    never the whole herd, and at most three are ever inside."""
+    url = redis_restartable.url
+    raw = redis.asyncio.Redis.from_url(url)
+    try:
+        async with aiolocks.connect(url) as one, aiolocks.connect(url) as many:
+            held = await one.semaphore("herd/sem", 3).acquire_many(3)
+            assert held is not None
+            inside = most = 0
+
+            async def waiter() -> None:
+                nonlocal inside, most
+                async with many.semaphore("herd/sem", 3).lease():
+                    inside += 1
+                    most = max(most, inside)
+                    await asyncio.sleep(0.005)
+                    inside -= 1
+
+            tasks = [asyncio.create_task(waiter()) for _ in range(10)]
+
+            async def all_waiting() -> bool:
+                # the holder's acquire, two tries per waiter (before and after subscribing)
+                return int((await command_calls(raw)).get("evalsha", 0)) >= 1 + 2 * 10
+
+            await eventually(all_waiting, what="every waiter to wait")
+            await asyncio.sleep(0.1)
+            await raw.config_resetstat()
+            for lease in held:
+                await lease.release()
+            await asyncio.gather(*tasks)
+            calls = await command_calls(raw)
+        assert most == 3
+        # 3 releases, then per waiter one winning try and one release; ringing
+        # every waiter on every release would cost dozens of tries more
+        assert calls["evalsha"] <= 3 + 2 * 10 + 6, calls
     finally:
         await raw.aclose()

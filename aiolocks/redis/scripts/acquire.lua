@@ -7,15 +7,21 @@
 -- read/write lock; the key itself also gets a PEXPIRE covering its longest
 -- hold, so a crashed client leaves nothing behind once its leases lapse.
 --
--- KEYS[1] holders hash   KEYS[2] fence counter   KEYS[3] fair queue (list)
--- KEYS[4] fair queue timeouts (zset, score = expiry ms)
+-- KEYS[1] holders hash   KEYS[2] fence counter   KEYS[3] waiter queue (list)
+-- KEYS[4] waiter queue timeouts (zset, score = expiry ms)
 -- KEYS[5] tombstones of attempts given up mid-flight (zset, score = expiry ms)
 -- ARGV[1] mode: x (exclusive), l (lease), r (read), w (write)
 -- ARGV[2] max holders for x/l      ARGV[3] lease ms
--- ARGV[4] participant              ARGV[5] '1' = fair FIFO queue, 'q' = waiter queue
---                                  without FIFO (a release wakes its head), '0' = none
+-- ARGV[4] participant
+-- ARGV[5] waiter queue: '0' none; '1' fair FIFO; 'q' queue without FIFO
+--         (unfair mutex: the queue is only for hand-off); 'Q' the same, but
+--         this attempt has not queued yet (its first try)
 -- ARGV[6] queue entry timeout ms   ARGV[7] field of the write hold being downgraded, or ''
--- ARGV[8] queue member, or ''      ARGV[9..] the field ids, one per hold asked for
+-- ARGV[8] queue member "<field>|<lease ms>|<participant>", or ''
+-- ARGV[9..] the field ids, one per hold asked for
+--
+-- A queued exclusive waiter is handed the lock by release.lua directly (its
+-- field written, the token published to its process): it does not try again.
 --
 -- Returns {1, token...} when granted, {0, wait_ms} otherwise, where wait_ms
 -- bounds how long a waiter may sleep: expiry publishes nothing, so a waiter
@@ -25,8 +31,7 @@ local mode = ARGV[1]
 local max_holders = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
 local who = ARGV[4]
-local queued = ARGV[5] ~= '0'
-local fair = ARGV[5] == '1'
+local qmode = ARGV[5]
 local queue_timeout = tonumber(ARGV[6])
 local downgrade = ARGV[7]
 local member = ARGV[8]
@@ -37,7 +42,7 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- Lazily reclaim lapsed holds (a crashed holder's permit comes back) and
--- find what blocks us, in one read of the hash.
+-- find what blocks us, in one read of the hash (none when the lock is free).
 local live, min_exp, max_writer_exp, resend = 0, nil, nil, false
 local all = redis.call('HGETALL', holders)
 for i = 1, #all, 2 do
@@ -57,10 +62,11 @@ for i = 1, #all, 2 do
   end
 end
 
--- A resent script (reply lost, client retried) finds its own fields: answer
--- the same again instead of taking a second hold, with the lease restarted
--- now, since the client measures the lease from its last send. Fields are
--- written all or nothing, so the first one decides.
+-- Our own fields are there: a resent script (reply lost, client retried), or
+-- a waiter that release.lua handed the lock to while it was not listening.
+-- Answer with the same grant instead of taking a second hold, with the
+-- lease restarted now, since the client measures the lease from its last
+-- send. Fields are written all or nothing, so the first one decides.
 if resend then
   local res = {1}
   local exp_text = string.format('%.0f', now_ms + lease)
@@ -87,47 +93,56 @@ else
 end
 
 local head = nil
-if queued then
-  -- Waiter queue: a release addresses its wake-up to the head only
-  -- (release.lua). A waiter refreshes its entry's timeout on every try; an
-  -- entry not refreshed in time (its waiter died) is dropped when it reaches
-  -- the head, so a dead waiter cannot block the queue. Only the head is
-  -- looked at: a try costs the same however long the queue is.
-  local dropped = false
+if qmode == '1' and free then
+  -- Fair: only the queue head may take a free lock. A head whose waiter
+  -- stopped refreshing its entry (it died) is dropped, so it cannot block
+  -- the queue.
+  local dropped, hto = false, nil
   head = redis.call('LINDEX', queue, 0)
   while head and head ~= member do
     local to = redis.call('ZSCORE', qtimeouts, head)
-    if to and tonumber(to) > now_ms then break end
+    if to and tonumber(to) > now_ms then
+      hto = tonumber(to)
+      break
+    end
     redis.call('LPOP', queue)
     redis.call('ZREM', qtimeouts, head)
     dropped = true
     head = redis.call('LINDEX', queue, 0)
   end
-  if fair and free and head and head ~= member then
+  if head and head ~= member then
     free = false
+    -- look again when the head's entry would time out, should its waiter die
+    if bound == nil or hto < bound then bound = hto end
     if dropped then
-      -- the dead head took the last release's wake-up with it: pass it on
-      redis.call('PUBLISH', holders, head)
+      -- the dead head took the last release's hand-off with it: tell the
+      -- live one to look (on its process's channel)
+      local prefix = string.match(holders, '^([^{]*)')
+      redis.call('PUBLISH', prefix .. 'grant:' .. string.match(head, '^([^:]*)'), '- ' .. head)
     end
   end
 end
 
 if not free then
-  if queued then
-    if not redis.call('ZSCORE', qtimeouts, member) then
+  if qmode ~= '0' then
+    -- Join the queue (or refresh our entry's timeout): the next release
+    -- hands the lock to the head. O(1) whatever the queue's length.
+    if redis.call('ZADD', qtimeouts, now_ms + queue_timeout, member) == 1 then
+      -- A new entry. Not for an attempt its client gave up while this
+      -- script was on the wire (release.lua left a tombstone).
+      local tomb = redis.call('ZSCORE', KEYS[5], ARGV[9])
+      if tomb and tonumber(tomb) > now_ms then
+        redis.call('ZREM', qtimeouts, member)
+        return {0, -1}
+      end
       redis.call('RPUSH', queue, member)
-      if not head then head = member end
     end
-    redis.call('ZADD', qtimeouts, now_ms + queue_timeout, member)
-    if redis.call('PTTL', qtimeouts) < queue_timeout then
+    -- Both keys outlive every live entry: each try leaves them at least half
+    -- an entry's timeout, and a live waiter tries at least three times per
+    -- timeout. Never shortened (another waiter's timeout may be longer).
+    if redis.call('PTTL', qtimeouts) < queue_timeout / 2 then
       redis.call('PEXPIRE', qtimeouts, queue_timeout)
       redis.call('PEXPIRE', queue, queue_timeout)
-    end
-    if head ~= member then
-      -- look again when the head's entry would time out, in case its waiter
-      -- died holding the wake-up of the last release
-      local hto = tonumber(redis.call('ZSCORE', qtimeouts, head))
-      if hto and (bound == nil or hto < bound) then bound = hto end
     end
   end
   if bound == nil then return {0, -1} end
@@ -146,7 +161,7 @@ end
 if head == member then
   redis.call('LPOP', queue)
   redis.call('ZREM', qtimeouts, member)
-elseif head and redis.call('ZREM', qtimeouts, member) == 1 then
+elseif qmode == 'q' and redis.call('ZREM', qtimeouts, member) == 1 then
   redis.call('LREM', queue, 1, member)
 end
 

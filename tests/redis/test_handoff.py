@@ -1,0 +1,161 @@
+"""Hand-off: a release grants the lock to the queue head directly (``release.lua``).
+
+Adversarial cases: the waiter gives up while the grant is on its way, the
+grantee's process is gone, the grant message is lost with the pub/sub
+connection. Each asserts that mutual exclusion holds and nothing is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+import redis.asyncio
+
+import aiolocks
+
+from .conftest import command_calls, eventually
+
+pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
+
+
+def _key(prefix: str, name: str) -> str:
+    return f"{prefix}{{mutex:{name}}}"
+
+
+async def _take(lock: aiolocks.Mutex, probe: aiolocks.Backend, name: str) -> int:
+    """Acquire, check nobody else can, release; the fencing token held."""
+    assert await lock.acquire(timeout=20)
+    try:
+        token = lock.fencing_token
+        assert token is not None
+        assert await probe.mutex(name).acquire(timeout=0) is False
+        return token
+    finally:
+        await lock.release()
+
+
+async def _queued(raw: redis.asyncio.Redis, prefix: str, name: str, n: int) -> None:
+    async def check() -> bool:
+        return int(await raw.llen(f"{_key(prefix, name)}:queue")) == n
+
+    await eventually(check, what=f"{n} waiter(s) in the queue")
+
+
+@pytest.mark.parametrize("yields", [0, 1, 3])
+@pytest.mark.parametrize("fair", [False, True])
+async def test_waiter_cancelled_while_the_grant_is_in_flight_gives_it_back(
+    url: str, raw: redis.asyncio.Redis, prefix: str, fair: bool, yields: int
+) -> None:
+    """The release hands the lock to B; B is cancelled before, while or after the
+    message arrives: B's abandon gives the hold back and C gets the lock."""
+    name = f"inflight/{int(fair)}{yields}"
+    async with (
+        aiolocks.connect(url) as one,
+        aiolocks.connect(url) as two,
+        aiolocks.connect(url) as three,
+    ):
+        holder = one.mutex(name, fair=fair)
+        await holder.acquire()
+        async def b() -> None:
+            async with two.mutex(name, fair=fair):
+                pass
+
+        b_task = asyncio.create_task(b())
+        await _queued(raw, prefix, name, 1)
+        c_task = asyncio.create_task(_take(three.mutex(name, fair=fair), one, name))
+        await _queued(raw, prefix, name, 2)
+        await holder.release()  # grants B on the server
+        for _ in range(yields):
+            await asyncio.sleep(0)
+        b_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await b_task
+        # B either got in before the cancel (and left) or gave the grant back:
+        # C gets the lock, alone
+        assert await c_task > 0
+        assert await raw.exists(f"{_key(prefix, name)}:queue") == 0
+
+
+async def test_grant_to_a_dead_process_lapses_and_the_next_waiter_is_served(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """The queue head's process is gone (its entry not timed out yet): the
+    release grants it with its own lease, which lapses; then the next one."""
+    name = "deadhead/x"
+    key = _key(prefix, name)
+    async with aiolocks.connect(url) as one, aiolocks.connect(url) as two:
+        holder = one.mutex(name)
+        await holder.acquire()
+        first_token = holder.fencing_token
+        assert first_token is not None
+        now_ms = int((await raw.time())[0]) * 1000
+        ghost = "0ddba11:1|300|ghost"  # a 0.3 s lease, its process gone
+        await raw.rpush(f"{key}:queue", ghost)
+        await raw.zadd(f"{key}:queue-timeouts", {ghost: now_ms + 5000})
+        waiting = asyncio.create_task(_take(two.mutex(name), one, name))
+        await _queued(raw, prefix, name, 2)
+        await holder.release()  # hands the lock to the ghost
+        granted = await raw.hget(key, "0ddba11:1")
+        assert isinstance(granted, str) and granted.endswith("|x|ghost"), granted
+        assert await waiting > first_token
+        assert await raw.hget(key, "0ddba11:1") is None  # the ghost's lease lapsed
+
+
+async def test_grant_message_lost_with_the_pubsub_connection_is_found(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """The waiter's pub/sub connection dies as the release hands it the lock:
+    on resubscribing it looks again and finds the lock is its own."""
+    name = "lostgrant/x"
+    async with aiolocks.connect(url) as one, aiolocks.connect(url) as two:
+        holder = one.mutex(name)
+        await holder.acquire()
+        waiting = asyncio.create_task(_take(two.mutex(name), one, name))
+        await _queued(raw, prefix, name, 1)
+        await asyncio.sleep(0.1)  # listening
+        assert await raw.client_kill_filter(_type="pubsub") >= 1
+        await holder.release()
+        assert await waiting > 0
+
+
+async def test_queued_waiters_take_the_lock_without_trying_again(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """Eight waiters in separate backends queued: each release hands the lock on,
+    so draining them costs one EVALSHA per release and no acquire script."""
+    name = "drain/x"
+    waiters = 8
+    async with contextlib.AsyncExitStack() as stack:
+        backends = [await stack.enter_async_context(aiolocks.connect(url)) for _ in range(9)]
+        holder = backends[0].mutex(name)
+        await holder.acquire()
+        order: list[int] = []
+        tokens: list[int] = []
+        inside = 0
+
+        async def waiter(i: int) -> None:
+            nonlocal inside
+            lock = backends[i + 1].mutex(name)
+            async with lock:
+                inside += 1
+                assert inside == 1
+                order.append(i)
+                assert lock.fencing_token is not None
+                tokens.append(lock.fencing_token)
+                await asyncio.sleep(0.005)
+                inside -= 1
+
+        tasks = []
+        for i in range(waiters):
+            tasks.append(asyncio.create_task(waiter(i)))
+            await _queued(raw, prefix, name, i + 1)
+        await asyncio.sleep(0.2)  # every process listening
+        await raw.config_resetstat()
+        await holder.release()
+        await asyncio.gather(*tasks)
+        calls = await command_calls(raw)
+    assert order == list(range(waiters))  # queue order, even unfair
+    assert tokens == sorted(tokens) and len(set(tokens)) == waiters
+    assert calls["evalsha"] == 1 + waiters, calls
