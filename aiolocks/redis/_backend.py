@@ -17,6 +17,7 @@ from ._driver import (
     RedisDriver,
     RedisNode,
     validate_key_prefix,
+    validate_keyspace_events,
     validate_lease_time,
 )
 from ._redlock import RedlockDriver
@@ -45,6 +46,7 @@ URL_OPTIONS = {
     "key_prefix": _parse_text,
     "min_replicas": _parse_nonnegative_int,
     "connect_timeout": parse_positive_float,
+    "keyspace_events": _parse_text,
 }
 
 
@@ -62,6 +64,8 @@ def _check_options(options: Mapping[str, object]) -> dict[str, Any]:
             out[key] = value
         elif key == "connect_timeout":
             out[key] = validate_lease_time(value, "connect_timeout")
+        elif key == "keyspace_events":
+            out[key] = validate_keyspace_events(value)
         else:
             raise ValueError(
                 f"unknown option {key!r} for a Redis backend "
@@ -422,6 +426,11 @@ class RedisBackend(Backend):
     :param min_replicas: after a lock write, ``WAIT`` for this many replicas
         and fail the acquire if fewer acknowledged (not on Cluster)
     :param connect_timeout: seconds to wait for Redis when opening
+    :param keyspace_events: how a hold deleted or overwritten behind our back
+        is noticed at once: ``"auto"`` (default) turns the server's keyspace
+        notifications on with ``CONFIG SET`` where they are off, ``"listen"``
+        listens to them as the server is configured (no ``CONFIG`` call),
+        ``"off"`` neither (loss is noticed at the next renewal)
     """
 
     def __init__(
@@ -432,6 +441,7 @@ class RedisBackend(Backend):
         key_prefix: str = DEFAULT_KEY_PREFIX,
         min_replicas: int = 0,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        keyspace_events: str = "auto",
     ) -> None:
         opts = _check_options(
             {
@@ -439,6 +449,7 @@ class RedisBackend(Backend):
                 "key_prefix": key_prefix,
                 "min_replicas": min_replicas,
                 "connect_timeout": connect_timeout,
+                "keyspace_events": keyspace_events,
             }
         )
         cluster = hasattr(client, "get_nodes")
@@ -453,6 +464,7 @@ class RedisBackend(Backend):
             connect_timeout=opts["connect_timeout"],
             min_replicas=opts["min_replicas"],
             cluster=cluster,
+            keyspace_events=opts["keyspace_events"],
         )
         super().__init__(
             RedisDriver(node, lease_time=opts["lease_time"], key_prefix=opts["key_prefix"])
@@ -486,7 +498,8 @@ def from_url(url: str, **options: object) -> Backend:
     ``redis+sentinel://h1:26379,h2/<service>[/db]``,
     ``redis+cluster://h1:7000,h2:7001``, ``redlock://h1:6379,h2:6380,h3:6381[/db]``.
     Query options and keywords: ``lease_time``, ``key_prefix``,
-    ``min_replicas``, ``connect_timeout``.
+    ``min_replicas``, ``connect_timeout``, ``keyspace_events``
+    (``auto``/``listen``/``off``).
     """
     scheme = url.partition("://")[0] if isinstance(url, str) else ""
     default_port = 26379 if scheme == "redis+sentinel" else 6379
@@ -496,6 +509,7 @@ def from_url(url: str, **options: object) -> Backend:
     key_prefix = opts.get("key_prefix", DEFAULT_KEY_PREFIX)
     min_replicas = opts.get("min_replicas", 0)
     connect_timeout = opts.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
+    keyspace_events = opts.get("keyspace_events", "auto")
     path = parsed.path.lstrip("/")
     hosts = parsed.hosts
     kwargs = _client_kwargs(parsed, connect_timeout, retries=1)
@@ -526,6 +540,7 @@ def from_url(url: str, **options: object) -> Backend:
             describe=describe,
             connect_timeout=connect_timeout,
             min_replicas=min_replicas,
+            keyspace_events=keyspace_events,
         )
         return RedisBackend._around(
             RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
@@ -578,6 +593,7 @@ def from_url(url: str, **options: object) -> Backend:
             connect_timeout=connect_timeout,
             min_replicas=min_replicas,
             on_close=close_sentinels,
+            keyspace_events=keyspace_events,
         )
         return RedisBackend._around(
             RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
@@ -613,6 +629,7 @@ def from_url(url: str, **options: object) -> Backend:
             describe=describe,
             connect_timeout=connect_timeout,
             cluster=True,
+            keyspace_events=keyspace_events,
         )
         return RedisBackend._around(
             RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
@@ -644,6 +661,7 @@ def from_url(url: str, **options: object) -> Backend:
                 owns_client=True,
                 describe=f"redis://{host}/{db}",
                 connect_timeout=connect_timeout,
+                keyspace_events=keyspace_events,
             )
         )
     describe = f"redlock://{','.join(map(str, hosts))}/{db}"

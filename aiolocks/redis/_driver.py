@@ -149,6 +149,19 @@ def validate_lease_time(value: object, what: str = "lease_time") -> float:
     return lease
 
 
+#: values of the ``keyspace_events`` option
+KEYSPACE_EVENTS = ("auto", "listen", "off")
+
+
+def validate_keyspace_events(value: object) -> str:
+    """``keyspace_events``: one of ``auto``, ``listen``, ``off``; ``ValueError`` otherwise."""
+    if not isinstance(value, str) or value not in KEYSPACE_EVENTS:
+        raise ValueError(
+            f"keyspace_events must be one of {', '.join(KEYSPACE_EVENTS)}, got {value!r}"
+        )
+    return value
+
+
 def validate_key_prefix(value: object) -> str:
     """Any text without ``{``/``}`` (they would steal the hash tag)."""
     if not isinstance(value, str):
@@ -265,6 +278,7 @@ class RedisNode:
         min_replicas: int = 0,
         cluster: bool = False,
         on_close: Callable[[], Awaitable[None]] | None = None,
+        keyspace_events: str = "auto",
     ) -> None:
         self._make_client = make_client
         self._on_close = on_close
@@ -276,9 +290,18 @@ class RedisNode:
         self.client: Any = None
         self.scripts: Scripts | None = None
         self.hub: PubSubHub | None = None
-        #: keyspace notifications: None not checked yet, True on, False refused
-        self.loss_events: bool | None = None
+        #: ``auto``: turn keyspace notifications on (CONFIG); ``listen``: use
+        #: them as the server is configured; ``off``: renewal timing only
+        self.keyspace_events = validate_keyspace_events(keyspace_events)
+        #: keyspace notifications: None not checked yet, True on, False refused/off
+        self.loss_events: bool | None = False if self.keyspace_events == "off" else None
         self._loss_events_task: asyncio.Task[None] | None = None
+        #: scripts on the wire (close() lets them finish before closing the client)
+        self._busy = 0
+        self._idle: asyncio.Event | None = None
+        #: on a cluster: one pub/sub hub per master that owns a held key
+        #: (keyspace events are published on the key's node only), by node name
+        self._keyspace_hubs: dict[str, PubSubHub] = {}
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -305,9 +328,23 @@ class RedisNode:
             raise BackendUnavailableError(f"cannot reach Redis {self.describe}: {exc}") from exc
 
     async def close(self) -> None:
-        """Stop pub/sub, close the client if we made it."""
+        """Let scripts on the wire finish, stop pub/sub, close the client if we made it.
+
+        A release still running in a holder's task (its block was ended by
+        the close) would otherwise take a connection, or make one, after the
+        client closed its pool: a socket nobody closes.
+        """
+        if self._busy:
+            self._idle = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.connect_timeout):
+                    await self._idle.wait()
+        hubs = [*self._keyspace_hubs.values()]
+        self._keyspace_hubs.clear()
         if self.hub is not None:
-            await self.hub.close()
+            hubs.append(self.hub)
+        for hub in hubs:
+            await hub.close()
         if self._owns_client and self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.aclose()
@@ -317,18 +354,50 @@ class RedisNode:
     # -- keyspace events (prompt loss) ------------------------------------------
 
     def keyspace_channel(self, key: str) -> str | None:
-        """The keyspace-notification channel of ``key``, or None where we do not use them.
+        """The keyspace channel of ``key`` on the backend's own pub/sub connection, or None.
 
-        On a cluster the notifications stay on the node that owns the key,
-        which our single pub/sub connection need not be on: renewal timing only.
+        None on a cluster: there the events of a key are published only on the
+        node that owns its slot (see :meth:`keyspace_watch`), which the shared
+        connection need not be on.
         """
         if self.cluster or self.loss_events is False or self.client is None:
             return None
         db = self.client.connection_pool.connection_kwargs.get("db", 0)
         return f"__keyspace@{db}__:{key}"
 
+    def keyspace_watch(self, key: str) -> tuple[PubSubHub, str] | None:
+        """Where to hear ``key``'s keyspace events: a hub and a channel, or None. No I/O.
+
+        A single server or Sentinel master: the backend's pub/sub connection.
+        A cluster: a pub/sub connection to the master that owns ``key``'s
+        slot (one per master, made at its first hold), as redis-py's slot
+        map knows it now; a MOVED reply or a failover updates that map, and
+        the hold moves its subscription at the next reconnect or check.
+        """
+        if self.loss_events is False or self.client is None or self.hub is None:
+            return None
+        if not self.cluster:
+            channel = self.keyspace_channel(key)
+            return None if channel is None else (self.hub, channel)
+        try:
+            owner = self.client.get_node_from_key(key)
+        except (RedisError, LookupError, AttributeError):
+            return None  # no slot map yet: renewal timing
+        if owner is None:
+            return None
+        hub = self._keyspace_hubs.get(owner.name)
+        if hub is None:
+            hub = self._keyspace_hubs[owner.name] = PubSubHub(
+                functools.partial(self.client.pubsub, node=owner),
+                describe=f"{self.describe} node {owner.name}",
+                timeout=self.connect_timeout,
+            )
+        return hub, f"__keyspace@0__:{key}"
+
     def ensure_loss_events(self, spawn: Callable[[Coroutine[Any, Any, None], str], Any]) -> None:
         """Once per node: make sure the server publishes the events we listen to."""
+        if self.loss_events is None and self.keyspace_events == "listen":
+            self.loss_events = True  # configured by the operator: no CONFIG call
         if self.loss_events is None and self._loss_events_task is None:
             self._loss_events_task = spawn(
                 self._enable_loss_events(), f"aiolocks-redis-keyspace-events:{self.describe}"
@@ -337,25 +406,46 @@ class RedisNode:
     async def _enable_loss_events(self) -> None:
         """Add ``K`` (keyspace channel) and ``g h x e`` (generic, hash, expired,
         evicted) to ``notify-keyspace-events``, keeping what is there; warn once
-        and fall back to renewal timing if the server will not have it."""
+        and fall back to renewal timing if the server will not have it.
+
+        On a cluster every node (replicas too, so that a promoted replica
+        publishes as well) is configured on its own."""
         try:
-            current = await self.client.config_get("notify-keyspace-events")
-            flags = _text(next(iter(current.values()), "")) if current else ""
-            have = set(flags.replace("A", "g$lshzxetd"))
-            missing = [c for c in LOSS_EVENT_FLAGS if c not in have]
-            if missing:
-                await self.client.config_set("notify-keyspace-events", flags + "".join(missing))
+            changed = False
+            if self.cluster:
+                for node in self.client.get_nodes():
+                    changed = await self._enable_on(target_nodes=node) or changed
+            else:
+                changed = await self._enable_on()
         except (RedisError, OSError) as exc:
             self.loss_events = False
             logger.warning(
                 "Redis %s will not publish keyspace events (%s): a hold deleted or "
                 "overwritten behind our back is noticed at its next renewal (a third "
-                "of lease_time), not at once",
+                "of lease_time), not at once (keyspace_events=listen or off skips "
+                "the CONFIG call)",
                 self.describe,
                 exc,
             )
             return
         self.loss_events = True
+        if changed:
+            # A key changed before the server published its events would go
+            # unnoticed until the renewal: the holds watching now look once.
+            for hub in (self.hub, *self._keyspace_hubs.values()):
+                if hub is not None:
+                    hub.nudge_listeners()
+
+    async def _enable_on(self, **target: Any) -> bool:
+        """Add the missing flags on one server; True if it had to be changed."""
+        current = await self.client.config_get("notify-keyspace-events", **target)
+        flags = _text(next(iter(current.values()), "")) if current else ""
+        have = set(flags.replace("A", "g$lshzxetd"))
+        missing = [c for c in LOSS_EVENT_FLAGS if c not in have]
+        if missing:
+            flags += "".join(missing)
+            await self.client.config_set("notify-keyspace-events", flags, **target)
+        return bool(missing)
 
     # -- commands ------------------------------------------------------------
 
@@ -368,11 +458,16 @@ class RedisNode:
         """
         assert self.scripts is not None
         sha = getattr(self.scripts, script).sha
+        self._busy += 1
         try:
             return await self.client.evalsha(sha, len(keys), *keys, *args)
         except NoScriptError:
             await self.client.script_load(source(script))
             return await self.client.evalsha(sha, len(keys), *keys, *args)
+        finally:
+            self._busy -= 1
+            if not self._busy and self._idle is not None:
+                self._idle.set()
 
     async def try_acquire(self, keys: LockKeys, args: Sequence[object]) -> tuple[list[Any], int]:
         """Run ``acquire.lua`` (and ``WAIT`` when ``min_replicas``); returns (reply, acked)."""
@@ -880,7 +975,13 @@ class RedisDriver:
             hub.drop_idle(companion)
 
     async def abandon(self, attempt: Attempt) -> None:
-        """Delete our fields and queue entry, with a tombstone if a script is unanswered."""
+        """Delete our fields and queue entry, with a tombstone if a script is unanswered.
+
+        Not after close: nothing is sent on a closed client (it would open a
+        new connection that nobody closes); what the attempt wrote lapses
+        with its lease or queue timeout."""
+        if self._closed:
+            return
         await self.node.abandon(cast(RedisAttempt, attempt))
 
     def finish(self, attempt: Attempt) -> None:
@@ -927,10 +1028,12 @@ class RedisDriver:
         marked lost at once, without waiting for the next renewal. No I/O
         here: the grant goes straight to the engine.
         """
-        hub = self.node.hub
-        channel = self.node.keyspace_channel(hold.keys.holders)
-        if hub is None or channel is None or hold.watchdog is None:
+        if hold.watchdog is None or hold.released:
             return
+        where = self.node.keyspace_watch(hold.keys.holders)
+        if where is None:
+            return
+        hub, channel = where
         self.node.ensure_loss_events(self._spawn)
 
         def changed(event: str | None) -> None:
@@ -942,13 +1045,19 @@ class RedisDriver:
                 hold.recheck = True
                 return
             hold.checking = True
-            self._spawn(self._check_hold(hold), f"aiolocks-redis-check:{hold.keys.holders}")
+            self._spawn(
+                self._check_hold(hold, hub), f"aiolocks-redis-check:{hold.keys.holders}"
+            )
 
         hub.watch(channel, changed)
         hold.on_stop = functools.partial(hub.unwatch, channel, changed)
 
-    async def _check_hold(self, hold: RedisHold) -> None:
-        """Read our field; mark the grant lost if it is gone, lapsed or of another type."""
+    async def _check_hold(self, hold: RedisHold, hub: PubSubHub | None = None) -> None:
+        """Read our field; mark the grant lost if it is gone, lapsed or of another type.
+
+        On a cluster, a hold whose key has moved to another master since it
+        subscribed (slot migration, failover) then listens on the new owner.
+        """
         try:
             while not hold.released:
                 hold.recheck = False
@@ -963,9 +1072,15 @@ class RedisDriver:
                     self._lose(hold, GONE)
                     return
                 if not hold.recheck:
-                    return
+                    break
         finally:
             hold.checking = False
+        if hub is not None and self.node.cluster and not hold.released:
+            where = self.node.keyspace_watch(hold.keys.holders)
+            if where is not None and where[0] is not hub and hold.on_stop is not None:
+                on_stop, hold.on_stop = hold.on_stop, None
+                on_stop()
+                self._watch_key(hold)
 
     def _lose(self, hold: RedisHold, reason: str) -> None:
         renewal = hold.watchdog
@@ -987,6 +1102,11 @@ class RedisDriver:
         # Stop the watchdog *before* sending the unlock (Redisson #7272).
         hold.stop()
         self._holds.discard(hold)
+        if self._closed:
+            # Closing the backend released every hold first; a release after
+            # close (the body of a hold the close ended, leaving its block)
+            # must not reopen a connection on the closed client.
+            return True
         backoff = Backoff(time.monotonic() + min(hold.lease, self.node.connect_timeout), cap=0.5)
         # After a connection error the script may have run: a later "nothing
         # to delete" then proves nothing, unless the server refused it unrun.

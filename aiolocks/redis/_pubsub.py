@@ -292,6 +292,11 @@ class PubSubHub:
         entry.listeners[listener] = None
         entry.linger = True
 
+    def nudge_listeners(self) -> None:
+        """Call every listener with None, as after a resubscription (they look again). No I/O."""
+        for entry in list(self._channels.values()):
+            entry.notify(None)
+
     def unwatch(self, channel: str, listener: Callable[[str | None], None]) -> None:
         """Stop calling ``listener``; unsubscribes when nobody is left. No I/O; idempotent."""
         entry = self._channels.get(channel)

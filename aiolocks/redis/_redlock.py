@@ -45,7 +45,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast, final
+from typing import TYPE_CHECKING, Any, TypeVar, cast, final
 
 from redis.exceptions import RedisError
 
@@ -80,6 +80,57 @@ __all__ = ["RedlockDriver"]
 logger = logging.getLogger("aiolocks.redis")
 
 REDLOCK_FAMILIES = (Family.MUTEX, Family.SEMAPHORE_MUTEX, Family.LEADER)
+
+
+T = TypeVar("T")
+
+
+async def _on_every_master(
+    coros: Sequence[Coroutine[Any, Any, T]], *, return_exceptions: bool = False
+) -> list[Any]:
+    """``asyncio.gather`` for the per-master calls, keeping the caller's cancellation intact.
+
+    When the caller is cancelled, ``gather`` may raise a new, bare
+    ``CancelledError`` (the one of whichever call finished last) instead of
+    the one the caller was cancelled with. anyio's cancel scopes recognise
+    their own cancellation by its message, so a bare one escapes a
+    ``move_on_after`` block as an error. Here the calls run as tasks, the
+    caller's own ``CancelledError`` is re-raised once every call has
+    finished (they are cancelled, and they record what they may have
+    written on the way), and repeated cancel deliveries meanwhile (anyio
+    re-delivers until the scope is left) are absorbed.
+    """
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(coro) for coro in coros]
+    if not tasks:
+        return []
+    try:
+        await asyncio.wait(tasks)
+    except asyncio.CancelledError:
+        for task in tasks:
+            task.cancel()
+        while not all(task.done() for task in tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait(tasks)
+        for task in tasks:  # retrieved: the caller's cancellation is what counts
+            if not task.cancelled():
+                task.exception()
+        raise
+    results: list[Any] = []
+    for task in tasks:
+        if task.cancelled():
+            if not return_exceptions:
+                raise asyncio.CancelledError()  # a call cancelled by somebody else
+            results.append(asyncio.CancelledError())
+            continue
+        exc = task.exception()
+        if exc is not None:
+            if not return_exceptions:
+                raise exc
+            results.append(exc)
+        else:
+            results.append(task.result())
+    return results
 
 
 @final
@@ -191,8 +242,8 @@ class RedlockDriver:
         a.wake.clear()
         timeout = self._node_timeout(a.lease)
         start = time.monotonic()
-        results = await asyncio.gather(
-            *(self._try_node(i, node, a, timeout) for i, node in enumerate(self.nodes))
+        results = await _on_every_master(
+            [self._try_node(i, node, a, timeout) for i, node in enumerate(self.nodes)]
         )
         validity = a.lease - (time.monotonic() - start) - self.drift(a.lease)
         tokens = [value for kind, value in results if kind == "ok"]
@@ -256,8 +307,8 @@ class RedlockDriver:
             if done:
                 a.written[index] = False
 
-        await asyncio.gather(
-            *(one(i, node) for i, node in enumerate(self.nodes) if a.written[i]),
+        await _on_every_master(
+            [one(i, node) for i, node in enumerate(self.nodes) if a.written[i]],
             return_exceptions=True,
         )
 
@@ -328,7 +379,12 @@ class RedlockDriver:
             await asyncio.sleep(random.uniform(0, 0.005))
 
     async def abandon(self, attempt: Attempt) -> None:
-        """Give back our field on every master that may hold it (tombstones where unanswered)."""
+        """Give back our field on every master that may hold it (tombstones where unanswered).
+
+        Not after close: a closed client would open connections nobody closes;
+        what the attempt wrote lapses with its lease."""
+        if self._closed:
+            return
         await self._give_back(cast(_RedlockAttempt, attempt), None)
 
     def finish(self, attempt: Attempt) -> None:
@@ -396,13 +452,15 @@ class RedlockDriver:
             return True
         hold.stop()
         self._holds.discard(hold)
+        if self._closed:
+            return True  # released when the backend closed; no I/O on closed clients
         # Each master within a short bound: a dead one must not hold the
         # release up (its copy lapses with the lease).
-        await asyncio.gather(
-            *(
+        await _on_every_master(
+            [
                 self._clean_node(node, hold.keys, hold.field, hold.lease, tombstone=False)
                 for node in self.nodes
-            ),
+            ],
             return_exceptions=True,
         )
         return True
@@ -422,7 +480,7 @@ class RedlockDriver:
             except (RedisError, OSError):
                 return None
 
-        views = await asyncio.gather(*(one(n) for n in self.nodes))
+        views = await _on_every_master([one(n) for n in self.nodes])
         seen: dict[str, list[Participant]] = {}
         for view in views:
             for p in view or ():

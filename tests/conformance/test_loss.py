@@ -21,7 +21,13 @@ from .conftest import settle, wait_until
 
 pytestmark = pytest.mark.asyncio
 
-LOCK_KINDS = ["mutex", "semaphore_mutex", "write", "read"]
+#: every kind of exclusive hold; the read/write halves only where the backend has them
+LOCK_KINDS = [
+    "mutex",
+    "semaphore_mutex",
+    pytest.param("write", marks=pytest.mark.primitives("read_write_lock")),
+    pytest.param("read", marks=pytest.mark.primitives("read_write_lock")),
+]
 
 
 def _lock(backend: aiolocks.Backend, kind: str, name: str) -> aiolocks.Lock:
@@ -46,9 +52,8 @@ async def test_explicit_release_of_a_lost_hold_raises_after_cleanup(
 ) -> None:
     name = names()
     lock = _lock(backend, kind, name)
-    rival = other_backend.mutex(name) if kind == "mutex" else _lock(other_backend, "write", name)
-    if kind == "semaphore_mutex":
-        rival = other_backend.semaphore_mutex(name)
+    # a rival that excludes ``lock``: the same kind, or a writer against a reader
+    rival = _lock(other_backend, "write" if kind == "read" else kind, name)
     steps: list[str] = []
     with pytest.raises(aiolocks.LockLostError, match="was lost while it was held") as info:
         if await lock.acquire(timeout=10):
@@ -170,6 +175,7 @@ async def test_cancelled_release_of_a_lost_hold_still_cleans_up(
     await rival.release()
 
 
+@pytest.mark.primitives("semaphore")
 async def test_lease_explicit_release_raises_once(
     backend: aiolocks.Backend, other_backend: aiolocks.Backend, names: Callable[[], str]
 ) -> None:
@@ -188,6 +194,7 @@ async def test_lease_explicit_release_raises_once(
     await lease.release()  # idempotent: the loss was reported once
 
 
+@pytest.mark.primitives("semaphore")
 async def test_lease_async_with_raises_lock_lost(
     backend: aiolocks.Backend, names: Callable[[], str]
 ) -> None:

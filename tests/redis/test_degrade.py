@@ -17,7 +17,10 @@ pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
 
 async def test_default_raise_when_the_server_is_stopped(redis_restartable: RedisServer) -> None:
-    async with aiolocks.connect(redis_restartable.url, connect_timeout=1) as backend:
+    # A short lease: the failed attempt's clean-up retries until the lease
+    # would have lapsed (30 s by default) before the error reaches the caller.
+    url = redis_restartable.url
+    async with aiolocks.connect(url, connect_timeout=1, lease_time=2) as backend:
         assert backend.on_unavailable == "raise"
         await asyncio.to_thread(redis_restartable.stop)
         lock = backend.mutex("dg/raise")
