@@ -52,6 +52,19 @@ T = TypeVar("T")
 
 logger = logging.getLogger("aiolocks")
 
+#: How long an acquire that failed with an error waits for its attempt's
+#: clean-up before the error reaches the caller (the rest runs in the
+#: background; see ``Engine._attempt``).
+ERROR_CLEANUP_WAIT = 1.0
+
+
+def _log_abandon_failure(task: asyncio.Future[Any], name: str) -> None:
+    """Warn when an attempt's clean-up (``driver.abandon``) failed."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning(
+            "giving up an acquire of %r left something behind", name, exc_info=task.exception()
+        )
+
 Ledger = dict[asyncio.Task[object], "Hold"]
 
 
@@ -328,7 +341,12 @@ class Engine:
                     log_errors=False,
                 )
                 raise
-            cancelled = await self._abandon(driver, attempt)
+            # An error reaches the caller after at most ERROR_CLEANUP_WAIT of
+            # clean-up: with the server down, the clean-up retries until the
+            # attempt's lease would have lapsed, and goes on in its owned task
+            # (cancelled at close). A cancellation waits for it to finish.
+            bound = ERROR_CLEANUP_WAIT if isinstance(exc, Exception) else None
+            cancelled = await self._abandon(driver, attempt, bound)
             if self.hooks:
                 if isinstance(exc, asyncio.CancelledError):
                     self.emit("cancelled", request, wait_time=time.monotonic() - started)
@@ -497,20 +515,25 @@ class Engine:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def _abandon(self, driver: Driver, attempt: Attempt) -> asyncio.CancelledError | None:
-        """Run ``driver.abandon`` to completion in an owned task, through cancellations."""
+    async def _abandon(
+        self, driver: Driver, attempt: Attempt, bound: float | None = None
+    ) -> asyncio.CancelledError | None:
+        """Run ``driver.abandon`` in an owned task, through cancellations.
+
+        Waits for it to finish, or for ``bound`` seconds when given (the task
+        goes on in the owned task set; a failure is logged when it ends).
+        """
         task = self.tasks.spawn(
             driver.abandon(attempt),
             name=f"aiolocks-abandon:{attempt.request.family.value}:{attempt.request.name}",
             log_errors=False,
         )
-        cancelled = await wait_finished(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.warning(
-                "giving up an acquire of %r left something behind",
-                attempt.request.name,
-                exc_info=task.exception(),
-            )
+        name = attempt.request.name
+        cancelled = await wait_finished(task, timeout=bound)
+        if task.done():
+            _log_abandon_failure(task, name)
+        else:
+            task.add_done_callback(lambda done: _log_abandon_failure(done, name))
         return cancelled
 
     # -- release --------------------------------------------------------------

@@ -31,6 +31,35 @@ async def test_default_raise_when_the_server_is_stopped(redis_restartable: Redis
         await asyncio.to_thread(redis_restartable.start)
 
 
+async def test_an_error_does_not_wait_for_the_clean_up_to_give_up(
+    redis_restartable: RedisServer,
+) -> None:
+    # With the server down, the failed attempt's clean-up retries until its
+    # lease would have lapsed (here 10 minutes); the error reaches the caller
+    # at once and the clean-up goes on in the backend's own task until close.
+    def cleanups() -> list[asyncio.Task[object]]:
+        return [
+            t
+            for t in asyncio.all_tasks()
+            if t.get_name().startswith("aiolocks-abandon:") and not t.done()
+        ]
+
+    url = redis_restartable.url
+    backend = await aiolocks.connect(url, connect_timeout=1, lease_time=600)
+    try:
+        await asyncio.to_thread(redis_restartable.stop)
+        lock = backend.mutex("dg/error-cleanup")
+        async with asyncio.timeout(120):  # a hang guard, far below the lease
+            with pytest.raises(aiolocks.BackendUnavailableError):
+                await lock.acquire(timeout=2)
+        assert len(cleanups()) == 1  # still retrying, but not in the caller
+        assert not lock.is_owned_by_current_task()
+    finally:
+        await backend.close()
+        await asyncio.to_thread(redis_restartable.start)
+    assert cleanups() == []  # close ended it
+
+
 async def test_local_fallback_excludes_tasks_of_this_process_and_recovers(
     redis_restartable: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
