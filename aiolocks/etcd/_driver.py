@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
 from .._core.participants import Participant
+from .._core.states import StateFeed
 from .._core.tasks import TaskSet
 from ._client import (
     CompactedError,
@@ -230,9 +231,7 @@ class EtcdDriver:
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: _Session | None = None
         self._session_lock = asyncio.Lock()
-        self._state: ConnectionState | None = None
-        self._listeners: list[Callable[[ConnectionState], object]] = []
-        self._queues: set[asyncio.Queue[ConnectionState | None]] = set()
+        self._states: StateFeed[ConnectionState] = StateFeed()
         self._closing = False
         self._timers: set[asyncio.TimerHandle] = set()
 
@@ -303,8 +302,7 @@ class EtcdDriver:
     async def close(self) -> None:
         """Revoke the session lease (its keys go at once) and disconnect our own client."""
         self._closing = True
-        for queue in list(self._queues):
-            queue.put_nowait(None)
+        self._states.close()
         for timer in list(self._timers):
             timer.cancel()
         self._timers.clear()
@@ -341,7 +339,7 @@ class EtcdDriver:
             holder.append(session)
             self._session = session
             if not self._closing:
-                first = self._state is None
+                first = self._states.state is None
                 self._emit(ConnectionState.CONNECTED if first else ConnectionState.RECONNECTED)
             return session
 
@@ -349,11 +347,11 @@ class EtcdDriver:
         for grant in session.grants:
             grant.valid_until = deadline  # loop.time() is time.monotonic() here
             grant.note_renewed()
-        if self._session is session and self._state is ConnectionState.SUSPENDED:
+        if self._session is session and self._states.state is ConnectionState.SUSPENDED:
             self._emit(ConnectionState.RECONNECTED)
 
     def _session_failing(self, session: _Session, detail: str) -> None:
-        if self._session is session and self._state in (
+        if self._session is session and self._states.state in (
             ConnectionState.CONNECTED,
             ConnectionState.RECONNECTED,
         ):
@@ -389,40 +387,18 @@ class EtcdDriver:
     @property
     def connection_state(self) -> ConnectionState | None:
         """The last connection state (``None`` before ``open()``)."""
-        return self._state
+        return self._states.state
 
     def _emit(self, state: ConnectionState) -> None:
-        self._state = state
-        for queue in list(self._queues):
-            queue.put_nowait(state)
-        for listener in list(self._listeners):
-            try:
-                listener(state)
-            except Exception:
-                _log.exception("connection state listener %r failed", listener)
+        self._states.publish(state)
 
     def add_listener(self, listener: Callable[[ConnectionState], object]) -> Callable[[], None]:
         """Call ``listener(state)`` on every state change; returns a remover."""
-        self._listeners.append(listener)
+        return self._states.add_listener(listener)
 
-        def remove() -> None:
-            with contextlib.suppress(ValueError):
-                self._listeners.remove(listener)
-
-        return remove
-
-    async def states(self) -> AsyncIterator[ConnectionState]:
+    def states(self) -> AsyncIterator[ConnectionState]:
         """Yield every state change from now on, until the driver closes."""
-        queue: asyncio.Queue[ConnectionState | None] = asyncio.Queue()
-        self._queues.add(queue)
-        try:
-            while not self._closing:
-                state = await queue.get()
-                if state is None:
-                    return
-                yield state
-        finally:
-            self._queues.discard(queue)
+        return self._states.states()
 
     # -- the attempt lifecycle
 

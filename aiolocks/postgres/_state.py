@@ -17,15 +17,12 @@ when a hold expired because no renewal got through in time.
 
 from __future__ import annotations
 
-import asyncio
 import enum
-import logging
-from collections.abc import AsyncIterator, Callable
 from typing import final
 
-__all__ = ["ConnectionState", "StateBroadcaster"]
+from .._core.states import StateFeed
 
-logger = logging.getLogger("aiolocks.postgres")
+__all__ = ["ConnectionState", "StateBroadcaster"]
 
 
 class ConnectionState(enum.Enum):
@@ -38,26 +35,8 @@ class ConnectionState(enum.Enum):
 
 
 @final
-class StateBroadcaster:
-    """The current state, its listeners and iterators."""
-
-    def __init__(self) -> None:
-        self.state: ConnectionState | None = None
-        self._listeners: list[Callable[[ConnectionState], object]] = []
-        self._queues: set[asyncio.Queue[ConnectionState | None]] = set()
-
-    def set(self, state: ConnectionState) -> None:
-        """Move to ``state`` (nothing happens when it is the current one) and tell everyone."""
-        if state is self.state:
-            return
-        self.state = state
-        for listener in list(self._listeners):
-            try:
-                listener(state)
-            except Exception:
-                logger.exception("a connection-state listener failed")
-        for queue in self._queues:
-            queue.put_nowait(state)
+class StateBroadcaster(StateFeed[ConnectionState]):
+    """The current state, its listeners and iterators (see :class:`StateFeed`)."""
 
     def connected(self) -> None:
         """A working session (or statement) again: ``CONNECTED`` first, then ``RECONNECTED``."""
@@ -65,31 +44,3 @@ class StateBroadcaster:
             self.set(ConnectionState.CONNECTED)
         elif self.state in (ConnectionState.SUSPENDED, ConnectionState.LOST):
             self.set(ConnectionState.RECONNECTED)
-
-    def add_listener(self, listener: Callable[[ConnectionState], object]) -> Callable[[], None]:
-        """Call ``listener(state)`` on every change; returns a remover."""
-        self._listeners.append(listener)
-
-        def remove() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return remove
-
-    async def states(self) -> AsyncIterator[ConnectionState]:
-        """Yield every change from now on, until :meth:`close`."""
-        queue: asyncio.Queue[ConnectionState | None] = asyncio.Queue()
-        self._queues.add(queue)
-        try:
-            while True:
-                state = await queue.get()
-                if state is None:
-                    return
-                yield state
-        finally:
-            self._queues.discard(queue)
-
-    def close(self) -> None:
-        """End every iterator (the backend closed)."""
-        for queue in self._queues:
-            queue.put_nowait(None)

@@ -551,9 +551,7 @@ class ZooKeeperDriver:
                 remove_monitor()
             elif self._monitor is not None:
                 # added before open(): open() registered it on the monitor
-                self._monitor._listeners[:] = [
-                    x for x in self._monitor._listeners if x is not listener
-                ]
+                self._monitor.remove_listener(listener)
 
         return remove
 

@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import time
@@ -33,6 +32,7 @@ from typing import Any, Final
 from aiozk import exc as zk_exc
 
 from .._core.errors import BackendUnavailableError
+from .._core.states import StateFeed
 from .._core.tasks import wait_done
 from ._connection import SessionClient
 
@@ -151,14 +151,12 @@ class SessionMonitor:
         self._on_lost = on_lost
         self._wakers: set[asyncio.Future[None]] = set()
         self._waker_count = 0
-        self._queues: set[asyncio.Queue[ConnectionState | None]] = set()
-        self._listeners: list[Callable[[ConnectionState], object]] = []
+        self._states: StateFeed[ConnectionState] = StateFeed()
         #: session id we consider current (None before the first connection)
         self.session_id: int | None = None
         self._suspended = False
         self._lost_locally = False
         self._expiry_timer: asyncio.TimerHandle | None = None
-        self.state: ConnectionState | None = None
         self._closed = False
         self._closed_fut: asyncio.Future[None] | None = None
 
@@ -181,8 +179,7 @@ class SessionMonitor:
             self._closed_fut.set_result(None)
         self._cancel_timer()
         self.wake_all()
-        for queue in list(self._queues):
-            queue.put_nowait(None)
+        self._states.close()
 
     # -- what the session reports ---------------------------------------------------
 
@@ -265,39 +262,26 @@ class SessionMonitor:
             self._expiry_timer = None
 
     def _emit(self, state: ConnectionState) -> None:
-        self.state = state
-        for queue in list(self._queues):
-            queue.put_nowait(state)
-        for listener in list(self._listeners):
-            try:
-                listener(state)
-            except Exception:
-                logger.exception("connection state listener %r failed", listener)
+        self._states.publish(state)
+
+    @property
+    def state(self) -> ConnectionState | None:
+        """The last state reported (``None`` before :meth:`start`)."""
+        return self._states.state
 
     # -- user API ------------------------------------------------------------
 
     def add_listener(self, listener: Callable[[ConnectionState], object]) -> Callable[[], None]:
         """Call ``listener(state)`` on every state change; returns a remover."""
-        self._listeners.append(listener)
+        return self._states.add_listener(listener)
 
-        def remove() -> None:
-            with contextlib.suppress(ValueError):
-                self._listeners.remove(listener)
+    def remove_listener(self, listener: Callable[[ConnectionState], object]) -> None:
+        """Stop calling ``listener`` (nothing happens if it is not registered)."""
+        self._states.remove_listener(listener)
 
-        return remove
-
-    async def states(self) -> AsyncIterator[ConnectionState]:
+    def states(self) -> AsyncIterator[ConnectionState]:
         """Yield every state change from now on, until the backend closes."""
-        queue: asyncio.Queue[ConnectionState | None] = asyncio.Queue()
-        self._queues.add(queue)
-        try:
-            while True:
-                state = await queue.get()
-                if state is None:
-                    return
-                yield state
-        finally:
-            self._queues.discard(queue)
+        return self._states.states()
 
     # -- waiters -------------------------------------------------------------
 

@@ -1,0 +1,75 @@
+"""A backend's connection state, its listeners and its async iterators.
+
+ZooKeeper, etcd and PostgreSQL each report a session state (``CONNECTED``,
+``SUSPENDED``, ``RECONNECTED``, ``LOST``); the fan-out to
+``add_connection_listener`` callbacks and ``connection_states()`` iterators is
+the same everywhere and lives here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Generic, TypeVar
+
+__all__ = ["StateFeed"]
+
+logger = logging.getLogger("aiolocks")
+
+S = TypeVar("S")
+
+
+class StateFeed(Generic[S]):
+    """The current state; every change goes to each listener and iterator."""
+
+    def __init__(self) -> None:
+        self.state: S | None = None
+        self._listeners: list[Callable[[S], object]] = []
+        self._queues: set[asyncio.Queue[S | None]] = set()
+
+    def set(self, state: S) -> None:
+        """Move to ``state`` (nothing happens when it is the current one) and tell everyone."""
+        if state is not self.state:
+            self.publish(state)
+
+    def publish(self, state: S) -> None:
+        """Make ``state`` current and tell everyone, even when it already was."""
+        self.state = state
+        for queue in list(self._queues):
+            queue.put_nowait(state)
+        for listener in list(self._listeners):
+            try:
+                listener(state)
+            except Exception:
+                logger.exception("connection state listener %r failed", listener)
+
+    def add_listener(self, listener: Callable[[S], object]) -> Callable[[], None]:
+        """Call ``listener(state)`` on every change; returns a remover."""
+        self._listeners.append(listener)
+
+        return lambda: self.remove_listener(listener)
+
+    def remove_listener(self, listener: Callable[[S], object]) -> None:
+        """Stop calling ``listener`` (nothing happens if it is not registered)."""
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
+    async def states(self) -> AsyncIterator[S]:
+        """Yield every change from now on, until :meth:`close`."""
+        queue: asyncio.Queue[S | None] = asyncio.Queue()
+        self._queues.add(queue)
+        try:
+            while True:
+                state = await queue.get()
+                if state is None:
+                    return
+                yield state
+        finally:
+            self._queues.discard(queue)
+
+    def close(self) -> None:
+        """End every iterator (the backend closed)."""
+        for queue in list(self._queues):
+            queue.put_nowait(None)
