@@ -81,6 +81,7 @@ from .._core.errors import BackendUnavailableError, LockError
 from .._core.options import check_portable_options
 from .._core.participants import Participant
 from .._core.tasks import TaskSet, wait_done
+from ._errors import TRANSIENT as _TRANSIENT
 from ._sql import (
     AdvisoryQueries,
     Connection,
@@ -120,14 +121,6 @@ _TOKEN_ASK_BOUND = 1.0
 #: granted at once; this only bounds a surprise)
 _DOWNGRADE_BOUND = 5.0
 
-_TRANSIENT: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncpg.InterfaceError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.CrashShutdownError,
-)
 
 #: a connection the server ended between two of our calls can surface as a
 #: client protocol error on the next call; the session is unusable either way

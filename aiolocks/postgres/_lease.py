@@ -44,6 +44,7 @@ from .._core.errors import BackendUnavailableError
 from .._core.options import check_portable_options
 from .._core.participants import Participant
 from .._core.tasks import TaskSet, wait_done
+from ._errors import TRANSIENT as _TRANSIENT
 from ._sql import LeaseQueries, TableNames, advisory_key, ensure_schema, probe_session
 from ._state import ConnectionState, StateBroadcaster
 
@@ -54,14 +55,6 @@ __all__ = ["PostgresLeaseDriver"]
 
 logger = logging.getLogger("aiolocks.postgres")
 
-_TRANSIENT: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncpg.InterfaceError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.CrashShutdownError,
-)
 
 _MODES = {Mode.EXCLUSIVE: "exclusive", Mode.WRITE: "write", Mode.READ: "shared"}
 
