@@ -94,6 +94,9 @@ LOSS_EVENT_FLAGS = "Kghxe"
 #: keyspace events that cannot remove our field (our own acquires and renewals
 #: cause them); an HSET overwriting our very field is left to the renewal
 HARMLESS_EVENTS = frozenset({"hset", "expire", "persist", "hincrby", "hincrbyfloat"})
+#: how long after a grant a hold starts listening to its key's events (s):
+#: shorter holds never subscribe (see ``RedisDriver._start_watch``)
+LOSS_WATCH_DELAY = 0.05
 #: why a renewal found no hold to extend
 GONE = "its Redis field is gone (deleted, overwritten or expired)"
 
@@ -1013,13 +1016,37 @@ class RedisDriver:
                 )
             )
             self._holds.add(hold)
-            self._watch_key(hold)
+            self._start_watch(hold)
             grants.append(grant)
         return grants
 
     # -- prompt loss -------------------------------------------------------------
 
-    def _watch_key(self, hold: RedisHold) -> None:
+    def _start_watch(self, hold: RedisHold) -> None:
+        """Listen to our key's events now if that costs nothing, else in ``LOSS_WATCH_DELAY``.
+
+        A channel still subscribed and confirmed (an earlier hold here left it
+        lingering) is watched at once. Otherwise the SUBSCRIBE, and the read
+        of our field that follows its confirmation, wait ``LOSS_WATCH_DELAY``:
+        a hold released sooner (most holds of a busy lock) costs no pub/sub
+        command and keeps them off the hand-off's critical path. Nothing is
+        missed: a change in between is found by that read, well within a
+        second of it.
+        """
+        if hold.watchdog is None or hold.released:
+            return
+        where = self.node.keyspace_watch(hold.keys.holders)
+        if where is None:
+            return
+        if where[0].is_confirmed(where[1]):
+            self._watch_key(hold)
+            return
+        timer = asyncio.get_running_loop().call_later(
+            LOSS_WATCH_DELAY, self._watch_key, hold, True
+        )
+        hold.on_stop = timer.cancel
+
+    def _watch_key(self, hold: RedisHold, late: bool = False) -> None:
         """Check our field whenever the server reports a change of its key.
 
         A keyspace event (DEL, HDEL, HSET, expiry, eviction, RENAME...) on
@@ -1027,7 +1054,12 @@ class RedisDriver:
         makes us read our field: gone or not ours any more, the grant is
         marked lost at once, without waiting for the next renewal. No I/O
         here: the grant goes straight to the engine.
+
+        ``late``: started ``LOSS_WATCH_DELAY`` after the grant; our field is
+        read once the subscription is confirmed (at once if it already is),
+        since events before it went unheard.
         """
+        hold.on_stop = None
         if hold.watchdog is None or hold.released:
             return
         where = self.node.keyspace_watch(hold.keys.holders)
@@ -1049,8 +1081,11 @@ class RedisDriver:
                 self._check_hold(hold, hub), f"aiolocks-redis-check:{hold.keys.holders}"
             )
 
-        hub.watch(channel, changed)
+        confirmed = hub.is_confirmed(channel)
+        hub.watch(channel, changed)  # an unconfirmed channel calls changed(None) once confirmed
         hold.on_stop = functools.partial(hub.unwatch, channel, changed)
+        if late and confirmed:
+            changed(None)
 
     async def _check_hold(self, hold: RedisHold, hub: PubSubHub | None = None) -> None:
         """Read our field; mark the grant lost if it is gone, lapsed or of another type.

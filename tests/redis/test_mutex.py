@@ -90,10 +90,12 @@ async def test_handoff_wakes_waiter_by_pubsub_without_polling(
             calls = await command_calls(raw)
         # one EVALSHA to release (it hands the lock to the queued waiter and
         # publishes that), none for the waiter (it does not try again), one
-        # for the waiter's own release. One SUBSCRIBE: the lock's keyspace
-        # events, listened to while it holds (a waiting process does not).
+        # for the waiter's own release. At most one SUBSCRIBE: the lock's
+        # keyspace events, listened to while it holds (a waiting process does
+        # not), and only from 50 ms after the grant on, so a short hold
+        # subscribes to nothing.
         assert calls.get("evalsha") == 2, calls
-        assert calls.get("subscribe") == 1, calls
+        assert calls.get("subscribe", 0) <= 1, calls
         assert not {"unsubscribe", "eval", "ping"} & calls.keys(), calls
         assert acquired_at - released_at < 0.5  # woken by the message, not by a timer
         logging.getLogger(__name__).info("handoff took %.2f ms", (acquired_at - released_at) * 1e3)
