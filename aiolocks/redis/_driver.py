@@ -94,6 +94,10 @@ LOSS_EVENT_FLAGS = "Kghxe"
 #: keyspace events that cannot remove our field (our own acquires and renewals
 #: cause them); an HSET overwriting our very field is left to the renewal
 HARMLESS_EVENTS = frozenset({"hset", "expire", "persist", "hincrby", "hincrbyfloat"})
+#: most local hand-offs of one lock in a row (a release passing the lock to a
+#: waiter of its own process) before one goes to the queue head, so the
+#: waiters of other processes are not starved
+LOCAL_HANDOFFS = 16
 #: how long after a grant a hold starts listening to its key's events (s):
 #: shorter holds never subscribe (see ``RedisDriver._start_watch``)
 LOSS_WATCH_DELAY = 0.05
@@ -108,19 +112,21 @@ def _text(value: object) -> str:
 @final
 @dataclass(frozen=True, slots=True)
 class LockKeys:
-    """The keys and channel of one lock; they share one ``{hash tag}`` (one cluster slot)."""
+    """The keys and channel of one lock; they share one ``{hash tag}`` (one cluster slot).
+
+    The holders hash also carries the lock's fence counter (field ``#``) and
+    the tombstones of attempts given up while their acquire script was on
+    the wire (fields ``!<field id>``): see ``scripts/acquire.lua``.
+    """
 
     holders: str
-    fence: str
     queue: str
     queue_timeouts: str
     channel: str
-    #: attempts given up while their acquire script was on the wire (zset by expiry)
-    tombstones: str
 
     @property
     def acquire_keys(self) -> list[str]:
-        return [self.holders, self.fence, self.queue, self.queue_timeouts, self.tombstones]
+        return [self.holders, self.queue, self.queue_timeouts]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -132,14 +138,7 @@ def lock_keys(prefix: str, family: Family, name: str) -> LockKeys:
     if the name has one), the same for every key of the lock.
     """
     base = f"{prefix}{{{family.value}:{name}}}"
-    return LockKeys(
-        base,
-        f"{base}:fence",
-        f"{base}:queue",
-        f"{base}:queue-timeouts",
-        base,
-        f"{base}:tombstones",
-    )
+    return LockKeys(base, f"{base}:queue", f"{base}:queue-timeouts", base)
 
 
 def validate_lease_time(value: object, what: str = "lease_time") -> float:
@@ -498,16 +497,39 @@ class RedisNode:
         return list(reply), int(acked)
 
     async def release(
-        self, keys: LockKeys, member: str, fields: Sequence[str], tombstone_ms: int = 0
+        self,
+        keys: LockKeys,
+        member: str,
+        fields: Sequence[str],
+        tombstone_ms: int = 0,
+        publish: bool = True,
     ) -> int:
         """Run ``release.lua``: delete our fields / queue entry, publish if anything went.
 
         ``tombstone_ms`` > 0 (cleanup of an acquire whose script may still be
         on the wire): a field not found is marked as given up for that long,
         so that script cannot grant it if it arrives after this one.
+        ``publish=False``: nobody listens on the lock's channel (an exclusive
+        hold: its waiters are queued and handed the lock directly), so a
+        release with nobody queued publishes nothing.
         """
-        args = [keys.channel, member, tombstone_ms, *fields]
+        args = [keys.channel if publish else "", member, tombstone_ms, "", *fields]
         return int(await self.evalsha("release", keys.acquire_keys, args))
+
+    async def release_to(
+        self, keys: LockKeys, field: str, successor: str, publish: bool
+    ) -> tuple[int, int | None]:
+        """``release.lua`` for our ``field``, handing the lock to ``successor``
+        (a queue member of this process) if it is still queued and live.
+
+        Returns (holds and entries removed, the successor's fencing token or
+        None when the lock went the usual way: the queue head, or nobody).
+        """
+        args = [keys.channel if publish else "", "", 0, successor, field]
+        reply = await self.evalsha("release", keys.acquire_keys, args)
+        if isinstance(reply, list):
+            return int(reply[0]), int(_text(reply[1]))
+        return int(reply), None
 
     async def renew(self, keys: LockKeys, field: str, lease: float) -> bool:
         """Run ``renew.lua``; False when the field is gone."""
@@ -718,6 +740,8 @@ class RedisDriver:
         self.grant_channel = GRANT_CHANNEL.format(prefix=self.key_prefix, uuid=self.client_uuid)
         #: queued exclusive attempts by queue member: who a hand-off is for
         self._queued: dict[str, RedisAttempt] = {}
+        #: local hand-offs in a row, by holders key (absent: none)
+        self._local_streak: dict[str, int] = {}
         self.watchdog = Watchdog(
             node.renew_many, self._spawn, name=f"aiolocks-redis-watchdog:{node.describe}"
         )
@@ -1146,11 +1170,28 @@ class RedisDriver:
         # After a connection error the script may have run: a later "nothing
         # to delete" then proves nothing, unless the server refused it unrun.
         ambiguous = False
+        # An exclusive hold's waiters are all queued (handed the lock
+        # directly): nobody to tell on the lock's channel.
+        publish = grant.request.mode is not Mode.EXCLUSIVE
+        successor = self._local_successor(hold, grant.request)
         while True:
             try:
-                removed = await self.node.release(hold.keys, "", [hold.field])
+                if successor is None:
+                    removed = await self.node.release(hold.keys, "", [hold.field], 0, publish)
+                else:
+                    removed, token = await self.node.release_to(
+                        hold.keys, hold.field, successor.member, publish
+                    )
+                    self._handed_locally(hold.keys.holders, successor, token)
             except TRANSIENT as exc:
                 ambiguous = ambiguous or not refused_unrun(exc)
+                if successor is not None:
+                    # It may have been handed the lock unheard: it looks (a
+                    # try answers with a hand-off it finds). Retries go the
+                    # usual way.
+                    if successor.wake is not None:
+                        successor.wake.ring()
+                    successor = None
                 if grant.lost:
                     return True  # the lease lapses; nothing to report on a lost hold
                 if not await backoff.wait():
@@ -1166,6 +1207,49 @@ class RedisDriver:
             # released it (a failover to a replica that never saw it, a key
             # deleted behind our back, a lease that lapsed).
             return bool(removed) or ambiguous
+
+    def _local_successor(self, hold: RedisHold, request: Request) -> RedisAttempt | None:
+        """A waiter of this process to pass an unfair mutex to, or None. No I/O.
+
+        The oldest attempt of ours queued on the same lock (its first try
+        ran), unless ``LOCAL_HANDOFFS`` local hand-offs of this lock came in
+        a row: then the queue head gets its turn (and the count restarts).
+        A fair mutex always goes to the queue head.
+        """
+        key = hold.keys.holders
+        if (
+            request.mode is not Mode.EXCLUSIVE
+            or request.options.get("fair")
+            or self.node.min_replicas
+            or not self._queued
+        ):
+            return None
+        if self._local_streak.get(key, 0) >= LOCAL_HANDOFFS:
+            del self._local_streak[key]
+            return None
+        for a in self._queued.values():
+            if (
+                a.keys.holders == key
+                and not a.fair
+                and a.granted is None
+                and a.args[QUEUE_ARG] == "q"
+                and a.wake is not None
+            ):
+                return a
+        return None
+
+    def _handed_locally(self, key: str, successor: RedisAttempt, token: int | None) -> None:
+        """After ``release_to``: tell our waiter it holds the lock (no message). No I/O."""
+        if token is None:
+            self._local_streak.pop(key, None)
+            return
+        self._local_streak[key] = self._local_streak.get(key, 0) + 1
+        # Still waiting: it takes the grant without a try. Ended meanwhile:
+        # its abandon (queued, so it cleans up) gives the hold back.
+        if self._queued.get(successor.member) is successor and successor.granted is None:
+            successor.granted = token
+            if successor.wake is not None:
+                successor.wake.ring()
 
     # -- inspect -----------------------------------------------------------------
 
