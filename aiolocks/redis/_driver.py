@@ -206,12 +206,14 @@ class RedisAttempt(Attempt):
 
     __slots__ = (
         "args",
+        "ended",
         "fair",
         "fields",
         "granted",
         "keys",
         "lease",
         "listening",
+        "local",
         "maybe_written",
         "member",
         "queue_timeout",
@@ -260,6 +262,11 @@ class RedisAttempt(Attempt):
         self.unheard = False
         #: waiting on our process's grant channel
         self.listening = False
+        #: waiting in this process only, not in the lock's queue: another
+        #: attempt of ours on the lock is queued there (see ``_wait_locally``)
+        self.local = False
+        #: given up (its clean-up started): no longer anybody's place in the queue
+        self.ended = False
 
     @property
     def queued(self) -> bool:
@@ -826,6 +833,8 @@ class RedisDriver:
             token, a.granted = a.granted, None
             return self._grants(a, [1, token], a.sent)
         if a.member:
+            if self._wait_locally(a):
+                return None
             self._prepare_queued(a)
         if a.wake is not None:
             a.wake.clear()  # forget rings from before this try
@@ -881,6 +890,61 @@ class RedisDriver:
         if not granted and not a.queued and not a.send_lost:
             a.maybe_written = False  # a definite "no" wrote nothing, and nothing else is coming
         return granted, reply, sent
+
+    def _wait_locally(self, a: RedisAttempt) -> bool:
+        """Wait in this process, without a try, if another attempt of ours is
+        queued on the same unfair mutex. No I/O.
+
+        One waiter per process and lock is enough in the lock's queue: the
+        others are handed the lock by the releases of this process
+        (``release.lua``'s local hand-off) and need not try. Each look
+        decides again: with no attempt of ours queued there any more (it
+        got the lock or left), the waiter tries, and so joins the queue.
+        """
+        a.local = False
+        if (
+            a.fair
+            or a.args[QUEUE_ARG] != "Q"
+            or a.send_lost
+            or self.node.min_replicas
+            or (a.deadline is not None and a.deadline <= time.monotonic())
+        ):
+            return False
+        key = a.keys.holders
+        if not any(o is not a and self._in_queue(o, key) for o in self._queued.values()):
+            return False
+        a.local = True
+        if a.wake is None:
+            a.wake = Wake()
+        a.wake.clear()
+        a.wait_ms = -1
+        self._queued[a.member] = a
+        return True
+
+    @staticmethod
+    def _in_queue(o: RedisAttempt, key: str) -> bool:
+        """``o`` holds this process's place in ``key``'s queue: queued by a
+        try that was answered, not handed the lock, not given up."""
+        return (
+            o.keys.holders == key
+            and o.args[QUEUE_ARG] == "q"
+            and o.granted is None
+            and not o.local
+            and not o.ended
+            and not o.send_lost
+        )
+
+    def _promote(self, key: str) -> None:
+        """No attempt of ours is queued on ``key`` any more: one waiting
+        locally looks (and joins the queue). No I/O."""
+        first: RedisAttempt | None = None
+        for o in self._queued.values():
+            if self._in_queue(o, key):
+                return
+            if o.keys.holders == key and o.local and o.granted is None and first is None:
+                first = o
+        if first is not None and first.wake is not None:
+            first.wake.ring()
 
     def _prepare_queued(self, a: RedisAttempt) -> None:
         """Before a try that may queue us: be ready for a hand-off. No I/O.
@@ -952,6 +1016,21 @@ class RedisDriver:
         a = cast(RedisAttempt, attempt)
         hub = self.node.hub
         assert hub is not None
+        if a.local:
+            # waiting in this process: a local hand-off, or a ring to look
+            # again; bounded all the same, as a queued waiter's wait is
+            assert a.wake is not None
+            if a.granted is not None:
+                return
+            wait = a.queue_timeout / 3 if bound is None else min(bound, a.queue_timeout / 3)
+            future = a.wake.prepare(wait)
+            if future is None:
+                return
+            try:
+                await future
+            finally:
+                a.wake.settle()
+            return
         if a.member and a.queued:
             assert a.wake is not None
             if not a.listening:
@@ -1007,15 +1086,20 @@ class RedisDriver:
         Not after close: nothing is sent on a closed client (it would open a
         new connection that nobody closes); what the attempt wrote lapses
         with its lease or queue timeout."""
+        a = cast(RedisAttempt, attempt)
+        if a.member and not a.ended:
+            a.ended = True
+            self._promote(a.keys.holders)  # a waiter here takes its place
         if self._closed:
             return
-        await self.node.abandon(cast(RedisAttempt, attempt))
+        await self.node.abandon(a)
 
     def finish(self, attempt: Attempt) -> None:
         """Unsubscribe (a waiter leaving without the lock passes its turn on)."""
         a = cast(RedisAttempt, attempt)
         if a.member and self._queued.get(a.member) is a:
             del self._queued[a.member]
+            self._promote(a.keys.holders)
         if a.wake is not None and self.node.hub is not None:
             self.node.hub.detach(a.keys.channel, a.wake)
 
@@ -1179,16 +1263,26 @@ class RedisDriver:
                 if successor is None:
                     removed = await self.node.release(hold.keys, "", [hold.field], 0, publish)
                 else:
+                    target = successor.member
+                    if successor.local:
+                        # Not in the lock's queue: from this send on, the
+                        # release may write its field, so its clean-up must
+                        # delete it (or leave a tombstone the script heeds).
+                        target = "+" + target
+                        successor.maybe_written = True
+                        successor.unanswered = True
+                        successor.sent = time.monotonic()
                     removed, token = await self.node.release_to(
-                        hold.keys, hold.field, successor.member, publish
+                        hold.keys, hold.field, target, publish
                     )
                     self._handed_locally(hold.keys.holders, successor, token)
             except TRANSIENT as exc:
                 ambiguous = ambiguous or not refused_unrun(exc)
                 if successor is not None:
-                    # It may have been handed the lock unheard: it looks (a
+                    # It may have been handed the lock unheard: it tries (a
                     # try answers with a hand-off it finds). Retries go the
                     # usual way.
+                    successor.send_lost = True
                     if successor.wake is not None:
                         successor.wake.ring()
                     successor = None
@@ -1227,19 +1321,30 @@ class RedisDriver:
         if self._local_streak.get(key, 0) >= LOCAL_HANDOFFS:
             del self._local_streak[key]
             return None
+        # the oldest waiting here only first: one queued in the lock's queue
+        # keeps its place there (taking it out would make another one try)
+        queued = None
         for a in self._queued.values():
             if (
-                a.keys.holders == key
-                and not a.fair
-                and a.granted is None
-                and a.args[QUEUE_ARG] == "q"
-                and a.wake is not None
+                a.keys.holders != key
+                or a.fair
+                or a.ended
+                or a.granted is not None
+                or a.wake is None
             ):
+                continue
+            if a.local:
                 return a
-        return None
+            if queued is None and a.args[QUEUE_ARG] == "q":
+                queued = a
+        return queued
 
     def _handed_locally(self, key: str, successor: RedisAttempt, token: int | None) -> None:
         """After ``release_to``: tell our waiter it holds the lock (no message). No I/O."""
+        if successor.local:
+            successor.unanswered = False
+            if token is None:
+                successor.maybe_written = False  # nothing written for it
         if token is None:
             self._local_streak.pop(key, None)
             return

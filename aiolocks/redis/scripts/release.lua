@@ -13,7 +13,8 @@
 --         script cannot grant it when it arrives late
 -- ARGV[4] a queue member of the releasing process to hand the lock to
 --         before the queue head (a local hand-off: no PUBLISH, the process
---         tells its waiter itself), or ''
+--         tells its waiter itself), or ''; '+<member>' for one that waits
+--         in its process only (not in the queue)
 -- ARGV[5..] field ids
 --
 -- When anything went and a live waiter heads the queue (queue members are
@@ -54,15 +55,40 @@ if ARGV[2] ~= '' then
   redis.call('ZREM', KEYS[3], ARGV[2])
 end
 if removed == 0 then return 0 end
--- The waiter to hand the lock to: the releasing process's own, if still
--- queued and live (then taken out of the list wherever it is); else the
--- queue head, after dropping heads whose waiters stopped refreshing their
--- entries (they died): a dead waiter cannot hold up the queue.
-local head, here = nil, false
-if ARGV[4] ~= '' and freed > 0 then
-  local to = redis.call('ZSCORE', KEYS[3], ARGV[4])
-  if to and tonumber(to) > now_ms and redis.call('LREM', KEYS[2], 1, ARGV[4]) == 1 then
-    head, here = ARGV[4], true
+-- What is left: holds (busy), the fence counter, live tombstones.
+local busy, last, tomb_until, tombs = false, nil, 0, {}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local f = all[i]
+  if f == '#' then
+    last = tonumber(all[i + 1])
+  elseif string.byte(f, 1) == 33 then
+    local exp = tonumber(all[i + 1]) or 0
+    if exp > now_ms then tombs[f] = true end
+    if exp > tomb_until then tomb_until = exp end
+  else
+    busy = true
+  end
+end
+-- The waiter to hand the lock to: the releasing process's own, if it can
+-- have it (one in the queue: still there and live, then taken out of the
+-- list wherever it is; one waiting in its process only, '+<member>': not
+-- given up, no tombstone); else the queue head, after dropping heads whose
+-- waiters stopped refreshing their entries (they died): a dead waiter
+-- cannot hold up the queue.
+local head, here, queued = nil, false, true
+local prefer = ARGV[4]
+if prefer ~= '' and freed > 0 and not busy then
+  if string.byte(prefer, 1) == 43 then  -- '+'
+    local m = string.sub(prefer, 2)
+    if not tombs['!' .. string.match(m, '^([^|]*)')] then
+      head, here, queued = m, true, false
+    end
+  else
+    local to = redis.call('ZSCORE', KEYS[3], prefer)
+    if to and tonumber(to) > now_ms and redis.call('LREM', KEYS[2], 1, prefer) == 1 then
+      head, here = prefer, true
+    end
   end
 end
 if not head then head = redis.call('LPOP', KEYS[2]) end
@@ -71,20 +97,6 @@ while head and not here do
   if to and tonumber(to) > now_ms then break end
   redis.call('ZREM', KEYS[3], head)
   head = redis.call('LPOP', KEYS[2])
-end
--- What is left: holds (busy), the fence counter, live tombstones.
-local busy, last, tomb_until = false, nil, 0
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local f = all[i]
-  if f == '#' then
-    last = tonumber(all[i + 1])
-  elseif string.byte(f, 1) == 33 then
-    local exp = tonumber(all[i + 1]) or 0
-    if exp > tomb_until then tomb_until = exp end
-  else
-    busy = true
-  end
 end
 
 if head then
@@ -99,7 +111,7 @@ if head then
     if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
     redis.call('PUBLISH', channel, '- ' .. head)
   else
-    redis.call('ZREM', KEYS[3], head)
+    if queued then redis.call('ZREM', KEYS[3], head) end
     lease = tonumber(lease)
     -- the fencing token exactly as acquire.lua mints it
     local base = now_us
