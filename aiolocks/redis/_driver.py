@@ -1043,11 +1043,13 @@ class RedisDriver:
             if a.granted is not None:
                 return
         elif a.wake is None:
-            # Shared modes: one unlock may let several in: every reader or
-            # writer of the lock looks on ``released``.
+            # Shared modes: one unlock may let several in. On ``released``
+            # every reader of the lock here looks (all of them can proceed
+            # when no writer holds), but one writer only (at most one can):
+            # a writer that leaves without the lock passes its turn on.
             # One-lease waiters are rung only as many as holds were freed.
             counted = a.request.mode is Mode.LEASE and a.request.count == 1
-            a.wake = Wake(exclusive=False, counted=counted)
+            a.wake = Wake(exclusive=a.request.mode is Mode.WRITE, counted=counted)
             # the keyspace channel the hold will watch, in the same SUBSCRIBE
             companion = self.node.keyspace_channel(a.keys.holders)
             hub.attach(a.keys.channel, a.wake, companion)
