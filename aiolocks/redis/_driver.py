@@ -923,12 +923,14 @@ class RedisDriver:
 
     @staticmethod
     def _in_queue(o: RedisAttempt, key: str) -> bool:
-        """``o`` holds this process's place in ``key``'s queue: queued by a
-        try that was answered, not handed the lock, not given up."""
+        """``o`` holds this process's place in ``key``'s queue, or is about
+        to: queued, or its first try is on the wire (it queues, or takes
+        the lock and hands it on here), or handed the lock; not given up.
+        Whatever it comes to, it leaves through ``abandon`` or ``finish``,
+        and both let a local waiter take its place (``_promote``)."""
         return (
             o.keys.holders == key
-            and o.args[QUEUE_ARG] == "q"
-            and o.granted is None
+            and o.args[QUEUE_ARG] in ("q", "Q")
             and not o.local
             and not o.ended
             and not o.send_lost
@@ -936,15 +938,19 @@ class RedisDriver:
 
     def _promote(self, key: str) -> None:
         """No attempt of ours is queued on ``key`` any more: one waiting
-        locally looks (and joins the queue). No I/O."""
-        first: RedisAttempt | None = None
+        locally looks (and joins the queue). No I/O.
+
+        The newest one: local hand-offs go to the oldest first, so the one
+        that queues keeps that place while the others are served here.
+        """
+        last: RedisAttempt | None = None
         for o in self._queued.values():
             if self._in_queue(o, key):
                 return
-            if o.keys.holders == key and o.local and o.granted is None and first is None:
-                first = o
-        if first is not None and first.wake is not None:
-            first.wake.ring()
+            if o.keys.holders == key and o.local and o.granted is None:
+                last = o
+        if last is not None and last.wake is not None:
+            last.wake.ring()
 
     def _prepare_queued(self, a: RedisAttempt) -> None:
         """Before a try that may queue us: be ready for a hand-off. No I/O.
@@ -1336,7 +1342,9 @@ class RedisDriver:
             ):
                 continue
             if a.local:
-                return a
+                if not a.wake.is_set():  # not one rung to look (it is about to try)
+                    return a
+                continue
             if queued is None and a.args[QUEUE_ARG] == "q":
                 queued = a
         return queued

@@ -199,8 +199,9 @@ async def test_local_handoff_passes_the_lock_within_the_process_without_a_messag
                 inside -= 1
 
         locals_ = [asyncio.create_task(local()) for _ in range(3)]
-        await _queued(raw, prefix, name, 4)
-        await _queued_here(here, 3)
+        # one of them queues (the others see its try on the wire and wait here)
+        await _queued(raw, prefix, name, 2)
+        await _queued_here(here, 3, in_queue=1)
         await raw.config_resetstat()
         await holder.release()
         await asyncio.gather(*locals_)

@@ -473,9 +473,14 @@ async def test_unlock_wakes_one_local_waiter_not_the_herd(
             tasks = [asyncio.create_task(waiter(i)) for i in range(10)]
 
             async def all_waiting() -> bool:
-                # the holder's acquire, then two tries per waiter (before and
-                # after subscribing)
-                return (await command_calls(raw)).get("evalsha", 0) >= 1 + 2 * 10
+                # one waiter in the lock's queue (its try answered), nine
+                # waiting in the process
+                queued = many._driver._queued.values()
+                return (
+                    len(queued) == 10
+                    and sum(not a.local and a.args[4] == "q" for a in queued) == 1
+                    and sum(a.local for a in queued) == 9
+                )
 
             await eventually(all_waiting, what="every waiter to wait")
             await asyncio.sleep(0.1)
@@ -484,9 +489,11 @@ async def test_unlock_wakes_one_local_waiter_not_the_herd(
             await asyncio.gather(*tasks)
             calls = await command_calls(raw)
         assert sorted(order) == list(range(10))
-        # 1 release + per handoff: one winning try and one release. Waking
-        # every local waiter on every unlock would cost ~55 tries more.
-        assert calls["evalsha"] <= 1 + 2 * 10 + 5, calls
+        # 1 release handing the lock to the queued waiter, then each release
+        # hands it to the next waiter of the process: no try at all (a few
+        # allowed for pub/sub confirmations). Waking every local waiter on
+        # every unlock would cost ~55 tries more.
+        assert calls["evalsha"] <= 1 + 10 + 3, calls
     finally:
         await raw.aclose()
 
