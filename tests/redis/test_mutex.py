@@ -622,8 +622,9 @@ async def test_key_tampered_is_noticed_by_keyspace_event_not_renewal(
                     raise
         assert body_cancelled
         assert lock.is_lost
-        # what the tampering left (the fence counter outlives a failed release by its lease)
-        await raw.delete(key, f"{key}:fence")
+        # what the tampering left (the fence counter, in the hash, outlives a
+        # failed release by its lease)
+        await raw.delete(key)
 
 
 async def test_server_refusing_keyspace_events_warns_once_and_renewal_still_notices(
