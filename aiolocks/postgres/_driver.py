@@ -160,6 +160,7 @@ class _Session:
         "pid",
         "primary",
         "reserved",
+        "statements",
         "waiting",
         "waiting_for",
     )
@@ -181,6 +182,8 @@ class _Session:
         #: participant id of the attempt waiting on this session
         self.waiting_for: str | None = None
         self.alive = True
+        #: query -> (prepared statement, its protocol-level state or ``None``)
+        self.statements: dict[str, tuple[Any, Any]] = {}
 
     def idle(self) -> bool:
         return (
@@ -200,6 +203,33 @@ class _Session:
         async with self.io:
             rows: list[Any] = await self.conn.fetch(query, *args, timeout=timeout)
             return rows
+
+    async def row(self, query: str, args: tuple[Any, ...], timeout: float | None = None) -> Any:
+        """The first row of one of the driver's own statements, or ``None``; hold ``io``.
+
+        The lock and unlock calls are the whole uncontended cycle, so they
+        skip asyncpg's per-call layers (statement-cache lookup, query
+        logging, the connection's own re-entrance guard, which ``io``
+        already is): each is prepared once per session and then bound and
+        executed on the connection's protocol, which keeps asyncpg's
+        timeout and cancellation handling. A connection that does not
+        expose its protocol (another asyncpg version, a proxy object) takes
+        the public ``PreparedStatement.fetchrow`` instead, with the same
+        result.
+        """
+        known = self.statements.get(query)
+        if known is None or (known[1] is not None and known[1].closed):
+            prepared = await self.conn.prepare(query, timeout=timeout)
+            state = getattr(prepared, "_state", None)
+            protocol = getattr(self.conn, "_protocol", None)
+            if state is None or not hasattr(protocol, "bind_execute"):
+                state = None
+            known = self.statements[query] = (prepared, state)
+        prepared, state = known
+        if state is None:
+            return await prepared.fetchrow(*args, timeout=timeout)
+        rows = await self.conn._protocol.bind_execute(state, args, "", 1, False, timeout)
+        return rows[0] if rows else None
 
 
 class _PgAttempt(Attempt):
@@ -812,7 +842,7 @@ class PostgresAdvisoryDriver:
         try:
             await io.acquire()  # (not ``async with``: one coroutine less per call)
             try:
-                row = await session.conn.fetchrow(query, *args, timeout=timeout)
+                row = await session.row(query, args, timeout)
             finally:
                 io.release()
         except TimeoutError:
@@ -836,9 +866,7 @@ class PostgresAdvisoryDriver:
             session.settle()
         return row
 
-    def _grant_sql(
-        self, a: _PgAttempt, *, wait: bool, shared: bool
-    ) -> tuple[str, tuple[str, ...]]:
+    def _grant_sql(self, a: _PgAttempt, *, wait: bool, shared: bool) -> tuple[str, tuple[str, ...]]:
         """The grant statement and its arguments after the key: ``_register`` for a new name."""
         q = self._queries
         fence = a.fence
@@ -1081,13 +1109,14 @@ class PostgresAdvisoryDriver:
             try:
                 if handle.notify:
                     # a semaphore slot: unlock and wake the waiters in one statement
-                    held = await session.conn.fetchval(
-                        self._queries.unlock_notify, key, self.channel, grant.request.name
+                    row = await session.row(
+                        self._queries.unlock_notify, (key, self.channel, grant.request.name)
                     )
                 elif shared:
-                    held = await session.conn.fetchval(self._queries.unlock_shared, key)
+                    row = await session.row(self._queries.unlock_shared, (key,))
                 else:
-                    held = await session.conn.fetchval(self._queries.unlock_exclusive, key)
+                    row = await session.row(self._queries.unlock_exclusive, (key,))
+                held = row is not None and row[0]
             finally:
                 io.release()
         except _BROKEN as exc:

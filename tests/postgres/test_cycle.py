@@ -1,0 +1,224 @@
+"""The advisory driver's uncontended cycle (prepared lock/unlock calls on the session's
+protocol) against a real PostgreSQL: cancellation at every step, exclusion, fencing,
+the public-API fallback, and nothing left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+
+import aiolocks
+from aiolocks.postgres import PostgresBackend
+from aiolocks.postgres._driver import PostgresAdvisoryDriver
+from aiolocks.testing import PostgresServer
+
+pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
+
+
+def _app() -> str:
+    return f"aiolocks-test-{uuid.uuid4().hex[:8]}"
+
+
+async def _our_locks(server: PostgresServer, app: str) -> list[tuple[int, int, str, bool]]:
+    pids = set(await asyncio.to_thread(server.backend_pids, application_name=app))
+    locks = await asyncio.to_thread(server.advisory_locks)
+    return [row for row in locks if row[0] in pids]
+
+
+async def _settle(*backends: aiolocks.Backend) -> None:
+    """Wait for the owned clean-ups (re-sent releases, check-and-unlock) to finish."""
+    async with asyncio.timeout(30):
+        while any(len(b._tasks) for b in backends):
+            await asyncio.sleep(0.01)
+
+
+class _Exclusion:
+    """Counts holders inside the critical section; a second one is a broken lock."""
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self.overlaps = 0
+        self.tokens: list[int] = []
+
+    async def body(self, lock: aiolocks.Mutex) -> None:
+        self.inside += 1
+        try:
+            if self.inside != 1:
+                self.overlaps += 1
+            assert lock.fencing_token is not None
+            self.tokens.append(lock.fencing_token)
+            await asyncio.sleep(0)
+        finally:
+            self.inside -= 1
+
+
+async def test_cancel_at_every_step_of_the_cycle_leaks_nothing(
+    postgres_server: PostgresServer,
+) -> None:
+    """Cancel ``async with`` at random moments of the cycle (inside the lock call, the
+    body, the unlock call), alone and while another backend hammers the same name:
+    never two holders, tokens strictly increasing, no lock left on any session."""
+    app = _app()
+    name = f"cycle/cancel/{app}"
+    url = f"{postgres_server.url}?application_name={app}"
+    rng = random.Random(4242)
+    seen = _Exclusion()
+    async with aiolocks.connect(url) as mine, aiolocks.connect(url) as other:
+        driver = mine._engine.driver
+        assert isinstance(driver, PostgresAdvisoryDriver)
+        in_flight = 0
+        unlock_pending = driver._unlock_pending
+
+        async def counting(a: Any) -> None:
+            # a lock call whose answer the cancelled attempt never read
+            nonlocal in_flight
+            in_flight += bool(a.pending)
+            await unlock_pending(a)
+
+        driver._unlock_pending = counting  # type: ignore[method-assign]
+        lock = mine.mutex(name)
+        stop = asyncio.Event()
+
+        async def hammer() -> None:
+            rival = other.mutex(name)
+            while not stop.is_set():
+                async with rival:
+                    await seen.body(rival)
+                await asyncio.sleep(0)
+
+        async def cycle() -> None:
+            async with lock:
+                await seen.body(lock)
+
+        # time one cycle, then cancel anywhere within about two of them
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for _ in range(5):
+            await cycle()
+        span = 2 * (loop.time() - started) / 5
+        cancelled = 0
+        rival: asyncio.Task[None] | None = None
+        # (a lock left behind would block the rival for good: bounded)
+        async with asyncio.timeout(60):
+            for round_ in range(400):
+                if round_ == 200:
+                    rival = asyncio.create_task(hammer())
+                task = asyncio.create_task(cycle())
+                await asyncio.sleep(rng.uniform(0, span))
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    cancelled += 1
+                if round_ >= 200 and in_flight >= 3 and cancelled >= 20:
+                    break
+            stop.set()
+            assert rival is not None
+            await rival
+        await _settle(mine, other)
+        assert cancelled > 0
+        assert in_flight > 0, "no cancellation landed inside a lock call"
+        assert seen.overlaps == 0
+        assert seen.tokens == sorted(seen.tokens)
+        assert len(set(seen.tokens)) == len(seen.tokens)
+        assert await _our_locks(postgres_server, app) == []
+        # the session is still in step (no answer of a cancelled call is read as ours)
+        async with lock:
+            assert lock.fencing_token is not None
+            assert lock.fencing_token > max(seen.tokens)
+            held = await _our_locks(postgres_server, app)
+            assert [(mode, granted) for _, _, mode, granted in held] == [("ExclusiveLock", True)]
+        assert await _our_locks(postgres_server, app) == []
+
+
+class _HiddenProtocol:
+    """An asyncpg connection seen through an object without ``_protocol`` (as a
+    connection wrapper of another library may be)."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_protocol":
+            raise AttributeError(name)
+        return getattr(self._conn, name)
+
+
+class _Pool:
+    """The ``acquire``/``release`` pair ``PostgresBackend`` borrows sessions from."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.out: list[asyncpg.Connection] = []
+
+    async def acquire(self) -> _HiddenProtocol:
+        conn = await asyncpg.connect(self.url)
+        self.out.append(conn)
+        return _HiddenProtocol(conn)
+
+    async def release(self, conn: _HiddenProtocol) -> None:
+        raw = conn._conn
+        if raw in self.out:
+            self.out.remove(raw)
+        raw.terminate()
+
+
+async def test_connection_without_a_protocol_takes_the_public_calls(
+    postgres_server: PostgresServer,
+) -> None:
+    app = _app()
+    pool = _Pool(f"{postgres_server.url}?application_name={app}")
+    async with PostgresBackend(pool) as backend:
+        driver = backend._engine.driver
+        assert isinstance(driver, PostgresAdvisoryDriver)
+        lock = backend.mutex(f"cycle/hidden/{app}")
+        tokens = []
+        for _ in range(3):
+            async with lock:
+                assert lock.fencing_token is not None
+                tokens.append(lock.fencing_token)
+                held = await _our_locks(postgres_server, app)
+                assert [(mode, granted) for _, _, mode, granted in held] == [
+                    ("ExclusiveLock", True)
+                ]
+            assert await _our_locks(postgres_server, app) == []
+        assert tokens == sorted(tokens) and len(set(tokens)) == 3
+        primary = driver._primary
+        assert primary is not None
+        # every statement of the cycle went through a prepared statement, none
+        # through the protocol (there is none to see)
+        assert primary.statements
+        assert all(state is None for _prepared, state in primary.statements.values())
+    assert pool.out == []
+
+
+async def test_the_cycle_binds_on_the_protocol_and_prepares_once(
+    postgres_server: PostgresServer,
+) -> None:
+    app = _app()
+    async with aiolocks.connect(f"{postgres_server.url}?application_name={app}") as backend:
+        driver = backend._engine.driver
+        assert isinstance(driver, PostgresAdvisoryDriver)
+        lock = backend.mutex(f"cycle/bind/{app}")
+        for _ in range(3):
+            async with lock:
+                pass
+        primary = driver._primary
+        assert primary is not None
+        prepared = dict(primary.statements)
+        # the first grant registers the name; later ones lock, and every one unlocks
+        queries = driver._queries
+        cycle = {queries.try_exclusive_register, queries.try_exclusive, queries.unlock_exclusive}
+        assert cycle <= set(prepared)
+        assert all(state is not None for _p, state in prepared.values())
+        for _ in range(3):
+            async with lock:
+                pass
+        assert {q: id(p) for q, (p, _s) in primary.statements.items()} == {
+            q: id(p) for q, (p, _s) in prepared.items()
+        }
