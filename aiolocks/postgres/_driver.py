@@ -204,8 +204,10 @@ class _Session:
             rows: list[Any] = await self.conn.fetch(query, *args, timeout=timeout)
             return rows
 
-    async def row(self, query: str, args: tuple[Any, ...], timeout: float | None = None) -> Any:
-        """The first row of one of the driver's own statements, or ``None``; hold ``io``.
+    def rows(
+        self, query: str, args: tuple[Any, ...], timeout: float | None = None
+    ) -> Awaitable[list[Any]]:
+        """The rows (at most one) of one of the driver's own statements; hold ``io``.
 
         The lock and unlock calls are the whole uncontended cycle, so they
         skip asyncpg's per-call layers (statement-cache lookup, query
@@ -214,9 +216,20 @@ class _Session:
         executed on the connection's protocol, which keeps asyncpg's
         timeout and cancellation handling. A connection that does not
         expose its protocol (another asyncpg version, a proxy object) takes
-        the public ``PreparedStatement.fetchrow`` instead, with the same
-        result.
+        the public ``PreparedStatement.fetch`` instead, with the same result.
+        Not a coroutine: a prepared call returns the protocol's own awaitable.
         """
+        known = self.statements.get(query)
+        if known is not None and known[1] is not None and not known[1].closed:
+            rows: Awaitable[list[Any]] = self.conn._protocol.bind_execute(
+                known[1], args, "", 1, False, timeout
+            )
+            return rows
+        return self._rows_slow(query, args, timeout)
+
+    async def _rows_slow(
+        self, query: str, args: tuple[Any, ...], timeout: float | None
+    ) -> list[Any]:
         known = self.statements.get(query)
         if known is None or (known[1] is not None and known[1].closed):
             prepared = await self.conn.prepare(query, timeout=timeout)
@@ -227,9 +240,10 @@ class _Session:
             known = self.statements[query] = (prepared, state)
         prepared, state = known
         if state is None:
-            return await prepared.fetchrow(*args, timeout=timeout)
-        rows = await self.conn._protocol.bind_execute(state, args, "", 1, False, timeout)
-        return rows[0] if rows else None
+            public: list[Any] = await prepared.fetch(*args, timeout=timeout)
+            return public[:1]
+        rows: list[Any] = await self.conn._protocol.bind_execute(state, args, "", 1, False, timeout)
+        return rows
 
 
 class _PgAttempt(Attempt):
@@ -842,7 +856,8 @@ class PostgresAdvisoryDriver:
         try:
             await io.acquire()  # (not ``async with``: one coroutine less per call)
             try:
-                row = await session.row(query, args, timeout)
+                rows = await session.rows(query, args, timeout)
+                row = rows[0] if rows else None
             finally:
                 io.release()
         except TimeoutError:
@@ -1109,14 +1124,14 @@ class PostgresAdvisoryDriver:
             try:
                 if handle.notify:
                     # a semaphore slot: unlock and wake the waiters in one statement
-                    row = await session.row(
+                    rows = await session.rows(
                         self._queries.unlock_notify, (key, self.channel, grant.request.name)
                     )
                 elif shared:
-                    row = await session.row(self._queries.unlock_shared, (key,))
+                    rows = await session.rows(self._queries.unlock_shared, (key,))
                 else:
-                    row = await session.row(self._queries.unlock_exclusive, (key,))
-                held = row is not None and row[0]
+                    rows = await session.rows(self._queries.unlock_exclusive, (key,))
+                held = bool(rows) and rows[0][0]
             finally:
                 io.release()
         except _BROKEN as exc:
