@@ -30,6 +30,7 @@ purged, the mode's rule checked, the fencing row bumped, the row inserted).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import secrets
 import time
@@ -51,7 +52,7 @@ from ._state import ConnectionState, StateBroadcaster
 if TYPE_CHECKING:
     from ._admin import PostgresLeaseAdmin
 
-__all__ = ["PostgresLeaseDriver"]
+__all__ = ["PostgresLeaseDriver", "pool_options"]
 
 logger = logging.getLogger("aiolocks.postgres")
 
@@ -70,6 +71,27 @@ async def _return_quietly(pool: Any, conn: Any) -> None:
         await pool.release(conn)
     except (*_TRANSIENT, asyncpg.InterfaceError) as exc:
         logger.debug("a lease connection was gone when handed back: %r", exc)
+
+
+async def _keep_session(_conn: Any) -> None:
+    """The lease pool's reset: nothing beyond what asyncpg always does.
+
+    A connection going back to the pool is reset by default with ``RESET
+    ALL; UNLISTEN *; CLOSE ALL; pg_advisory_unlock_all()``: one more round
+    trip per statement of this driver. Nothing of that is ever left on a
+    lease connection: its only lock is the acquire function's
+    transaction-level one (gone with the statement), it never ``LISTEN``s
+    (the listener is a connection of its own), sets nothing and opens no
+    cursor. asyncpg still rolls back a transaction left open (a cancelled
+    downgrade) before it calls this.
+    """
+
+
+def pool_options() -> dict[str, Any]:
+    """``asyncpg.create_pool`` keywords of the lease pool (the reset above, asyncpg >= 0.30)."""
+    if "reset" in inspect.signature(asyncpg.create_pool).parameters:
+        return {"reset": _keep_session}
+    return {}
 
 
 def _fencing_name(request: Request) -> str:
@@ -117,15 +139,20 @@ class PostgresLeaseDriver:
 
     def __init__(
         self,
-        make_pool: Callable[[], Awaitable[Any]],
+        make_pool: Callable[[bool], Awaitable[Any]],
         *,
         describe: str,
         lease_time: float,
         tables: TableNames,
         create_tables: bool,
         listen: Callable[[], Awaitable[Any]] | None,
+        listen_is_pool_target: bool = False,
     ) -> None:
+        #: ``make_pool(prepared)``: the statement pool; ``prepared``: with
+        #: asyncpg's statement cache (only when no pooler is in the way)
         self._make_pool = make_pool
+        #: the listener connects where the pool does: its probe speaks for both
+        self._listen_is_pool_target = listen_is_pool_target
         self._describe = describe
         self._lease_time = float(lease_time)
         self._tables = tables
@@ -156,10 +183,13 @@ class PostgresLeaseDriver:
     async def open(self, tasks: TaskSet) -> None:
         """Create the pool, make sure the tables exist, start listening for releases."""
         self._owned = tasks
+        listener: Any = None
         try:
-            self._pool = await self._make_pool()
-            async with self._pool.acquire() as conn:
-                await ensure_schema(conn, self._tables, create=self._create_tables)
+            # Statements are prepared (asyncpg's statement cache: one round
+            # trip each instead of two) only when the listener's probe found
+            # the server itself where the pool connects; a transaction pooler
+            # cannot keep a prepared statement per client.
+            prepared = False
             if self._listen is not None:
                 listener = await self._listen()
                 probe = await probe_session(listener, statements=2)
@@ -172,11 +202,20 @@ class PostgresLeaseDriver:
                         probe.describe(),
                     )
                     listener.terminate()
+                    listener = None
                 else:
-                    self._listener = listener
-                    await listener.add_listener(self._tables.channel, self._on_notify)
+                    prepared = self._listen_is_pool_target
+            self._pool = await self._make_pool(prepared)
+            async with self._pool.acquire() as conn:
+                await ensure_schema(conn, self._tables, create=self._create_tables)
+            if listener is not None:
+                await listener.add_listener(self._tables.channel, self._on_notify)
+                self._listener, listener = listener, None
         except _TRANSIENT as exc:
             raise self._unavailable(exc, "connect") from exc
+        finally:
+            if listener is not None:
+                listener.terminate()
         self.states.connected()
 
     async def close(self) -> None:

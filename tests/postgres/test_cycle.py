@@ -15,7 +15,7 @@ import pytest
 import aiolocks
 from aiolocks.postgres import PostgresBackend
 from aiolocks.postgres._driver import PostgresAdvisoryDriver
-from aiolocks.testing import PostgresServer
+from aiolocks.testing import PgBouncer, PostgresServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
 
@@ -222,3 +222,57 @@ async def test_the_cycle_binds_on_the_protocol_and_prepares_once(
         assert {q: id(p) for q, (p, _s) in primary.statements.items()} == {
             q: id(p) for q, (p, _s) in prepared.items()
         }
+
+
+# -- mode=lease ----------------------------------------------------------------
+
+
+async def _lease_cycles(backend: aiolocks.Backend, name: str, cycles: int) -> list[int]:
+    lock = backend.mutex(name)
+    tokens = []
+    for _ in range(cycles):
+        async with lock:
+            assert lock.fencing_token is not None
+            tokens.append(lock.fencing_token)
+    return tokens
+
+
+async def test_lease_statements_are_prepared_on_a_direct_server(
+    postgres_server: PostgresServer,
+) -> None:
+    """One round trip per statement: the pool keeps them prepared (the listener's
+    probe found the server itself), and a pooled connection is not reset between
+    statements (its prepared statements survive)."""
+    name = f"cycle/lease-direct/{uuid.uuid4().hex[:8]}"
+    async with aiolocks.connect(f"{postgres_server.url}?mode=lease&lease_time=5") as backend:
+        tokens = await _lease_cycles(backend, name, 3)
+        assert tokens == sorted(tokens) and len(set(tokens)) == 3
+        pool = backend._engine.driver._pool  # type: ignore[attr-defined]
+        rows = await pool.fetch("SELECT statement FROM pg_prepared_statements")
+        statements = " ".join(str(r[0]) for r in rows)
+        assert "aiolocks_lease_acquire_v2" in statements
+        assert "DELETE FROM" in statements
+
+
+async def test_lease_statements_are_not_prepared_through_a_pooler(
+    pgbouncer: PgBouncer, postgres_server: PostgresServer
+) -> None:
+    """Behind a transaction pooler (no listen_url: the listener's probe sees the
+    pooler) every statement goes unprepared, and cycles from two backends work
+    (a statement prepared on one server session would be missing on another)."""
+    name = f"cycle/lease-bouncer/{uuid.uuid4().hex[:8]}"
+    url = f"{pgbouncer.url}?mode=lease&lease_time=5&sslmode=disable"
+    async with PostgresBackend(url) as one, PostgresBackend(url) as two:
+        # two backends on two names at once: the pooler moves their statements
+        # between its server sessions
+        async with asyncio.timeout(60):
+            first, second = await asyncio.gather(
+                _lease_cycles(one, name, 15), _lease_cycles(two, name + "-2", 15)
+            )
+        assert first == sorted(first) and len(set(first)) == 15
+        assert second == sorted(second) and len(set(second)) == 15
+    rows = await asyncio.to_thread(
+        postgres_server.query,
+        "SELECT count(*) FROM aiolocks_leases WHERE name = 'mutex/" + name + "'",
+    )
+    assert rows == [("0",)]
