@@ -241,14 +241,16 @@ async def test_lease_statements_are_prepared_on_a_direct_server(
     postgres_server: PostgresServer,
 ) -> None:
     """One round trip per statement: the pool keeps them prepared (the listener's
-    probe found the server itself), and a pooled connection is not reset between
-    statements (its prepared statements survive)."""
+    probe found the server itself), on a connection the driver keeps between
+    statements."""
     name = f"cycle/lease-direct/{uuid.uuid4().hex[:8]}"
     async with aiolocks.connect(f"{postgres_server.url}?mode=lease&lease_time=5") as backend:
         tokens = await _lease_cycles(backend, name, 3)
         assert tokens == sorted(tokens) and len(set(tokens)) == 3
-        pool = backend._engine.driver._pool  # type: ignore[attr-defined]
-        rows = await pool.fetch("SELECT statement FROM pg_prepared_statements")
+        # the cycle ran on one connection, kept checked out between statements
+        kept = backend._engine.driver._idle  # type: ignore[attr-defined]
+        assert len(kept) == 1
+        rows = await kept[0].fetch("SELECT statement FROM pg_prepared_statements")
         statements = " ".join(str(r[0]) for r in rows)
         assert "aiolocks_lease_acquire_v2" in statements
         assert "DELETE FROM" in statements
@@ -271,6 +273,39 @@ async def test_lease_statements_are_not_prepared_through_a_pooler(
             )
         assert first == sorted(first) and len(set(first)) == 15
         assert second == sorted(second) and len(set(second)) == 15
+    rows = await asyncio.to_thread(
+        postgres_server.query,
+        "SELECT count(*) FROM aiolocks_leases WHERE name = 'mutex/" + name + "'",
+    )
+    assert rows == [("0",)]
+
+
+async def test_lease_kept_connection_ended_by_the_server_is_replaced(
+    postgres_server: PostgresServer,
+) -> None:
+    """The connection kept between statements is ended behind our back: the
+    statement that finds it gone fails as unavailable (as a pooled one would),
+    its attempt cleans up on a fresh connection, and later cycles work."""
+    app = _app()
+    name = f"cycle/lease-ended/{app}"
+    url = f"{postgres_server.url}?mode=lease&lease_time=5&application_name={app}"
+    async with aiolocks.connect(url) as backend:
+        before = await _lease_cycles(backend, name, 2)
+        driver = backend._engine.driver
+        assert len(driver._idle) == 1  # type: ignore[attr-defined]
+        ended = await asyncio.to_thread(postgres_server.terminate_backends, application_name=app)
+        assert ended >= 1
+        failures = 0
+        after: list[int] = []
+        async with asyncio.timeout(30):
+            while len(after) < 3:
+                try:
+                    after += await _lease_cycles(backend, name, 1)
+                except aiolocks.BackendUnavailableError:
+                    failures += 1
+                    assert failures <= 2
+        assert min(after) > max(before) and len(set(after)) == 3
+        # the release of the last cycle found its row (no loss was reported)
     rows = await asyncio.to_thread(
         postgres_server.query,
         "SELECT count(*) FROM aiolocks_leases WHERE name = 'mutex/" + name + "'",
