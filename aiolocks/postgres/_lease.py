@@ -4,10 +4,15 @@ Design note
 -----------
 Every statement is one short transaction on a pooled connection (an asyncpg
 pool, which may sit behind a transaction-pooling proxy: nothing depends on
-the server session). ``begin`` mints the owner id of the attempt
-(``<participant>#<random>``); the acquire function takes a hold in one round
-trip (serialized per name by a transaction-level advisory lock, expired rows
-purged, the mode's rule checked, the fencing row bumped, the row inserted).
+the server session). Statements are prepared (asyncpg's statement cache)
+only when the listener's probe found the server itself where the pool
+connects; a connection going back to the pool is not reset (nothing of ours
+stays on it, see :func:`_keep_session`), and a few answered connections are
+kept checked out between statements (see :meth:`PostgresLeaseDriver._put`).
+``begin`` mints the owner id of the attempt (``<participant>#<random>``);
+the acquire function takes a hold in one statement (serialized per name by
+a transaction-level advisory lock, expired rows purged, the mode's rule
+checked, the fencing row bumped, the row inserted).
 
 * **Cancellation.** The connection of an unanswered acquire stays with the
   attempt; ``abandon`` deletes every row of the attempt's owner on that same
