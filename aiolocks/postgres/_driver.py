@@ -1097,7 +1097,7 @@ class PostgresAdvisoryDriver:
             self._unqueue(a, (a.keys[0], False))
         if a.server_wait is not None:
             self._end_server_wait(a)
-        if a.hands_off and a.grants is None:
+        if a.hands_off and a.grants is None and self._queued:
             self._wake_queued((a.keys[0], False))  # ended empty-handed: the next one tries
         session = a.wait_session
         if session is not None and not a.pending:
