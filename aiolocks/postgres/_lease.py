@@ -9,7 +9,7 @@ only when the listener's probe found the server itself where the pool
 connects; a connection going back to the pool is not reset (nothing of ours
 stays on it, see :func:`_keep_session`), and a few answered connections are
 kept checked out between statements (see :meth:`PostgresLeaseDriver._put`).
-``begin`` mints the owner id of the attempt (``<participant>#<random>``);
+``begin`` mints the owner id of the attempt (``<participant>#<random><n>``);
 the acquire function takes a hold in one statement (serialized per name by
 a transaction-level advisory lock, expired rows purged, the mode's rule
 checked, the fencing row bumped, the row inserted).
@@ -190,6 +190,9 @@ class PostgresLeaseDriver:
         #: answered pool connections kept for the next statement (see :meth:`_put`)
         self._idle: list[Any] = []
         self._keep = 0
+        #: owner ids: ``<participant>#<this tag><counter>`` (see :meth:`begin`)
+        self._owner_tag = secrets.token_hex(8)
+        self._minted = 0
         self._listener: Any = None
         self._owned: TaskSet | None = None
         self._waiters: dict[str, asyncio.Future[None]] = {}
@@ -283,8 +286,10 @@ class PostgresLeaseDriver:
         downgrade) or closed goes back to the pool, whose release rolls back
         or drops it.
         """
-        if len(self._idle) < self._keep and not self._closed and _open(conn):
+        if len(self._idle) < self._keep and not self._closed:
             try:
+                # (a closed one is dropped at the next checkout; one the pool
+                # took back, its session ended, raises here)
                 idle = not conn.is_in_transaction()
             except asyncpg.InterfaceError:
                 idle = False
@@ -318,7 +323,9 @@ class PostgresLeaseDriver:
 
     def begin(self, request: Request) -> Attempt:
         """Mint the owner id of every row this attempt may write."""
-        owner = f"{request.participant}#{secrets.token_hex(8)}"
+        # unique per attempt: a random part per driver and a counter
+        self._minted += 1
+        owner = f"{request.participant}#{self._owner_tag}{self._minted:x}"
         return _LeaseAttempt(request, owner)
 
     async def try_once(self, attempt: Attempt) -> list[Grant] | None:
