@@ -221,10 +221,14 @@ class _Session:
         """
         known = self.statements.get(query)
         if known is not None and known[1] is not None and not known[1].closed:
-            rows: Awaitable[list[Any]] = self.conn._protocol.bind_execute(
-                known[1], args, "", 1, False, timeout
-            )
-            return rows
+            # A closed connection has no protocol (or a closed one, which
+            # raises InterfaceError like the public calls do).
+            protocol = getattr(self.conn, "_protocol", None)
+            if protocol is not None:
+                rows: Awaitable[list[Any]] = protocol.bind_execute(
+                    known[1], args, "", 1, False, timeout
+                )
+                return rows
         return self._rows_slow(query, args, timeout)
 
     async def _rows_slow(
@@ -239,10 +243,12 @@ class _Session:
                 state = None
             known = self.statements[query] = (prepared, state)
         prepared, state = known
-        if state is None:
+        protocol = getattr(self.conn, "_protocol", None) if state is not None else None
+        if protocol is None:
+            # (also a connection closed meanwhile: the public call says so)
             public: list[Any] = await prepared.fetch(*args, timeout=timeout)
             return public[:1]
-        rows: list[Any] = await self.conn._protocol.bind_execute(state, args, "", 1, False, timeout)
+        rows: list[Any] = await protocol.bind_execute(state, args, "", 1, False, timeout)
         return rows
 
 

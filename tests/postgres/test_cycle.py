@@ -311,3 +311,30 @@ async def test_lease_kept_connection_ended_by_the_server_is_replaced(
         "SELECT count(*) FROM aiolocks_leases WHERE name = 'mutex/" + name + "'",
     )
     assert rows == [("0",)]
+
+
+@pytest.mark.parametrize("how", ["terminated", "ended by the server"])
+async def test_a_prepared_call_on_a_closed_session_raises_interface_error(
+    postgres_server: PostgresServer, how: str
+) -> None:
+    """A call that waited for the session's turn while the session closed fails the
+    way asyncpg's public calls do (an error the driver treats as a lost session)."""
+    app = _app()
+    async with aiolocks.connect(f"{postgres_server.url}?application_name={app}") as backend:
+        driver = backend._engine.driver
+        assert isinstance(driver, PostgresAdvisoryDriver)
+        async with backend.mutex(f"cycle/closed/{app}"):
+            pass
+        session = driver._primary
+        assert session is not None
+        query = driver._queries.unlock_exclusive
+        assert query in session.statements
+        if how == "terminated":
+            session.conn.terminate()
+        else:
+            await asyncio.to_thread(postgres_server.terminate_backends, application_name=app)
+            async with asyncio.timeout(10):
+                while not session.conn.is_closed():
+                    await asyncio.sleep(0.01)
+        with pytest.raises(asyncpg.InterfaceError):
+            await session.rows(query, (1,))
