@@ -59,7 +59,6 @@ import contextlib
 import logging
 import math
 import random
-import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -102,6 +101,10 @@ _MODE_NAME: Final = {"x": "exclusive", "l": "lease", "r": "read", "w": "write"}
 #: still reported, at most this much later; a hold shorter than this never
 #: opens one
 _LOSS_WATCH_DELAY: Final = 0.05
+#: how many queues' free attempt ids a driver keeps (see ``begin``)
+_FREE_IDS_KEPT: Final = 1024
+#: how many queues' prebuilt head reads a driver keeps (see ``_queue_reads``)
+_READS_KEPT: Final = 256
 # Tombstones live outside every queue (queues start with a family name).
 _TOMBSTONES: Final = b"\x00abandoned\x00"
 
@@ -124,12 +127,25 @@ class _Session:
 class _Hold:
     """The driver handle of a grant: its key, create revision, session, loss watch."""
 
-    __slots__ = ("key", "releasing", "revision", "session", "watch_task", "watch_timer")
+    __slots__ = (
+        "key",
+        "queue",
+        "releasing",
+        "revision",
+        "session",
+        "slot",
+        "watch_task",
+        "watch_timer",
+    )
 
     def __init__(self, key: bytes, revision: int, session: _Session) -> None:
         self.key = key
         self.revision = revision
         self.session = session
+        #: the attempt id the key is named after, to use again once the key is
+        #: released (``None``: not to be used again, or given back already)
+        self.slot: str | None = None
+        self.queue = b""
         self.releasing = False
         self.watch_task: asyncio.Task[None] | None = None
         self.watch_timer: asyncio.TimerHandle | None = None
@@ -234,6 +250,10 @@ class EtcdDriver:
         self._states: StateFeed[ConnectionState] = StateFeed()
         self._closing = False
         self._timers: set[asyncio.TimerHandle] = set()
+        self._reads: dict[tuple[bytes, int, bool], tuple[RangeOp, RangeOp | None]] = {}
+        #: per queue, attempt ids whose keys are gone for sure (see ``begin``)
+        self._free_ids: dict[bytes, list[str]] = {}
+        self._next_id = 0
 
     # -- plumbing
 
@@ -402,9 +422,39 @@ class EtcdDriver:
 
     # -- the attempt lifecycle
 
+    def _mint_id(self) -> str:
+        self._next_id += 1
+        return f"{self._next_id:x}"
+
+    def _give_back(self, queue: bytes, attempt_id: str) -> None:
+        """``attempt_id``'s keys on ``queue`` are gone for sure: a later attempt may use it."""
+        if len(self._free_ids) >= _FREE_IDS_KEPT and queue not in self._free_ids:
+            self._free_ids.clear()
+        self._free_ids.setdefault(queue, []).append(attempt_id)
+
     def begin(self, request: Request) -> EtcdAttempt:
-        """Mint the attempt id (no I/O)."""
-        attempt = EtcdAttempt(request, secrets.token_hex(8))
+        """Pick the attempt id (no I/O).
+
+        An id is unique among the live attempts of this driver (a key is
+        ``<queue><lease>/<id>.<kind>``: two attempts never share one). An id
+        whose key was deleted with an answer from etcd (released, or
+        abandoned with every try answered) is used again by a later attempt
+        on the same queue: etcd keeps an index entry for every key name ever
+        written until the history is compacted, and reading the head of a
+        queue walks them all, so a busy lock with a new name per acquire would
+        read slower and slower. (A late copy of an old try that created the
+        key again after its release would be taken over by the attempt that
+        uses the id next, and released with it, rather than left in the queue.)
+        """
+        queue = self._queue(request)
+        free = self._free_ids.get(queue)
+        if free:
+            attempt_id = free.pop()
+            if not free:
+                del self._free_ids[queue]
+        else:
+            attempt_id = self._mint_id()
+        attempt = EtcdAttempt(request, attempt_id)
         write = request.downgrade_of
         if write is not None and isinstance(write.handle, _Hold):
             attempt.downgrade = write.handle
@@ -438,7 +488,7 @@ class EtcdDriver:
         attempt.downgrade = None
         attempt.revisions = []
         attempt.created = 0
-        attempt.attempt_id = secrets.token_hex(8)
+        attempt.attempt_id = self._mint_id()
 
     async def _create_in_a_row(self, attempt: EtcdAttempt, session: _Session) -> bool:
         """Write an ``acquire_many``'s keys one transaction each, next to each other.
@@ -491,6 +541,40 @@ class EtcdDriver:
             attempt.created += 1
         return True
 
+    def _queue_reads(
+        self, queue: bytes, head_limit: int, exclusive: bool
+    ) -> tuple[RangeOp, RangeOp | None]:
+        """The reads of a queue's head (and, for a mutex, of its two newest keys).
+
+        The same for every try on a queue, so built (and wire-encoded) once
+        per queue: a few recently used queues are kept.
+        """
+        cache_key = (queue, head_limit, exclusive)
+        found = self._reads.get(cache_key)
+        if found is None:
+            head = RangeOp.of(
+                queue,
+                prefix=True,
+                limit=head_limit,
+                keys_only=True,
+                sort_target=SortTarget.CREATE,
+                sort_order=SortOrder.ASCEND,
+            )
+            newest = None
+            if exclusive:
+                newest = RangeOp.of(
+                    queue,
+                    prefix=True,
+                    limit=2,
+                    keys_only=True,
+                    sort_target=SortTarget.CREATE,
+                    sort_order=SortOrder.DESCEND,
+                )
+            if len(self._reads) >= _READS_KEPT:
+                self._reads.clear()
+            found = self._reads[cache_key] = (head, newest)
+        return found
+
     async def try_once(self, attempt: Attempt) -> list[Grant] | None:
         """One transaction: create the attempt's keys if absent and read the head of the queue."""
         assert isinstance(attempt, EtcdAttempt)
@@ -509,42 +593,26 @@ class EtcdDriver:
             head_limit = request.max_leases
         else:
             head_limit = 1
-        head = RangeOp.of(
-            queue,
-            prefix=True,
-            limit=head_limit,
-            keys_only=True,
-            sort_target=SortTarget.CREATE,
-            sort_order=SortOrder.ASCEND,
-        )
-        reads: list[PutOp | RangeOp] = [*(RangeOp.of(key) for key in keys), head]
         # A mutex attempt also reads the key just ahead of its own in the same
         # transaction, so that waiting needs no read of its own: a new key is
         # the newest of the queue (the two newest keys are it and the one
         # ahead); a key written before, of known revision, reads the newest
         # key older than it.
         exclusive = request.family is not Family.READ_WRITE and request.mode is not Mode.LEASE
-        ahead_new = ahead_old = None
-        if exclusive:
-            ahead_new = RangeOp.of(
+        head, ahead_new = self._queue_reads(queue, head_limit, exclusive)
+        reads: list[PutOp | RangeOp] = [*(RangeOp.of(key) for key in keys), head]
+        ahead_old = None
+        if exclusive and attempt.revision:
+            ahead_old = RangeOp.of(
                 queue,
                 prefix=True,
-                limit=2,
+                limit=1,
                 keys_only=True,
+                max_create_revision=attempt.revision - 1,
                 sort_target=SortTarget.CREATE,
                 sort_order=SortOrder.DESCEND,
             )
-            if attempt.revision:
-                ahead_old = RangeOp.of(
-                    queue,
-                    prefix=True,
-                    limit=1,
-                    keys_only=True,
-                    max_create_revision=attempt.revision - 1,
-                    sort_target=SortTarget.CREATE,
-                    sort_order=SortOrder.DESCEND,
-                )
-                reads.append(ahead_old)
+            reads.append(ahead_old)
         attempt.ahead = None
         if multi:
             # The keys are written (one by one, above): only read them again.
@@ -597,6 +665,8 @@ class EtcdDriver:
         holds: list[_Hold] = []
         for key, revision in zip(keys, attempt.revisions, strict=True):
             hold = _Hold(key, revision, session)
+            if not multi:
+                hold.slot, hold.queue = attempt.attempt_id, queue
             grant = Grant(request, revision, hold)
             grant.valid_until = session.keeper.deadline
             session.grants.add(grant)
@@ -776,6 +846,8 @@ class EtcdDriver:
             )
         else:
             await self._drop_keys(keys)
+            if attempt.request.count == 1:
+                self._give_back(self._queue(attempt.request), attempt.attempt_id)
         attempt.keys = []
 
     def finish(self, attempt: Attempt) -> None:
@@ -802,6 +874,9 @@ class EtcdDriver:
             [],
             retry=True,
         )
+        slot, hold.slot = hold.slot, None
+        if slot is not None:
+            self._give_back(hold.queue, slot)  # the key is gone (or was not ours)
         return result.succeeded and not grant.lost
 
     def _deleted(self, grant: Grant, hold: _Hold, how: str) -> None:
@@ -837,8 +912,7 @@ class EtcdDriver:
                             self._deleted(
                                 grant,
                                 hold,
-                                "was deleted behind our back "
-                                f"(revision {event.kv.mod_revision})",
+                                f"was deleted behind our back (revision {event.kv.mod_revision})",
                             )
                             return  # the key is gone either way: nothing more to watch
             except StopAsyncIteration:

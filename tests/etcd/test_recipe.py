@@ -108,6 +108,47 @@ async def test_mutex_excludes_and_tokens_increase_and_nothing_leaks(
 
 
 @pytest.mark.asyncio
+async def test_key_names_are_used_again_once_gone_never_shared_while_live(
+    driver: EtcdDriver, url: str
+) -> None:
+    """etcd indexes every key name ever written until compaction: a busy lock reuses its names."""
+
+    def key_of(grant: Grant) -> bytes:
+        hold = grant.handle
+        assert hold is not None
+        return hold.key  # type: ignore[attr-defined, no-any-return]
+
+    keys = set()
+    for _ in range(4):
+        grant = await _acquire(driver, _request("reuse"), PATIENCE)
+        assert grant is not None
+        keys.add(key_of(grant))
+        assert await driver.release(grant)
+    assert len(keys) == 1  # one name, written again and again
+    # A released hold released once more gives its name back only once: two
+    # live attempts after that still have keys of their own.
+    first = await _acquire(driver, _request("reuse"), PATIENCE)
+    assert first is not None
+    assert await driver.release(first)
+    assert not await driver.release(first)
+    holder = await _acquire(driver, _request("reuse"), PATIENCE)
+    assert holder is not None
+    waiter = driver.begin(_request("reuse"))
+    assert await driver.try_once(waiter) is None
+    assert waiter.keys and waiter.keys[0] != key_of(holder)
+    waiting_key = waiter.keys[0]
+    await driver.abandon(waiter)  # answered: its name may be used again...
+    driver.finish(waiter)
+    again = driver.begin(_request("reuse"))
+    assert await driver.try_once(again) is None
+    assert again.keys == [waiting_key]  # ...by the next attempt, while the holder keeps its own
+    await driver.abandon(again)
+    driver.finish(again)
+    assert await driver.release(holder)
+    assert await _keys(url) == []
+
+
+@pytest.mark.asyncio
 async def test_names_that_are_prefixes_of_each_other_do_not_contend(driver: EtcdDriver) -> None:
     first = await _acquire(driver, _request("a/b"), PATIENCE)
     second = await _acquire(driver, _request("a/b/c"), PATIENCE)
