@@ -82,6 +82,7 @@ from ._client import (
     RangeResult,
     SortOrder,
     SortTarget,
+    TxnResult,
 )
 from ._state import ConnectionState
 from ._url import EtcdOptions
@@ -164,6 +165,7 @@ class EtcdAttempt(Attempt):
         "attempt_id",
         "created",
         "downgrade",
+        "handoff",
         "interleaved",
         "keys",
         "revision",
@@ -171,6 +173,7 @@ class EtcdAttempt(Attempt):
         "session",
         "unanswered",
         "waited",
+        "woken",
     )
 
     def __init__(self, request: Request, attempt_id: str) -> None:
@@ -192,6 +195,11 @@ class EtcdAttempt(Attempt):
         self.waited = False
         #: the write hold this read takes the place of (write -> read downgrade)
         self.downgrade: _Hold | None = None
+        #: the store revision at which a release of this driver handed the lock
+        #: to this waiting mutex attempt (0: none; see ``EtcdDriver.release``)
+        self.handoff = 0
+        #: set when ``handoff`` is, to end the wait at once
+        self.woken: asyncio.Future[None] | None = None
 
 
 def _kind(key: bytes) -> bytes:
@@ -251,6 +259,8 @@ class EtcdDriver:
         self._closing = False
         self._timers: set[asyncio.TimerHandle] = set()
         self._reads: dict[tuple[bytes, int, bool], tuple[RangeOp, RangeOp | None]] = {}
+        #: waiting mutex attempts by the key they wait for (see ``release``)
+        self._waiting: dict[bytes, EtcdAttempt] = {}
         #: per queue, attempt ids whose keys are gone for sure (see ``begin``)
         self._free_ids: dict[bytes, list[str]] = {}
         self._next_id = 0
@@ -579,6 +589,12 @@ class EtcdDriver:
         """One transaction: create the attempt's keys if absent and read the head of the queue."""
         assert isinstance(attempt, EtcdAttempt)
         request = attempt.request
+        handed, attempt.handoff = attempt.handoff, 0
+        session = attempt.session
+        if handed and session is not None and not session.lost.is_set() and attempt.keys:
+            # A release of this driver handed us the lock (our key was the
+            # next one, and the release's transaction read it: see release).
+            return self._grant(attempt, session, self._queue(request))
         session = await self._live_session()
         if attempt.session is not session or not attempt.keys:
             self._bind(attempt, session)
@@ -661,6 +677,13 @@ class EtcdDriver:
                 attempt.ahead = (ahead.kvs[0].key if ahead.kvs else None, result.revision)
         if not self._wins(request, keys, ranked.kvs):
             return None
+        return self._grant(attempt, session, queue)
+
+    def _grant(self, attempt: EtcdAttempt, session: _Session, queue: bytes) -> list[Grant]:
+        """The attempt won: its keys become grants (no I/O, no await)."""
+        request = attempt.request
+        keys = attempt.keys
+        multi = request.count > 1
         grants: list[Grant] = []
         holds: list[_Hold] = []
         for key, revision in zip(keys, attempt.revisions, strict=True):
@@ -797,6 +820,41 @@ class EtcdDriver:
                 read_at = seen.revision
         if target is None and not whole_queue:
             return  # nothing to wait for any more: try again
+        if attempt.handoff:
+            return  # handed the lock while reading: take it
+        handoff_key: bytes | None = None
+        if (
+            target is not None
+            and request.family is not Family.READ_WRITE
+            and request.mode is not Mode.LEASE
+            and request.count == 1
+            and target not in self._waiting
+        ):
+            # A release of this driver that deletes ``target`` hands us the lock.
+            handoff_key = target
+            self._waiting[target] = attempt
+            attempt.woken = asyncio.get_running_loop().create_future()
+        try:
+            await self._watch_for_change(
+                attempt, session, queue, target, whole_queue, with_puts, read_at, bound
+            )
+        finally:
+            if handoff_key is not None:
+                if self._waiting.get(handoff_key) is attempt:
+                    del self._waiting[handoff_key]
+                attempt.woken = None
+
+    async def _watch_for_change(
+        self,
+        attempt: EtcdAttempt,
+        session: _Session,
+        queue: bytes,
+        target: bytes | None,
+        whole_queue: bool,
+        with_puts: bool,
+        read_at: int,
+        bound: float | None,
+    ) -> None:
         if whole_queue:
             watch = await self._client.watch(
                 queue, prefix=True, start_revision=read_at + 1, no_put=True
@@ -807,11 +865,16 @@ class EtcdDriver:
                 target, start_revision=read_at + 1, no_put=not with_puts
             )
         try:
+            if attempt.handoff:
+                return  # handed the lock while the watch was created
             async with asyncio.timeout(bound):
                 lost = asyncio.ensure_future(session.lost.wait())
                 nxt = asyncio.ensure_future(anext(aiter(watch)))
+                waits: set[asyncio.Future[Any]] = {lost, nxt}
+                if attempt.woken is not None:
+                    waits.add(attempt.woken)
                 try:
-                    await asyncio.wait({lost, nxt}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     for future in (lost, nxt):
                         future.cancel()
@@ -868,16 +931,53 @@ class EtcdDriver:
         if task is not None:
             task.cancel()
         hold.session.grants.discard(grant)
+        # Direct handoff: when a mutex attempt of this driver waits for this
+        # very key, the release also reads that attempt's key. The released
+        # key was the owner (the lowest of the queue) and the waiter's key the
+        # next one (no key can be created between them: every new key is the
+        # newest), so if the delete went through and the waiter's key is
+        # still there, with its revision, the waiter owns the lock as of this
+        # transaction: it takes it without waiting for the watch event and
+        # without a transaction of its own. The read of its key closes the
+        # hole of etcd's own recipe (a lock taken on a key whose lease ended).
+        successor = self._waiting.get(hold.key)
+        successor_key = successor.keys[0] if successor is not None and successor.keys else None
+        success: list[DeleteOp | RangeOp] = [DeleteOp.of(hold.key)]
+        if successor_key is not None:
+            success.append(RangeOp.of(successor_key))
         result = await self._client.txn(
             [Compare.create_revision(hold.key, "==", hold.revision)],
-            [DeleteOp.of(hold.key)],
+            success,
             [],
             retry=True,
         )
+        if successor is not None and successor_key is not None and result.succeeded:
+            self._hand_off(successor, successor_key, result)
         slot, hold.slot = hold.slot, None
         if slot is not None:
             self._give_back(hold.queue, slot)  # the key is gone (or was not ours)
         return result.succeeded and not grant.lost
+
+    def _hand_off(self, successor: EtcdAttempt, key: bytes, result: TxnResult) -> None:
+        """Make ``successor`` the owner if the release's read found its key unchanged.
+
+        It may have stopped waiting meanwhile (the watch event of the same
+        delete can come first): its next try then takes the lock without a
+        transaction. Once it abandoned, started over or won on its own, its
+        keys are no longer that one and nothing is handed.
+        """
+        if successor.keys != [key]:
+            return  # it abandoned, started over with another key, or won meanwhile
+        found = result.responses[1] if len(result.responses) > 1 else None
+        if not isinstance(found, RangeResult) or not found.kvs:
+            return  # its key is gone: it starts over on its own
+        if found.kvs[0].create_revision != successor.revision or successor.revision == 0:
+            return
+        successor.revisions = [successor.revision]
+        successor.handoff = result.revision
+        woken = successor.woken
+        if woken is not None and not woken.done():
+            woken.set_result(None)
 
     def _deleted(self, grant: Grant, hold: _Hold, how: str) -> None:
         if not hold.releasing:
