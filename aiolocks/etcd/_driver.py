@@ -630,10 +630,16 @@ class EtcdDriver:
             )
             reads.append(ahead_old)
         attempt.ahead = None
-        if multi:
-            # The keys are written (one by one, above): only read them again.
+        # Keys written already (an acquire_many's, one by one above; a
+        # waiter's, by its first try) are only read again: a transaction of
+        # reads only is a linearizable read for etcd, answered without a write
+        # to its log (a compare-and-put that fails is still a logged write).
+        readonly = multi or (attempt.revision != 0 and attempt.downgrade is None)
+        failure: list[PutOp | RangeOp] = reads
+        if readonly:
             compares: list[Compare] = []
             ops: list[PutOp | RangeOp] = reads
+            failure = []
         else:
             compares = [
                 Compare.create_revision(keys[0], "==", 0),
@@ -645,15 +651,17 @@ class EtcdDriver:
             ops = [PutOp.of(keys[0], request.participant, lease=session.lease_id), head]
             if ahead_new is not None:
                 ops.append(ahead_new)
-        attempt.unanswered = True
+        # A read cannot create a key late: only a write goes unanswered.
+        attempt.unanswered = not readonly
         try:
-            result = await self._client.txn(compares, ops, reads, retry=True)
+            result = await self._client.txn(compares, ops, failure, retry=True)
         except LeaseNotFoundError:
             attempt.unanswered = False
             self._session_lost(session, "etcd said the lease does not exist")
             return None
         attempt.unanswered = False
-        if result.succeeded and not multi:
+        created = result.succeeded and not readonly
+        if created:
             attempt.revisions = [result.revision]
         else:
             found = [r for r in result.responses[: len(keys)] if isinstance(r, RangeResult)]
@@ -670,7 +678,7 @@ class EtcdDriver:
         if exclusive and len(result.responses) > len(keys) + 1:
             ahead = result.responses[len(keys) + 1]
             assert isinstance(ahead, RangeResult)
-            if result.succeeded and not multi:
+            if created:
                 older = [kv for kv in ahead.kvs if kv.key != keys[0]]
                 attempt.ahead = (older[0].key if older else None, result.revision)
             elif ahead_old is not None:
