@@ -15,21 +15,27 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   a prefix of another's. An attempt's key is ``<queue><lease hex>/<attempt
   id>.<kind>``: two attempts of one backend never share a key (the shared
   per-session key of etcd's Go recipe let two mutexes of one session both
-  "win"). ``acquire_many(n)`` writes ``n`` keys (``<attempt id>-<i>``), one
-  transaction each, so that each lease has a create revision (fencing token)
-  of its own; every transaction after the first also checks that no other
-  key joined the queue since our previous one, so the ``n`` keys stand
-  together in the queue and two such acquires can never interleave and
-  deadlock (an acquire that was interleaved drops its keys and starts over
-  after a short random pause). A write -> read downgrade writes a read key
-  named ``.r@<write revision>`` in a transaction that checks the write key
-  is still ours; the queue order puts it at the write key's place, so no
-  writer queued behind the write hold gets in between.
+  "win"). An id whose key is gone for sure is used again by a later attempt
+  on the same queue (etcd indexes every key name ever written until its
+  history is compacted, and a queue's head read walks them all, so a new
+  name per acquire made a busy lock slower and slower). ``acquire_many(n)``
+  writes ``n`` keys (``<attempt id>-<i>``), one transaction each, so that
+  each lease has a create revision (fencing token) of its own; every
+  transaction after the first also checks that no other key joined the queue
+  since our previous one, so the ``n`` keys stand together in the queue and
+  two such acquires can never interleave and deadlock (an acquire that was
+  interleaved drops its keys and starts over after a short random pause). A
+  write -> read downgrade writes a read key named ``.r@<write revision>`` in
+  a transaction that checks the write key is still ours; the queue order
+  puts it at the write key's place, so no writer queued behind the write
+  hold gets in between.
 * **Try** = one transaction: ``If(create_revision(key) == 0 and
   create_revision(tombstone) == 0) Then(Put(key, lease), Range(queue))
   Else(Range(key), Range(queue))``. The owner is the lowest create
   revision (first ``max_leases`` for a semaphore; readers wait only for
-  earlier writers). The fencing token is the key's create revision.
+  earlier writers). The fencing token is the key's create revision. A try
+  whose key exists already (a waiter's, after its wait) only reads: a
+  transaction of reads is a linearizable read, with no write to etcd's log.
 * **Wait** = a watch on the one key to wait for (the last earlier key; for a
   reader, the last earlier writer), from the revision of the read that saw
   it, so a delete in between is not missed. A semaphore waiter first in line
@@ -41,6 +47,13 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   lease had expired, and kept waiting on a dead session).
 * **Release** deletes only if the create revision is still ours, so a
   stale, repeated release can never delete a newer holder's key.
+* **Direct handoff.** When a mutex waiter of this driver waits for the key
+  being released, the release transaction also reads the waiter's key: the
+  released key was the lowest, the waiter's the next (a new key is always
+  the newest), so if the delete went through and the waiter's key is still
+  there with its revision, the waiter owns the lock as of that revision and
+  takes it at once, without the watch event and without a transaction of
+  its own (its own key is still checked before it claims anything).
 * **Prompt loss.** Each hold watches its own key from the revision after
   its creation, starting 50 ms after the grant (a delete in between is
   replayed, so nothing is missed, and a hold shorter than that never opens
