@@ -1808,6 +1808,7 @@ class Watch:
         self._created_revision = 0
         self._created: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inbox: asyncio.Queue[WatchResponse | Exception | object] = asyncio.Queue()
+        self._wakers: list[asyncio.Future[None]] = []
 
     @property
     def key(self) -> bytes:
@@ -1861,6 +1862,22 @@ class Watch:
             else:
                 self._next_revision = max(self._next_revision, item.revision + 1)
         self._inbox.put_nowait(item)
+        wakers, self._wakers = self._wakers, []
+        for waker in wakers:
+            if not waker.done():
+                waker.set_result(None)
+
+    def _wake_on_delivery(self, waker: asyncio.Future[None]) -> None:
+        """Set ``waker`` when something is delivered (at once if something waits already).
+
+        For a caller that only needs to know that something happened, without
+        a task to iterate the watch.
+        """
+        if not self._inbox.empty():
+            if not waker.done():
+                waker.set_result(None)
+            return
+        self._wakers.append(waker)
 
     def _cancel_error(self, response: Any) -> EtcdError:
         compact = int(response.compact_revision)

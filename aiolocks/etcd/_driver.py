@@ -128,7 +128,7 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], object]
 class _Session:
     """One lease, its keep-alive, and the grants that live on it."""
 
-    __slots__ = ("grants", "keeper", "lease_id", "lost", "lost_reason")
+    __slots__ = ("grants", "keeper", "lease_id", "lost", "lost_reason", "wakers")
 
     def __init__(self, lease_id: int, keeper: LeaseKeepAlive) -> None:
         self.lease_id = lease_id
@@ -136,6 +136,8 @@ class _Session:
         self.grants: set[Grant] = set()
         self.lost = asyncio.Event()
         self.lost_reason = ""
+        #: futures of the waits on this session, set when it is lost
+        self.wakers: set[asyncio.Future[None]] = set()
 
 
 class _Hold:
@@ -404,6 +406,10 @@ class EtcdDriver:
     def _session_lost(self, session: _Session, reason: str) -> None:
         session.lost_reason = reason
         session.lost.set()
+        wakers, session.wakers = session.wakers, set()
+        for waker in wakers:
+            if not waker.done():
+                waker.set_result(None)
         if self._session is session:
             self._session = None
             if not self._closing:
@@ -885,24 +891,23 @@ class EtcdDriver:
             watch = await self._client.watch(
                 target, start_revision=read_at + 1, no_put=not with_puts
             )
+        # One future ends the wait: set by the watch's next delivery (an event
+        # or an error), by the session's loss, or by a handoff (``release``);
+        # no task per wait, and no event-loop turns to wind tasks down after.
+        wake = attempt.woken
+        if wake is None:
+            wake = asyncio.get_running_loop().create_future()
         try:
-            if attempt.handoff:
-                return  # handed the lock while the watch was created
+            if attempt.handoff or session.lost.is_set():
+                return  # handed the lock, or the session went, while the watch was created
+            watch._wake_on_delivery(wake)
+            session.wakers.add(wake)
             async with asyncio.timeout(bound):
-                lost = asyncio.ensure_future(session.lost.wait())
-                nxt = asyncio.ensure_future(anext(aiter(watch)))
-                waits: set[asyncio.Future[Any]] = {lost, nxt}
-                if attempt.woken is not None:
-                    waits.add(attempt.woken)
-                try:
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for future in (lost, nxt):
-                        future.cancel()
-                    await asyncio.gather(lost, nxt, return_exceptions=True)
+                await wake
         except TimeoutError:
             pass
         finally:
+            session.wakers.discard(wake)
             await watch.aclose()
 
     async def abandon(self, attempt: Attempt) -> None:
