@@ -200,8 +200,8 @@ class EtcdAttempt(Attempt):
         #: each key's create revision (its lease's fencing token), in key order
         self.revisions: list[int] = []
         #: a mutex attempt's last try also read the key just ahead of its own:
-        #: ``(that key or None, the store revision of the read)``
-        self.ahead: tuple[bytes | None, int] | None = None
+        #: ``(that key or None, its create revision, the store revision of the read)``
+        self.ahead: tuple[bytes | None, int, int] | None = None
         #: keys of an ``acquire_many`` written so far (one transaction each)
         self.created = 0
         #: another key joined the queue between two of ours: pause, start over
@@ -275,7 +275,7 @@ class EtcdDriver:
         self._timers: set[asyncio.TimerHandle] = set()
         self._reads: dict[tuple[bytes, int, bool], tuple[RangeOp, RangeOp | None]] = {}
         #: waiting mutex attempts by the key they wait for (see ``release``)
-        self._waiting: dict[bytes, EtcdAttempt] = {}
+        self._waiting: dict[tuple[bytes, int], EtcdAttempt] = {}
         #: per queue, attempt ids whose keys are gone for sure (see ``begin``)
         self._free_ids: dict[bytes, list[str]] = {}
         self._next_id = 0
@@ -699,9 +699,17 @@ class EtcdDriver:
             assert isinstance(ahead, RangeResult)
             if created:
                 older = [kv for kv in ahead.kvs if kv.key != keys[0]]
-                attempt.ahead = (older[0].key if older else None, result.revision)
+                attempt.ahead = (
+                    (older[0].key, older[0].create_revision, result.revision)
+                    if older
+                    else (None, 0, result.revision)
+                )
             elif ahead_old is not None:
-                attempt.ahead = (ahead.kvs[0].key if ahead.kvs else None, result.revision)
+                attempt.ahead = (
+                    (ahead.kvs[0].key, ahead.kvs[0].create_revision, result.revision)
+                    if ahead.kvs
+                    else (None, 0, result.revision)
+                )
         if not self._wins(request, keys, ranked.kvs):
             return None
         return self._grant(attempt, session, queue)
@@ -792,6 +800,7 @@ class EtcdDriver:
         request = attempt.request
         queue = self._queue(request)
         target: bytes | None = None
+        target_revision = 0
         whole_queue = False
         with_puts = False
         if request.family is Family.READ_WRITE:
@@ -830,7 +839,7 @@ class EtcdDriver:
             known, attempt.ahead = attempt.ahead, None
             if known is not None:
                 # The try's transaction read the key just ahead (see try_once).
-                target, read_at = known
+                target, target_revision, read_at = known
             else:
                 seen = await self._client.range(
                     RangeOp.of(
@@ -843,23 +852,26 @@ class EtcdDriver:
                         limit=1,
                     )
                 )
-                target = seen.kvs[0].key if seen.kvs else None
+                if seen.kvs:
+                    target, target_revision = seen.kvs[0].key, seen.kvs[0].create_revision
                 read_at = seen.revision
         if target is None and not whole_queue:
             return  # nothing to wait for any more: try again
         if attempt.handoff:
             return  # handed the lock while reading: take it
-        handoff_key: bytes | None = None
+        handoff_key: tuple[bytes, int] | None = None
         if (
             target is not None
+            and target_revision
             and request.family is not Family.READ_WRITE
             and request.mode is not Mode.LEASE
             and request.count == 1
-            and target not in self._waiting
+            and (target, target_revision) not in self._waiting
         ):
-            # A release of this driver that deletes ``target`` hands us the lock.
-            handoff_key = target
-            self._waiting[target] = attempt
+            # A release of this driver that deletes ``target`` (that very key,
+            # not a later one of the same name) hands us the lock.
+            handoff_key = (target, target_revision)
+            self._waiting[handoff_key] = attempt
             attempt.woken = asyncio.get_running_loop().create_future()
         try:
             await self._watch_for_change(
@@ -966,8 +978,9 @@ class EtcdDriver:
         # transaction: it takes it without waiting for the watch event and
         # without a transaction of its own. The read of its key closes the
         # hole of etcd's own recipe (a lock taken on a key whose lease ended).
-        successor = self._waiting.get(hold.key)
+        successor = self._waiting.get((hold.key, hold.revision))
         successor_key = successor.keys[0] if successor is not None and successor.keys else None
+        expected = successor.revision if successor is not None else 0
         success: list[DeleteOp | RangeOp] = [DeleteOp.of(hold.key)]
         if successor_key is not None:
             success.append(RangeOp.of(successor_key))
@@ -978,13 +991,15 @@ class EtcdDriver:
             retry=True,
         )
         if successor is not None and successor_key is not None and result.succeeded:
-            self._hand_off(successor, successor_key, result)
+            self._hand_off(successor, successor_key, expected, result)
         slot, hold.slot = hold.slot, None
         if slot is not None:
             self._give_back(hold.queue, slot)  # the key is gone (or was not ours)
         return result.succeeded and not grant.lost
 
-    def _hand_off(self, successor: EtcdAttempt, key: bytes, result: TxnResult) -> None:
+    def _hand_off(
+        self, successor: EtcdAttempt, key: bytes, expected: int, result: TxnResult
+    ) -> None:
         """Make ``successor`` the owner if the release's read found its key unchanged.
 
         It may have stopped waiting meanwhile (the watch event of the same
@@ -992,12 +1007,14 @@ class EtcdDriver:
         transaction. Once it abandoned, started over or won on its own, its
         keys are no longer that one and nothing is handed.
         """
-        if successor.keys != [key]:
-            return  # it abandoned, started over with another key, or won meanwhile
+        if successor.keys != [key] or successor.revision != expected or not expected:
+            # It abandoned, started over, wrote its key again (a new place in
+            # the queue, maybe behind another key), or won meanwhile.
+            return
         found = result.responses[1] if len(result.responses) > 1 else None
         if not isinstance(found, RangeResult) or not found.kvs:
             return  # its key is gone: it starts over on its own
-        if found.kvs[0].create_revision != successor.revision or successor.revision == 0:
+        if found.kvs[0].create_revision != expected:
             return
         successor.revisions = [successor.revision]
         successor.handoff = result.revision
