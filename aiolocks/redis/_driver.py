@@ -214,6 +214,7 @@ class RedisAttempt(Attempt):
         "lease",
         "listening",
         "local",
+        "local_waits",
         "maybe_written",
         "member",
         "queue_timeout",
@@ -265,6 +266,8 @@ class RedisAttempt(Attempt):
         #: waiting in this process only, not in the lock's queue: another
         #: attempt of ours on the lock is queued there (see ``_wait_locally``)
         self.local = False
+        #: local waits that ended unrung: past the first, it stops waiting here
+        self.local_waits = 0
         #: given up (its clean-up started): no longer anybody's place in the queue
         self.ended = False
 
@@ -906,6 +909,7 @@ class RedisDriver:
             a.fair
             or a.args[QUEUE_ARG] != "Q"
             or a.send_lost
+            or a.local_waits > 1
             or self.node.min_replicas
             or (a.deadline is not None and a.deadline <= time.monotonic())
         ):
@@ -1036,6 +1040,12 @@ class RedisDriver:
                 await future
             finally:
                 a.wake.settle()
+            if not a.wake.is_set():
+                # Nobody handed it the lock nor rang it for a whole wait:
+                # a safety net, so that a waiter here never depends on this
+                # process's bookkeeping alone; after the second such wait
+                # it tries, and so queues in the lock's queue itself.
+                a.local_waits += 1
             return
         if a.member and a.queued:
             assert a.wake is not None
