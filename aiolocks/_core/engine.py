@@ -88,10 +88,13 @@ class Engine:
         self._fallback: Driver | None = None
         self._degraded_live = 0
         self._release_waiters: list[asyncio.Future[None]] = []
-        #: one future per release being sent (resolved when it ends): close()
-        #: waits for them before closing the driver, whose connections a late
-        #: release would otherwise reopen and leave open
-        self._releasing: set[asyncio.Future[None]] = set()
+        #: how many releases are being sent: close() waits until none is,
+        #: before closing the driver, whose connections a late release would
+        #: otherwise reopen and leave open. A counter, not a future per
+        #: release: the future (``_releases_idle``) is made only while
+        #: close() waits.
+        self._releasing = 0
+        self._releases_idle: asyncio.Future[None] | None = None
         self._driver_closing = False
 
     # -- identity -----------------------------------------------------------
@@ -249,8 +252,8 @@ class Engine:
         if releases:
             cancelled = await wait_finished(asyncio.gather(*releases, return_exceptions=True))
         if self._releasing:  # releases of bodies that ended before ours began
-            waiting = asyncio.gather(*self._releasing)
-            cancelled = await wait_finished(waiting) or cancelled
+            idle = self._releases_idle = asyncio.get_running_loop().create_future()
+            cancelled = await wait_finished(idle) or cancelled
         try:
             await self.tasks.drain(cancel=True)
         except asyncio.CancelledError as exc:
@@ -268,8 +271,13 @@ class Engine:
 
     # -- acquire --------------------------------------------------------------
 
-    async def acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
+    async def acquire(
+        self, request: Request, deadline: float | None, task: asyncio.Task[Any] | None = None
+    ) -> list[Grant] | None:
         """Take ``request.count`` holds, or ``None`` once ``deadline`` passed.
+
+        ``task`` is the calling task when the caller knows it already (saves
+        a lookup on the fast path).
 
         Cancelling the caller at any await leaves nothing on the server: the
         driver's ``abandon`` runs to completion in an owned task before the
@@ -292,22 +300,30 @@ class Engine:
                 return None
             if not self.opened:
                 await self.open()
-            self.check_open()
-            grants = await self._attempt(self.driver, request, deadline, started)
+            if self.closed:
+                self.check_open()
+            grants = await self._attempt(self.driver, request, deadline, started, task)
         except BackendUnavailableError as exc:
             if not self._degrades(request, exc):
                 raise
             return await self._acquire_degraded(request, deadline, started, exc)
-        self._emit_outcome(request, grants, started)
+        if self.hooks:
+            self._emit_outcome(request, grants, started)
         return grants
 
     async def _attempt(
-        self, driver: Driver, request: Request, deadline: float | None, started: float
+        self,
+        driver: Driver,
+        request: Request,
+        deadline: float | None,
+        started: float,
+        task: asyncio.Task[Any] | None = None,
     ) -> list[Grant] | None:
         """One attempt on ``driver`` through to grants, ``None`` at the deadline, or an error."""
         attempt = driver.begin(request)
         attempt.deadline = deadline
-        task = asyncio.current_task()
+        if task is None:
+            task = asyncio.current_task()
         finish_here = True
         try:
             while True:
@@ -548,16 +564,17 @@ class Engine:
             return
         hold.released = True
         self.holds.discard(hold)
-        self._hold_ended(hold)
         grant = hold.grant
+        if grant.degraded or self._release_waiters:
+            self._hold_ended(hold)
         if self._driver_closing and grant.lost:
             # Closing lost it; its session or lease ends with the driver.
             self.emit_hold("released", hold)
             return
-        in_flight: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._releasing.add(in_flight)
+        driver = self._fallback if grant.degraded and self._fallback is not None else self.driver
+        self._releasing += 1
         try:
-            ok = await self._driver_for(grant).release(grant)
+            ok = await driver.release(grant)
         except asyncio.CancelledError:
             # The command may or may not have run; release is idempotent, so
             # send it again where no cancellation reaches, wait for it, and
@@ -576,11 +593,16 @@ class Engine:
                 raise
             return
         finally:
-            self._releasing.discard(in_flight)
-            in_flight.set_result(None)
+            self._releasing -= 1
+            idle = self._releases_idle
+            if idle is not None and not self._releasing:
+                self._releases_idle = None
+                if not idle.done():
+                    idle.set_result(None)
         if ok is False:
             grant.mark_lost("it was already gone on the server when it was released")
-        self.emit_hold("released", hold)
+        if self.hooks:
+            self.emit_hold("released", hold)
 
     async def _release_again(self, grant: Grant) -> None:
         await self._driver_for(grant).release(grant)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, final
@@ -32,7 +33,11 @@ from .driver import Family, Mode, Request
 from .errors import DeadlockError, LockLostError, LockNotOwnedError, LockTimeoutError
 from .hold import Hold
 from .participants import Participant
-from .timeouts import check_timeout, deadline_from
+from .timeouts import check_timeout
+
+# bound once: called on every acquire and release
+_current_task = asyncio.current_task
+_monotonic = time.monotonic
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -52,11 +57,24 @@ __all__ = [
 def current_task(what: str) -> asyncio.Task[object]:
     """The running task, or a clear error outside of one."""
     try:
-        task = asyncio.current_task()
+        task = _current_task()
     except RuntimeError:
         task = None
     if task is None:
         raise RuntimeError(f"{what} must be called from inside an asyncio task")
+    return task
+
+
+def _calling_task(lock: Lock, method: str) -> asyncio.Task[object]:
+    """:func:`current_task` for a lock method; the error text is built only when raised."""
+    try:
+        task = _current_task()
+    except RuntimeError:
+        task = None
+    if task is None:
+        raise RuntimeError(
+            f"{type(lock).__name__}.{method}() must be called from inside an asyncio task"
+        )
     return task
 
 
@@ -80,6 +98,9 @@ class Lock:
         self._engine = engine
         self._backend = backend
         self._options = engine.lock_options(self._family, options)
+        # The engine's ledger key, built once (an enum's ``.value`` is a
+        # Python-level property: not something to read on every call).
+        self._ledger_key = (self._family, self._key, self._mode.value)
         # The last hold of this object that ended lost; keeps ``is_lost`` true
         # until the next successful acquire.
         self._ended_lost: Hold | None = None
@@ -108,6 +129,10 @@ class Lock:
     def _current_hold(self) -> Hold | None:
         raise NotImplementedError
 
+    def _hold_of(self, task: asyncio.Task[object]) -> Hold | None:
+        """The hold ``task`` would release: :meth:`_current_hold` with the task known."""
+        raise NotImplementedError
+
     def _reenter(self, task: asyncio.Task[object]) -> bool:
         raise NotImplementedError
 
@@ -127,8 +152,8 @@ class Lock:
     def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
         raise NotImplementedError
 
-    def _take_for_release(self, task: asyncio.Task[object]) -> Hold | None:
-        """Count one release down; return the hold to release on the server, if any."""
+    def _take_for_release(self, task: asyncio.Task[object], hold: Hold | None) -> Hold | None:
+        """Count one release of ``hold`` (``_hold_of(task)``) down; the hold to end, if any."""
         raise NotImplementedError
 
     # -- public API -------------------------------------------------------------
@@ -144,21 +169,28 @@ class Lock:
         :raises LockLostError: re-entry into a hold that was already lost.
         :raises BackendUnavailableError: the server cannot be reached.
         """
-        seconds = check_timeout(timeout)
-        task = current_task(f"{type(self).__name__}.acquire()")
-        self._engine.check_open()
+        if timeout is not None:
+            timeout = check_timeout(timeout)
+        return await self._acquire(timeout, _calling_task(self, "acquire")) is not None
+
+    async def _acquire(self, seconds: float | None, task: asyncio.Task[object]) -> Hold | None:
+        """``acquire()`` for ``task``, ``seconds`` checked: the hold, or ``None`` at the timeout."""
+        deadline = None if seconds is None else _monotonic() + seconds
+        engine = self._engine
+        if engine.closed:
+            engine.check_open()
         if self._reenter(task):
             self._ended_lost = None
-            return True
+            return self._hold_of(task)
         request = self._request(task)
-        grants = await self._engine.acquire(request, deadline_from(seconds))
+        grants = await engine.acquire(request, deadline, task)
         if not grants:
-            return False
+            return None
         # No await between the grant and recording it: a cancellation cannot fall between.
-        hold = Hold(self._engine, grants[0], kind=self._kind, owner=request.owner)
+        hold = Hold(engine, grants[0], kind=self._kind, owner=request.owner)
         self._record(task, hold)
         self._ended_lost = self._loss_reported = None
-        return True
+        return hold
 
     async def release(self) -> None:
         """Release one acquisition; the server hold ends at the last one.
@@ -189,11 +221,11 @@ class Lock:
 
         ``async with`` exits through here: it reports a loss in its own words.
         """
-        task = current_task(f"{type(self).__name__}.release()")
-        hold = self._current_hold()
+        task = _calling_task(self, "release")
+        hold = self._hold_of(task)
         if hold is not None:
             hold.grant.verify()  # a lease that ran out while the loop was busy counts as lost
-        ended = self._take_for_release(task)
+        ended = self._take_for_release(task, hold)
         try:
             if ended is not None:
                 await self._engine.release(ended)
@@ -214,7 +246,7 @@ class Lock:
         return HoldContext(self, check_timeout(timeout))
 
     async def __aenter__(self) -> Lock:
-        return await HoldContext(self, None).__aenter__()
+        return await _enter(self, None)
 
     async def __aexit__(
         self,
@@ -222,7 +254,7 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await HoldContext(self, None).__aexit__(exc_type, exc, tb)
+        await _exit(self, exc)
 
     @property
     def fencing_token(self) -> int | None:
@@ -290,18 +322,7 @@ class HoldContext:
         self._timeout = timeout
 
     async def __aenter__(self) -> Lock:
-        lock = self._lock
-        if not await lock.acquire(self._timeout):
-            raise LockTimeoutError(
-                f"{lock._kind} {lock.name!r} was not acquired within {self._timeout} s"
-            )
-        hold = lock._current_hold()
-        try:
-            await enter_hold_body(hold, lock._release_noting_loss)
-        except LockLostError:
-            lock._loss_reported = hold
-            raise
-        return lock
+        return await _enter(self._lock, self._timeout)
 
     async def __aexit__(
         self,
@@ -309,12 +330,35 @@ class HoldContext:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        hold = self._lock._current_hold()
-        try:
-            await exit_hold_body(hold, exc, self._lock._release_noting_loss)
-        except LockLostError:
-            self._lock._loss_reported = hold
-            raise
+        await _exit(self._lock, exc)
+
+
+async def _enter(lock: Lock, timeout: float | None) -> Lock:
+    """``async with lock`` / ``lock.hold(timeout)``: acquire, then register the body."""
+    task = _calling_task(lock, "acquire")
+    hold = await lock._acquire(timeout, task)
+    if hold is None:
+        raise LockTimeoutError(f"{lock._kind} {lock.name!r} was not acquired within {timeout} s")
+    if hold.grant.verify():
+        # the common case of enter_hold_body(), without its second task lookup
+        hold.enter_body(task)
+        return lock
+    try:
+        await enter_hold_body(hold, lock._release_noting_loss)
+    except LockLostError:
+        lock._loss_reported = hold
+        raise
+    return lock
+
+
+async def _exit(lock: Lock, exc: BaseException | None) -> None:
+    """The ``__aexit__`` of ``async with lock`` / ``lock.hold(timeout)``."""
+    hold = lock._current_hold()
+    try:
+        await exit_hold_body(hold, exc, lock._release_noting_loss)
+    except LockLostError:
+        lock._loss_reported = hold
+        raise
 
 
 async def enter_hold_body(hold: Hold | None, release: Callable[[], Awaitable[object]]) -> None:
@@ -344,7 +388,7 @@ async def exit_hold_body(
     task = current_task("async with")
     outcome = "held"
     try:
-        if hold is not None:
+        if hold is not None and not hold.leave_body(task):  # a loss to settle (rare)
             outcome = await hold.exit_body(task, exc)
     finally:
         # Release even if settling the loss raised: the hold must not outlive the block.
@@ -369,20 +413,25 @@ async def exit_hold_body(
 class _TaskOwnedLock(Lock):
     """Reentrant per task: Mutex and the read/write halves."""
 
-    def _ledger(self) -> dict[asyncio.Task[object], Hold]:
-        return self._engine.ledger(self._family, self._key, self._mode.value)
-
     def _current_hold(self) -> Hold | None:
         try:
-            task = asyncio.current_task()
+            task = _current_task()
         except RuntimeError:
             return None
         if task is None:
             return None
-        return self._ledger().get(task)
+        ledger = self._engine.ledgers.get(self._ledger_key)
+        return None if ledger is None else ledger.get(task)
+
+    def _hold_of(self, task: asyncio.Task[object]) -> Hold | None:
+        ledger = self._engine.ledgers.get(self._ledger_key)
+        return None if ledger is None else ledger.get(task)
 
     def _reenter(self, task: asyncio.Task[object]) -> bool:
-        hold = self._ledger().get(task)
+        ledger = self._engine.ledgers.get(self._ledger_key)
+        if ledger is None:
+            return False
+        hold = ledger.get(task)
         if hold is None:
             return False
         if hold.lost:
@@ -394,30 +443,28 @@ class _TaskOwnedLock(Lock):
         return True
 
     def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
-        self._ledger()[task] = hold
-        engine = self._engine
-        family, key, mode = self._family, self._key, self._mode.value
+        ledgers = self._engine.ledgers
+        key = self._ledger_key
+        ledger = ledgers.get(key)
+        if ledger is None:
+            ledger = ledgers[key] = {}
+        ledger[task] = hold
+        hold.ledger_key = key
+        # A bound method, not a closure: nothing to build per hold but the method object.
+        hold.on_owner_done = hold.owner_ended
+        task.add_done_callback(hold.on_owner_done)
 
-        def owner_done(done: asyncio.Task[object]) -> None:
-            ledger = engine.ledger(family, key, mode)
-            if ledger.get(done) is hold:
-                del ledger[done]
-                engine.drop_ledger_if_empty(family, key, mode)
-                engine.release_orphan(hold)
-
-        task.add_done_callback(owner_done)
-        hold.on_owner_done = owner_done
-
-    def _take_for_release(self, task: asyncio.Task[object]) -> Hold | None:
-        ledger = self._ledger()
-        hold = ledger.get(task)
+    def _take_for_release(self, task: asyncio.Task[object], hold: Hold | None) -> Hold | None:
         if hold is None:
             raise LockNotOwnedError(f"{self._kind} {self._name!r} is not held by the current task")
         hold.count -= 1
         if hold.count > 0:
             return None
+        ledgers = self._engine.ledgers
+        ledger = ledgers[self._ledger_key]
         del ledger[task]
-        self._engine.drop_ledger_if_empty(self._family, self._key, self._mode.value)
+        if not ledger:
+            del ledgers[self._ledger_key]  # keep the dict of ledgers small
         if hold.on_owner_done is not None:
             task.remove_done_callback(hold.on_owner_done)
             hold.on_owner_done = None
@@ -483,9 +530,12 @@ class SemaphoreMutex(Lock):
     def _current_hold(self) -> Hold | None:
         return self._hold
 
+    def _hold_of(self, task: asyncio.Task[object]) -> Hold | None:
+        return self._hold
+
     def _reenter(self, task: asyncio.Task[object]) -> bool:
-        ledger = self._engine.ledger(self._family, self._key, self._mode.value)
-        if task in ledger:
+        ledger = self._engine.ledgers.get(self._ledger_key)
+        if ledger is not None and task in ledger:
             raise DeadlockError(
                 f"semaphore mutex {self._name!r} is already held by the current task and is "
                 "not reentrant; use backend.mutex() for a reentrant lock"
@@ -497,8 +547,7 @@ class SemaphoreMutex(Lock):
         self._holder_task = task
         self._engine.ledger(self._family, self._key, self._mode.value)[task] = hold
 
-    def _take_for_release(self, task: asyncio.Task[object]) -> Hold | None:
-        hold = self._hold
+    def _take_for_release(self, task: asyncio.Task[object], hold: Hold | None) -> Hold | None:
         if hold is None:
             raise LockNotOwnedError(f"semaphore mutex {self._name!r} is not held by this object")
         self._hold = None
@@ -532,7 +581,8 @@ class ReadLock(_TaskOwnedLock):
 
     def _request(self, task: asyncio.Task[object]) -> Request:
         request = super()._request(task)
-        write = self._engine.ledger(self._family, self._key, Mode.WRITE.value).get(task)
+        writers = self._engine.ledgers.get((self._family, self._key, "write"))
+        write = None if writers is None else writers.get(task)
         if write is None or write.lost:
             return request
         return dataclasses.replace(request, downgrade_of=write.grant)
@@ -553,7 +603,8 @@ class WriteLock(_TaskOwnedLock):
     def _reenter(self, task: asyncio.Task[object]) -> bool:
         if super()._reenter(task):
             return True
-        if task in self._engine.ledger(self._family, self._key, Mode.READ.value):
+        readers = self._engine.ledgers.get((self._family, self._key, "read"))
+        if readers is not None and task in readers:
             raise DeadlockError(
                 f"read/write lock {self._name!r}: the current task holds the read lock and "
                 "cannot upgrade to the write lock (release the read lock first)"

@@ -35,7 +35,9 @@ class _Entry(Attempt):
     __slots__ = ("future", "grants", "queued")
 
     def __init__(self, request: Request) -> None:
-        super().__init__(request)
+        # Attempt.__init__'s two fields set here: one call less per acquire
+        self.request = request
+        self.deadline: float | None = None
         self.future: asyncio.Future[None] | None = None
         self.grants: list[Grant] | None = None
         self.queued = False
@@ -115,11 +117,17 @@ class _Store:
 
     def release(self, grant: Grant) -> bool:
         request = grant.request
-        queue = self.queues.get((request.family, request.name))
-        held = queue is not None and grant in queue.holders
-        if queue is not None:
-            queue.holders.pop(grant, None)
-        self.pump(request.family, request.name)
+        key = (request.family, request.name)
+        queue = self.queues.get(key)
+        if queue is None:
+            return False
+        held = grant in queue.holders
+        if held:
+            del queue.holders[grant]
+        if queue.waiters:
+            self.pump(request.family, request.name)
+        elif not queue.holders:
+            del self.queues[key]
         return held
 
 
@@ -183,8 +191,13 @@ class MemoryDriver:
         if entry.queued:
             return None
         request = entry.request
-        store = self._get_store()
+        store = self._store or self._get_store()
         queue = store.queue(request.family, request.name)
+        if not queue.waiters and request.downgrade_of is None and queue.grantable(request):
+            # Nobody queued ahead: granted at once (what queueing and pumping
+            # would do, without the round trip through the waiters list).
+            entry.grants = store.grant(queue, request)
+            return entry.grants
         downgrade = request.downgrade_of
         if downgrade is not None and downgrade in queue.holders:
             # Write -> read downgrade: granted at once, ahead of every waiter,
@@ -228,7 +241,7 @@ class MemoryDriver:
         (the engine then finishes the release).
         """
         await asyncio.sleep(0)
-        return self._get_store().release(grant)
+        return (self._store or self._get_store()).release(grant)
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
         """Holders in grant order, then waiters in arrival order."""
