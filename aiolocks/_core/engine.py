@@ -37,7 +37,7 @@ from .errors import BackendUnavailableError
 from .events import EventHook, EventKind, LockEvent, lock_kind
 from .names import validate_name
 from .participants import Participant
-from .tasks import TaskSet, wait_finished
+from .tasks import TaskSet, running_task, wait_finished
 
 if TYPE_CHECKING:
     from .hold import Hold
@@ -271,10 +271,10 @@ class Engine:
 
     # -- acquire --------------------------------------------------------------
 
-    async def acquire(
+    def acquire(
         self, request: Request, deadline: float | None, task: asyncio.Task[Any] | None = None
-    ) -> list[Grant] | None:
-        """Take ``request.count`` holds, or ``None`` once ``deadline`` passed.
+    ) -> Coroutine[Any, Any, list[Grant] | None]:
+        """Take ``request.count`` holds, or ``None`` once ``deadline`` passed (await the result).
 
         ``task`` is the calling task when the caller knows it already (saves
         a lookup on the fast path).
@@ -287,7 +287,19 @@ class Engine:
         :class:`BackendUnavailableError` (before or while waiting) takes the
         same lock from the process-local fallback store instead; see
         :meth:`_acquire_degraded`.
+
+        Not a coroutine function itself: on the fast path (open, nothing
+        degraded) it hands back the attempt's coroutine, which is then the
+        only frame of the engine between the caller and the driver.
         """
+        if self._degraded_live or not self.opened or self.closed:
+            return self._acquire_slow(request, deadline, task)
+        return self._attempt(self.driver, request, deadline, time.monotonic(), task, top=True)
+
+    async def _acquire_slow(
+        self, request: Request, deadline: float | None, task: asyncio.Task[Any] | None
+    ) -> list[Grant] | None:
+        """:meth:`acquire` when the driver is not open yet or degraded holds are live."""
         started = time.monotonic()
         try:
             # The server may be back while tasks of this process still hold
@@ -300,16 +312,12 @@ class Engine:
                 return None
             if not self.opened:
                 await self.open()
-            if self.closed:
-                self.check_open()
-            grants = await self._attempt(self.driver, request, deadline, started, task)
+            self.check_open()
         except BackendUnavailableError as exc:
             if not self._degrades(request, exc):
                 raise
             return await self._acquire_degraded(request, deadline, started, exc)
-        if self.hooks:
-            self._emit_outcome(request, grants, started)
-        return grants
+        return await self._attempt(self.driver, request, deadline, started, task, top=True)
 
     async def _attempt(
         self,
@@ -318,26 +326,33 @@ class Engine:
         deadline: float | None,
         started: float,
         task: asyncio.Task[Any] | None = None,
+        *,
+        top: bool = False,
     ) -> list[Grant] | None:
-        """One attempt on ``driver`` through to grants, ``None`` at the deadline, or an error."""
+        """One attempt on ``driver`` through to grants, ``None`` at the deadline, or an error.
+
+        ``top``: the attempt on the server that :meth:`acquire` runs; it
+        reports the outcome to the hooks and, when the server is unreachable
+        and the backend degrades, goes on to :meth:`_acquire_degraded`.
+        """
         attempt = driver.begin(request)
         attempt.deadline = deadline
         if task is None:
-            task = asyncio.current_task()
+            task = running_task()
         finish_here = True
+        # A client library may swallow a cancellation that arrives during a
+        # try or a wait (seen with redis-py's cluster client): the error is
+        # gone but the task is still cancelling. Honour it, or the caller
+        # would go on waiting for a lock it gave up. (Granted: the caller has
+        # the lock, as if the cancel had come a moment later.)
+        cancels = task.cancelling() if task is not None else 0
         try:
             while True:
-                cancels = task.cancelling() if task is not None else 0
                 grants = await driver.try_once(attempt)
-                if grants is None and task is not None and task.cancelling() > cancels:
-                    # A client library swallowed a cancellation that arrived
-                    # during the try (seen with redis-py's cluster client):
-                    # honour it, or the caller would go on waiting for a lock
-                    # it gave up. (Granted: the caller has the lock, as if the
-                    # cancel had come a moment later.)
-                    raise asyncio.CancelledError()
                 if grants is not None:
                     break
+                if task is not None and task.cancelling() > cancels:
+                    raise asyncio.CancelledError()
                 bound = None
                 if deadline is not None:
                     bound = deadline - time.monotonic()
@@ -345,6 +360,8 @@ class Engine:
                         await driver.abandon(attempt)
                         break
                 await driver.wait_for_change(attempt, bound)
+                if task is not None and task.cancelling() > cancels:
+                    raise asyncio.CancelledError()
         except BaseException as exc:
             if self._degrades(request, exc):
                 # The caller goes on to the local fallback at once; giving
@@ -356,6 +373,8 @@ class Engine:
                     name=f"aiolocks-abandon:{request.family.value}:{request.name}",
                     log_errors=False,
                 )
+                if top and isinstance(exc, BackendUnavailableError):
+                    return await self._acquire_degraded(request, deadline, started, exc)
                 raise
             # An error reaches the caller after at most ERROR_CLEANUP_WAIT of
             # clean-up: with the server down, the clean-up retries until the
@@ -380,6 +399,8 @@ class Engine:
         finally:
             if finish_here:
                 driver.finish(attempt)
+        if top and self.hooks:
+            self._emit_outcome(request, grants, started)
         return grants
 
     async def _abandon_in_background(self, driver: Driver, attempt: Attempt) -> None:

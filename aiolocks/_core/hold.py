@@ -73,7 +73,10 @@ class Hold:
         # task -> the cancelling() baseline of its outermost body, for tasks we cancelled
         self._loss_cancelled: dict[asyncio.Task[object], int] = {}
         engine.holds.add(self)  # what Engine.register_hold does, without the call
-        grant.add_loss_listener(self._on_grant_lost)
+        if grant.lost:
+            grant.add_loss_listener(self._on_grant_lost)
+        else:  # what add_loss_listener does, without the call
+            grant._listeners.append(self._on_grant_lost)
         grant.event_sink = engine.grant_event
 
     def owner_ended(self, task: asyncio.Task[object]) -> None:

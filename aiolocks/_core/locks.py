@@ -29,14 +29,17 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, final
 
-from .driver import Family, Mode, Request
+from .driver import Family, Grant, Mode, Request
 from .errors import DeadlockError, LockLostError, LockNotOwnedError, LockTimeoutError
 from .hold import Hold
 from .participants import Participant
+from .tasks import running_task, task_of_loop
 from .timeouts import check_timeout
 
 # bound once: called on every acquire and release
-_current_task = asyncio.current_task
+_current_task = running_task
+_task_of_loop = task_of_loop
+_get_running_loop = asyncio.get_running_loop
 _monotonic = time.monotonic
 
 if TYPE_CHECKING:
@@ -68,7 +71,7 @@ def current_task(what: str) -> asyncio.Task[object]:
 def _calling_task(lock: Lock, method: str) -> asyncio.Task[object]:
     """:func:`current_task` for a lock method; the error text is built only when raised."""
     try:
-        task = _current_task()
+        task = _task_of_loop(_get_running_loop())
     except RuntimeError:
         task = None
     if task is None:
@@ -144,7 +147,7 @@ class Lock:
             name=self._key,
             family=self._family,
             mode=self._mode,
-            participant=self._engine.participant_id(task),
+            participant=f"{self._engine.client_id}/{task.get_name()}",  # participant_id()
             owner=task if self._task_bound else None,
             options=self._options,
         )
@@ -169,9 +172,26 @@ class Lock:
         :raises LockLostError: re-entry into a hold that was already lost.
         :raises BackendUnavailableError: the server cannot be reached.
         """
+        # The body of _acquire() inlined: one coroutine less on the fast path.
+        deadline = None
         if timeout is not None:
-            timeout = check_timeout(timeout)
-        return await self._acquire(timeout, _calling_task(self, "acquire")) is not None
+            seconds = check_timeout(timeout)
+            if seconds is not None:
+                deadline = _monotonic() + seconds
+        task = _calling_task(self, "acquire")
+        engine = self._engine
+        if engine.closed:
+            engine.check_open()
+        if self._reenter(task):
+            self._ended_lost = None
+            return True
+        request = self._request(task)
+        grants = await engine.acquire(request, deadline, task)
+        if not grants:
+            return False
+        # No await between the grant and recording it: a cancellation cannot fall between.
+        self._granted(task, request, grants[0])
+        return True
 
     async def _acquire(self, seconds: float | None, task: asyncio.Task[object]) -> Hold | None:
         """``acquire()`` for ``task``, ``seconds`` checked: the hold, or ``None`` at the timeout."""
@@ -187,7 +207,11 @@ class Lock:
         if not grants:
             return None
         # No await between the grant and recording it: a cancellation cannot fall between.
-        hold = Hold(engine, grants[0], kind=self._kind, owner=request.owner)
+        return self._granted(task, request, grants[0])
+
+    def _granted(self, task: asyncio.Task[object], request: Request, grant: Grant) -> Hold:
+        """Record a new hold of ``task`` (synchronous: called right after the grant)."""
+        hold = Hold(self._engine, grant, kind=self._kind, owner=request.owner)
         self._record(task, hold)
         self._ended_lost = self._loss_reported = None
         return hold
@@ -208,7 +232,20 @@ class Lock:
             for a Mutex or a read/write half).
         :raises LockLostError: the hold was lost while it was held.
         """
-        lost = await self._release_noting_loss()
+        # The body of _release_noting_loss() inlined: one coroutine less.
+        task = _calling_task(self, "release")
+        hold = self._hold_of(task)
+        if hold is not None and hold.grant.valid_until is not None:
+            hold.grant.verify()  # a lease that ran out while the loop was busy counts as lost
+        ended = self._take_for_release(task, hold)
+        if ended is not None:
+            try:
+                await self._engine.release(ended)
+            finally:
+                # Also when cancelled meanwhile: is_lost must not forget the loss.
+                if ended.grant.lost:
+                    self._ended_lost = ended
+        lost = hold if hold is not None and hold.grant.lost else None
         if lost is not None and lost is not self._loss_reported:
             self._loss_reported = lost
             raise LockLostError(
@@ -453,6 +490,21 @@ class _TaskOwnedLock(Lock):
         # A bound method, not a closure: nothing to build per hold but the method object.
         hold.on_owner_done = hold.owner_ended
         task.add_done_callback(hold.on_owner_done)
+
+    def _granted(self, task: asyncio.Task[object], request: Request, grant: Grant) -> Hold:
+        # Lock._granted with _record inlined: one call less per acquire.
+        hold = Hold(self._engine, grant, kind=self._kind, owner=task)
+        ledgers = self._engine.ledgers
+        key = self._ledger_key
+        ledger = ledgers.get(key)
+        if ledger is None:
+            ledger = ledgers[key] = {}
+        ledger[task] = hold
+        hold.ledger_key = key
+        hold.on_owner_done = hold.owner_ended
+        task.add_done_callback(hold.on_owner_done)
+        self._ended_lost = self._loss_reported = None
+        return hold
 
     def _take_for_release(self, task: asyncio.Task[object], hold: Hold | None) -> Hold | None:
         if hold is None:

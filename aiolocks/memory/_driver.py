@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import types
 import weakref
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import TYPE_CHECKING, cast, final
 
 from .._core.backend import Backend
@@ -85,6 +86,11 @@ class _Store:
 
     def grant(self, queue: _Queue, request: Request) -> list[Grant]:
         key = (request.family, request.name)
+        if request.count == 1:
+            token = self.tokens[key] = self.tokens.get(key, 0) + 1
+            grant = Grant(request, token, handle=key)
+            queue.holders[grant] = None
+            return [grant]
         grants = []
         for _ in range(request.count):
             token = self.tokens.get(key, 0) + 1
@@ -129,6 +135,12 @@ class _Store:
         elif not queue.holders:
             del self.queues[key]
         return held
+
+
+@types.coroutine
+def _yield() -> Generator[None, None, None]:
+    """One pass of the event loop, like ``asyncio.sleep(0)`` without its extra frame."""
+    yield
 
 
 # One dict of stores per event loop: futures belong to a loop.
@@ -192,7 +204,15 @@ class MemoryDriver:
             return None
         request = entry.request
         store = self._store or self._get_store()
-        queue = store.queue(request.family, request.name)
+        key = (request.family, request.name)
+        queue = store.queues.get(key)
+        if queue is None:
+            # Nobody holds or waits: granted at once (a downgrade always
+            # finds its write hold's queue, and count <= max_leases was
+            # checked before any of this).
+            queue = store.queues[key] = _Queue()
+            entry.grants = store.grant(queue, request)
+            return entry.grants
         if not queue.waiters and request.downgrade_of is None and queue.grantable(request):
             # Nobody queued ahead: granted at once (what queueing and pumping
             # would do, without the round trip through the waiters list).
@@ -240,7 +260,7 @@ class MemoryDriver:
         that code tested on ``memory://`` meets the same cancellation point
         (the engine then finishes the release).
         """
-        await asyncio.sleep(0)
+        await _yield()
         return (self._store or self._get_store()).release(grant)
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
