@@ -80,6 +80,8 @@ class Engine:
         self.ledgers: dict[tuple[Family, str, str], Ledger] = {}
         self.latches: weakref.WeakSet[LeaderLatch] = weakref.WeakSet()
         self.hooks: list[EventHook] = []
+        #: ``grant_event`` bound once (every hold's grant gets it as its event sink)
+        self.grant_event_sink = self.grant_event
         self._open_lock: asyncio.Lock | None = None
         self.opened = False
         self.closed = False

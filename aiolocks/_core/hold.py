@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .driver import Family, Grant
 
@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 __all__ = ["Hold"]
 
 logger = logging.getLogger("aiolocks")
+
+#: The empty ``_bodies``/``_loss_cancelled`` every hold starts with; never
+#: written (a hold makes its own dict before its first write).
+_NOTHING: dict[asyncio.Task[object], Any] = {}
 
 
 class Hold:
@@ -69,15 +73,17 @@ class Hold:
         #: the engine's ledger this hold is recorded in (task-owned locks)
         self.ledger_key: tuple[Family, str, str] | None = None
         # task -> stack of task.cancelling() values at each body entry
-        self._bodies: dict[asyncio.Task[object], list[int]] = {}
+        # (both start as one shared empty dict, replaced at the first write:
+        # most holds never run an ``async with`` body, fewer still are lost)
+        self._bodies: dict[asyncio.Task[object], list[int]] = _NOTHING
         # task -> the cancelling() baseline of its outermost body, for tasks we cancelled
-        self._loss_cancelled: dict[asyncio.Task[object], int] = {}
+        self._loss_cancelled: dict[asyncio.Task[object], int] = _NOTHING
         engine.holds.add(self)  # what Engine.register_hold does, without the call
         if grant.lost:
             grant.add_loss_listener(self._on_grant_lost)
         else:  # what add_loss_listener does, without the call
             grant._listeners.append(self._on_grant_lost)
-        grant.event_sink = engine.grant_event
+        grant.event_sink = engine.grant_event_sink
 
     def owner_ended(self, task: asyncio.Task[object]) -> None:
         """Done callback of the owner task: a hold still in its ledger is an orphan."""
@@ -125,6 +131,8 @@ class Hold:
             },
         )
         self.engine.emit_hold("lost", self)
+        if self._loss_cancelled is _NOTHING:
+            self._loss_cancelled = {}
         for task, stack in self._bodies.items():
             if stack and task not in self._loss_cancelled and not task.done():
                 self._loss_cancelled[task] = stack[0]
@@ -132,6 +140,8 @@ class Hold:
 
     def enter_body(self, task: asyncio.Task[object]) -> None:
         """Record that ``task`` runs an ``async with`` body under this hold."""
+        if self._bodies is _NOTHING:
+            self._bodies = {}
         self._bodies.setdefault(task, []).append(task.cancelling())
 
     def leave_body(self, task: asyncio.Task[object]) -> bool:

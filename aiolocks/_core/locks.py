@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 from .driver import Family, Grant, Mode, Request
 from .errors import DeadlockError, LockLostError, LockNotOwnedError, LockTimeoutError
@@ -172,7 +172,6 @@ class Lock:
         :raises LockLostError: re-entry into a hold that was already lost.
         :raises BackendUnavailableError: the server cannot be reached.
         """
-        # The body of _acquire() inlined: one coroutine less on the fast path.
         deadline = None
         if timeout is not None:
             seconds = check_timeout(timeout)
@@ -192,22 +191,6 @@ class Lock:
         # No await between the grant and recording it: a cancellation cannot fall between.
         self._granted(task, request, grants[0])
         return True
-
-    async def _acquire(self, seconds: float | None, task: asyncio.Task[object]) -> Hold | None:
-        """``acquire()`` for ``task``, ``seconds`` checked: the hold, or ``None`` at the timeout."""
-        deadline = None if seconds is None else _monotonic() + seconds
-        engine = self._engine
-        if engine.closed:
-            engine.check_open()
-        if self._reenter(task):
-            self._ended_lost = None
-            return self._hold_of(task)
-        request = self._request(task)
-        grants = await engine.acquire(request, deadline, task)
-        if not grants:
-            return None
-        # No await between the grant and recording it: a cancellation cannot fall between.
-        return self._granted(task, request, grants[0])
 
     def _granted(self, task: asyncio.Task[object], request: Request, grant: Grant) -> Hold:
         """Record a new hold of ``task`` (synchronous: called right after the grant)."""
@@ -282,16 +265,19 @@ class Lock:
         """
         return HoldContext(self, check_timeout(timeout))
 
-    async def __aenter__(self) -> Lock:
-        return await _enter(self, None)
+    # ``async with`` awaits what these return: the coroutines of _enter and
+    # _exit themselves, without a coroutine of their own around them.
 
-    async def __aexit__(
+    def __aenter__(self) -> Coroutine[Any, Any, Lock]:
+        return _enter(self, None)
+
+    def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
-        await _exit(self, exc)
+    ) -> Coroutine[Any, Any, None]:
+        return _exit(self, exc)
 
     @property
     def fencing_token(self) -> int | None:
@@ -358,22 +344,34 @@ class HoldContext:
         self._lock = lock
         self._timeout = timeout
 
-    async def __aenter__(self) -> Lock:
-        return await _enter(self._lock, self._timeout)
+    def __aenter__(self) -> Coroutine[Any, Any, Lock]:
+        return _enter(self._lock, self._timeout)
 
-    async def __aexit__(
+    def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
-        await _exit(self._lock, exc)
+    ) -> Coroutine[Any, Any, None]:
+        return _exit(self._lock, exc)
 
 
 async def _enter(lock: Lock, timeout: float | None) -> Lock:
     """``async with lock`` / ``lock.hold(timeout)``: acquire, then register the body."""
     task = _calling_task(lock, "acquire")
-    hold = await lock._acquire(timeout, task)
+    deadline = None if timeout is None else _monotonic() + timeout
+    engine = lock._engine
+    if engine.closed:
+        engine.check_open()
+    hold: Hold | None
+    if lock._reenter(task):
+        lock._ended_lost = None
+        hold = lock._hold_of(task)
+    else:
+        request = lock._request(task)
+        grants = await engine.acquire(request, deadline, task)
+        # No await between the grant and recording it.
+        hold = lock._granted(task, request, grants[0]) if grants else None
     if hold is None:
         raise LockTimeoutError(f"{lock._kind} {lock.name!r} was not acquired within {timeout} s")
     if hold.grant.verify():
@@ -389,10 +387,31 @@ async def _enter(lock: Lock, timeout: float | None) -> Lock:
 
 
 async def _exit(lock: Lock, exc: BaseException | None) -> None:
-    """The ``__aexit__`` of ``async with lock`` / ``lock.hold(timeout)``."""
-    hold = lock._current_hold()
+    """The ``__aexit__`` of ``async with lock`` / ``lock.hold(timeout)``.
+
+    :func:`exit_hold_body` with the lock's release inlined: one task lookup
+    and no coroutine between this one and the engine's release.
+    """
+    task = current_task("async with")
+    hold = lock._hold_of(task)
+    outcome = "held"
     try:
-        await exit_hold_body(hold, exc, lock._release_noting_loss)
+        if hold is not None and not hold.leave_body(task):  # a loss to settle (rare)
+            outcome = await hold.exit_body(task, exc)
+    finally:
+        # Release even if settling the loss raised: the hold must not outlive the block.
+        # (What _release_noting_loss() does.)
+        if hold is not None and hold.grant.valid_until is not None:
+            hold.grant.verify()
+        ended = lock._take_for_release(task, hold)
+        if ended is not None:
+            try:
+                await lock._engine.release(ended)
+            finally:
+                if ended.grant.lost:
+                    lock._ended_lost = ended
+    try:
+        _raise_outcome(hold, exc, outcome)
     except LockLostError:
         lock._loss_reported = hold
         raise
@@ -430,7 +449,12 @@ async def exit_hold_body(
     finally:
         # Release even if settling the loss raised: the hold must not outlive the block.
         await release()
-    if outcome == "held" and hold is not None and hold.lost:
+    _raise_outcome(hold, exc, outcome)
+
+
+def _raise_outcome(hold: Hold | None, exc: BaseException | None, outcome: str) -> None:
+    """The end of an ``async with`` exit, after the release: raise what the outcome says."""
+    if outcome == "held" and hold is not None and hold.grant.lost:
         # The server had nothing left to release: the hold was lost while the
         # block ran (a failover, a key deleted behind our back) and nobody
         # could tell us sooner.
