@@ -57,10 +57,11 @@ class Hold:
         self,
         engine: Engine,
         grant: Grant,
-        *,
         kind: str,
         owner: asyncio.Task[object] | None,
     ) -> None:
+        # (positional or keyword: the acquire path passes them positionally,
+        # which builds no keyword dict when instantiating a class)
         self.engine = engine
         self.grant = grant
         self.kind = kind

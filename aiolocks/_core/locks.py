@@ -143,13 +143,19 @@ class Lock:
     _task_bound: bool = True
 
     def _request(self, task: asyncio.Task[object]) -> Request:
+        # Positional (name, family, mode, participant, max_leases, count,
+        # downgrade_of, owner, options): instantiating a class with keyword
+        # arguments builds a dict per call.
         return Request(
-            name=self._key,
-            family=self._family,
-            mode=self._mode,
-            participant=f"{self._engine.client_id}/{task.get_name()}",  # participant_id()
-            owner=task if self._task_bound else None,
-            options=self._options,
+            self._key,
+            self._family,
+            self._mode,
+            f"{self._engine.client_id}/{task.get_name()}",  # participant_id()
+            1,
+            1,
+            None,
+            task if self._task_bound else None,
+            self._options,
         )
 
     def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
@@ -194,7 +200,7 @@ class Lock:
 
     def _granted(self, task: asyncio.Task[object], request: Request, grant: Grant) -> Hold:
         """Record a new hold of ``task`` (synchronous: called right after the grant)."""
-        hold = Hold(self._engine, grant, kind=self._kind, owner=request.owner)
+        hold = Hold(self._engine, grant, self._kind, request.owner)
         self._record(task, hold)
         self._ended_lost = self._loss_reported = None
         return hold
@@ -517,7 +523,7 @@ class _TaskOwnedLock(Lock):
 
     def _granted(self, task: asyncio.Task[object], request: Request, grant: Grant) -> Hold:
         # Lock._granted with _record inlined: one call less per acquire.
-        hold = Hold(self._engine, grant, kind=self._kind, owner=task)
+        hold = Hold(self._engine, grant, self._kind, task)
         ledgers = self._engine.ledgers
         key = self._ledger_key
         ledger = ledgers.get(key)

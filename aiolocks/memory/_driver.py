@@ -88,7 +88,7 @@ class _Store:
         key = (request.family, request.name)
         if request.count == 1:
             token = self.tokens[key] = self.tokens.get(key, 0) + 1
-            grant = Grant(request, token, handle=key)
+            grant = Grant(request, token, key)  # handle: the queue's key
             queue.holders[grant] = None
             return [grant]
         grants = []
