@@ -43,7 +43,7 @@ import contextlib
 import enum
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Self, final
 
 import grpc
@@ -205,6 +205,49 @@ def prefix_end(prefix: Bytes) -> bytes:
     return b"\x00"  # every key
 
 
+# --------------------------------------------------------------------------- wire encoding
+#
+# The lock recipes send a transaction or two per acquire and release; building
+# them as protobuf message objects costs more than the rest of the client's
+# work together. Transactions are therefore written straight in protobuf's
+# wire format (fields in number order, zero values left out, as protobuf
+# itself writes them; tests compare the bytes with the generated messages'),
+# and each operation object keeps its encoding, so the operations a driver
+# reuses (the read of a queue's head) are encoded once.
+
+_SMALL_VARINTS: Final = tuple(bytes((n,)) for n in range(128))
+
+
+def _varint(number: int) -> bytes:
+    if 0 <= number < 128:
+        return _SMALL_VARINTS[number]
+    number &= 0xFFFF_FFFF_FFFF_FFFF  # int64: a negative number is its two's complement
+    out = bytearray()
+    while number >= 0x80:
+        out.append((number & 0x7F) | 0x80)
+        number >>= 7
+    out.append(number)
+    return bytes(out)
+
+
+def _int_field(tag: bytes, number: int) -> bytes:
+    return tag + _varint(number) if number else b""
+
+
+def _bytes_field(tag: bytes, data: bytes) -> bytes:
+    return tag + _varint(len(data)) + data if data else b""
+
+
+def _message_field(tag: bytes, data: bytes) -> bytes:
+    return tag + _varint(len(data)) + data
+
+
+# Field tags ((number << 3) | wire type) of the messages written here.
+_VARINT: Final = tuple(bytes(((n << 3) | 0,)) for n in range(16))
+_LENGTH: Final = tuple(bytes(((n << 3) | 2,)) for n in range(16))
+_COMPARE_RANGE_END: Final = b"\x82\x04"  # Compare.range_end is field 64
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class KeyValue:
@@ -327,6 +370,8 @@ class Compare:
     number: int = 0
     value: bytes = b""
     range_end: bytes = b""
+    #: this operation in protobuf's wire format, written at its first use
+    _wire: bytes = field(default=b"", init=False, repr=False, compare=False)
 
     @staticmethod
     def _result(op: str) -> int:
@@ -368,6 +413,25 @@ class Compare:
         """``lease(key) op lease_id`` (0 = no lease)."""
         return cls(4, cls._result(op), _b(key), number=lease_id)
 
+    def _encoded(self) -> bytes:
+        """``Compare`` in wire format (the target's field is written even when 0: a oneof)."""
+        wire = self._wire
+        if not wire:
+            target = self.target
+            if target == 3:
+                operand = _message_field(_LENGTH[7], self.value)
+            else:
+                operand = _VARINT[(4, 5, 6, 0, 8)[target]] + _varint(self.number)
+            wire = (
+                _int_field(_VARINT[1], self.result)
+                + _int_field(_VARINT[2], target)
+                + _bytes_field(_LENGTH[3], self.key)
+                + operand
+                + _bytes_field(_COMPARE_RANGE_END, self.range_end)
+            )
+            object.__setattr__(self, "_wire", wire)
+        return wire
+
     def _to_pb(self) -> Any:
         compare = pb.Compare(result=self.result, target=self.target, key=self.key)
         if self.range_end:
@@ -407,6 +471,8 @@ class RangeOp:
     max_mod_revision: int = 0
     min_create_revision: int = 0
     max_create_revision: int = 0
+    #: this operation in protobuf's wire format, written at its first use
+    _wire: bytes = field(default=b"", init=False, repr=False, compare=False)
 
     @classmethod
     def of(
@@ -457,6 +523,31 @@ class RangeOp:
             max_create_revision=max_create_revision,
         )
 
+    def _encoded(self) -> bytes:
+        """``RequestOp(request_range=...)`` in wire format."""
+        wire = self._wire
+        if not wire:
+            body = b"".join(
+                (
+                    _bytes_field(_LENGTH[1], self.key),
+                    _bytes_field(_LENGTH[2], self.range_end),
+                    _int_field(_VARINT[3], self.limit),
+                    _int_field(_VARINT[4], self.revision),
+                    _int_field(_VARINT[5], int(self.sort_order)),
+                    _int_field(_VARINT[6], int(self.sort_target)),
+                    _int_field(_VARINT[7], int(self.serializable)),
+                    _int_field(_VARINT[8], int(self.keys_only)),
+                    _int_field(_VARINT[9], int(self.count_only)),
+                    _int_field(_VARINT[10], self.min_mod_revision),
+                    _int_field(_VARINT[11], self.max_mod_revision),
+                    _int_field(_VARINT[12], self.min_create_revision),
+                    _int_field(_VARINT[13], self.max_create_revision),
+                )
+            )
+            wire = _message_field(_LENGTH[1], body)
+            object.__setattr__(self, "_wire", wire)
+        return wire
+
     def _to_pb(self) -> Any:
         return pb.RangeRequest(
             key=self.key,
@@ -484,6 +575,8 @@ class PutOp:
     value: bytes
     lease: int = 0
     prev_kv: bool = False
+    #: this operation in protobuf's wire format, written at its first use
+    _wire: bytes = field(default=b"", init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, key: Bytes, value: Bytes, *, lease: int = 0, prev_kv: bool = False) -> PutOp:
@@ -491,6 +584,20 @@ class PutOp:
         if lease < 0:
             raise ValueError(f"lease must be >= 0, not {lease}")
         return cls(_b(key), _b(value), lease, prev_kv)
+
+    def _encoded(self) -> bytes:
+        """``RequestOp(request_put=...)`` in wire format."""
+        wire = self._wire
+        if not wire:
+            body = (
+                _bytes_field(_LENGTH[1], self.key)
+                + _bytes_field(_LENGTH[2], self.value)
+                + _int_field(_VARINT[3], self.lease)
+                + _int_field(_VARINT[4], int(self.prev_kv))
+            )
+            wire = _message_field(_LENGTH[2], body)
+            object.__setattr__(self, "_wire", wire)
+        return wire
 
     def _to_pb(self) -> Any:
         return pb.PutRequest(key=self.key, value=self.value, lease=self.lease, prev_kv=self.prev_kv)
@@ -504,6 +611,8 @@ class DeleteOp:
     key: bytes
     range_end: bytes = b""
     prev_kv: bool = False
+    #: this operation in protobuf's wire format, written at its first use
+    _wire: bytes = field(default=b"", init=False, repr=False, compare=False)
 
     @classmethod
     def of(
@@ -515,6 +624,19 @@ class DeleteOp:
         key_bytes = _b(key)
         end = prefix_end(key_bytes) if prefix else _b(range_end)
         return cls(key_bytes, end, prev_kv)
+
+    def _encoded(self) -> bytes:
+        """``RequestOp(request_delete_range=...)`` in wire format."""
+        wire = self._wire
+        if not wire:
+            body = (
+                _bytes_field(_LENGTH[1], self.key)
+                + _bytes_field(_LENGTH[2], self.range_end)
+                + _int_field(_VARINT[3], int(self.prev_kv))
+            )
+            wire = _message_field(_LENGTH[3], body)
+            object.__setattr__(self, "_wire", wire)
+        return wire
 
     def _to_pb(self) -> Any:
         return pb.DeleteRangeRequest(key=self.key, range_end=self.range_end, prev_kv=self.prev_kv)
@@ -531,6 +653,25 @@ def _request_op(op: Op) -> Any:
     if isinstance(op, DeleteOp):
         return pb.RequestOp(request_delete_range=op._to_pb())
     raise TypeError(f"a transaction operation is a RangeOp, PutOp or DeleteOp, not {op!r}")
+
+
+def _txn_request(compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> bytes:
+    """A ``TxnRequest`` in wire format (see "wire encoding" above)."""
+    parts: list[bytes] = []
+    for condition in compare:
+        if not isinstance(condition, Compare):
+            raise TypeError(f"a transaction condition is a Compare, not {condition!r}")
+        wire = condition._encoded()
+        parts += (_LENGTH[1], _varint(len(wire)), wire)
+    for tag, ops in ((_LENGTH[2], success), (_LENGTH[3], failure)):
+        for op in ops:
+            if not isinstance(op, RangeOp | PutOp | DeleteOp):
+                raise TypeError(
+                    f"a transaction operation is a RangeOp, PutOp or DeleteOp, not {op!r}"
+                )
+            wire = op._encoded()
+            parts += (tag, _varint(len(wire)), wire)
+    return b"".join(parts)
 
 
 def _response_op(response: Any) -> RangeResult | PutResult | DeleteResult:
@@ -605,12 +746,25 @@ class WatchResponse:
 # --------------------------------------------------------------------------- client
 
 
+class _KVStub(pb_grpc.KVStub):  # type: ignore[misc]
+    """etcd's KV service, plus ``txn_wire``: a ``Txn`` that takes its request already encoded."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        super().__init__(channel)
+        self.txn_wire = channel.unary_unary(
+            "/etcdserverpb.KV/Txn",
+            request_serializer=None,  # the request is bytes in wire format
+            response_deserializer=pb.TxnResponse.FromString,
+            _registered_method=True,
+        )
+
+
 class _Stubs:
     __slots__ = ("channel", "kv", "lease", "maintenance", "watch")
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.channel = channel
-        self.kv = pb_grpc.KVStub(channel)
+        self.kv = _KVStub(channel)
         self.lease = pb_grpc.LeaseStub(channel)
         self.watch = pb_grpc.WatchStub(channel)
         self.maintenance = pb_grpc.MaintenanceStub(channel)
@@ -629,7 +783,6 @@ def _check_timeout(name: str, value: float) -> float:
     return float(value)
 
 
-
 async def _plain_await(call: Any) -> Any:
     """Await a grpc.aio call so that a cancellation reaches the caller as it was sent.
 
@@ -637,20 +790,28 @@ async def _plain_await(call: Any) -> Any:
     of its own when the caller is cancelled; anyio's cancel scopes do not
     recognise that one as theirs and let it escape the scope (a
     ``move_on_after`` around an acquire would cancel the whole task). Waiting
-    on the call's task instead leaves the caller's own cancellation intact;
-    the call is cancelled with it.
+    on a future of our own, which the call's completion sets, leaves the
+    caller's own cancellation intact (the call is cancelled with it), and
+    costs no task of its own.
     """
-    task = asyncio.ensure_future(call)
-    try:
-        await asyncio.wait((task,))
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    if task.cancelled():
+    if not call.done():
+        waiter = asyncio.get_running_loop().create_future()
+
+        def wake(_call: object) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        call.add_done_callback(wake)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+    if call.cancelled():
         # Not our cancellation: grpc cancels the calls of a channel being
         # closed. A CancelledError here would look like the caller's own.
         raise BackendUnavailableError("the etcd request was cancelled: the client is closing")
-    return task.result()
+    return await call  # done: its answer, or the AioRpcError
 
 
 class EtcdClient:
@@ -935,12 +1096,8 @@ class EtcdClient:
         member: only for transactions whose compares make a repeat harmless
         (create-if-absent, delete-if-still-mine).
         """
-        request = pb.TxnRequest(
-            compare=[c._to_pb() for c in compare],
-            success=[_request_op(op) for op in success],
-            failure=[_request_op(op) for op in failure],
-        )
-        response = await self._unary("kv", "Txn", request, timeout=timeout, retry=retry)
+        request = _txn_request(compare, success, failure)
+        response = await self._unary("kv", "txn_wire", request, timeout=timeout, retry=retry)
         return TxnResult(
             succeeded=bool(response.succeeded),
             responses=tuple(_response_op(item) for item in response.responses),
@@ -1651,6 +1808,7 @@ class Watch:
         self._created_revision = 0
         self._created: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inbox: asyncio.Queue[WatchResponse | Exception | object] = asyncio.Queue()
+        self._wakers: list[asyncio.Future[None]] = []
 
     @property
     def key(self) -> bytes:
@@ -1704,6 +1862,22 @@ class Watch:
             else:
                 self._next_revision = max(self._next_revision, item.revision + 1)
         self._inbox.put_nowait(item)
+        wakers, self._wakers = self._wakers, []
+        for waker in wakers:
+            if not waker.done():
+                waker.set_result(None)
+
+    def _wake_on_delivery(self, waker: asyncio.Future[None]) -> None:
+        """Set ``waker`` when something is delivered (at once if something waits already).
+
+        For a caller that only needs to know that something happened, without
+        a task to iterate the watch.
+        """
+        if not self._inbox.empty():
+            if not waker.done():
+                waker.set_result(None)
+            return
+        self._wakers.append(waker)
 
     def _cancel_error(self, response: Any) -> EtcdError:
         compact = int(response.compact_revision)

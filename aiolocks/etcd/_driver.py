@@ -15,21 +15,27 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   a prefix of another's. An attempt's key is ``<queue><lease hex>/<attempt
   id>.<kind>``: two attempts of one backend never share a key (the shared
   per-session key of etcd's Go recipe let two mutexes of one session both
-  "win"). ``acquire_many(n)`` writes ``n`` keys (``<attempt id>-<i>``), one
-  transaction each, so that each lease has a create revision (fencing token)
-  of its own; every transaction after the first also checks that no other
-  key joined the queue since our previous one, so the ``n`` keys stand
-  together in the queue and two such acquires can never interleave and
-  deadlock (an acquire that was interleaved drops its keys and starts over
-  after a short random pause). A write -> read downgrade writes a read key
-  named ``.r@<write revision>`` in a transaction that checks the write key
-  is still ours; the queue order puts it at the write key's place, so no
-  writer queued behind the write hold gets in between.
+  "win"). An id whose key is gone for sure is used again by a later attempt
+  on the same queue (etcd indexes every key name ever written until its
+  history is compacted, and a queue's head read walks them all, so a new
+  name per acquire made a busy lock slower and slower). ``acquire_many(n)``
+  writes ``n`` keys (``<attempt id>-<i>``), one transaction each, so that
+  each lease has a create revision (fencing token) of its own; every
+  transaction after the first also checks that no other key joined the queue
+  since our previous one, so the ``n`` keys stand together in the queue and
+  two such acquires can never interleave and deadlock (an acquire that was
+  interleaved drops its keys and starts over after a short random pause). A
+  write -> read downgrade writes a read key named ``.r@<write revision>`` in
+  a transaction that checks the write key is still ours; the queue order
+  puts it at the write key's place, so no writer queued behind the write
+  hold gets in between.
 * **Try** = one transaction: ``If(create_revision(key) == 0 and
   create_revision(tombstone) == 0) Then(Put(key, lease), Range(queue))
   Else(Range(key), Range(queue))``. The owner is the lowest create
   revision (first ``max_leases`` for a semaphore; readers wait only for
-  earlier writers). The fencing token is the key's create revision.
+  earlier writers). The fencing token is the key's create revision. A try
+  whose key exists already (a waiter's, after its wait) only reads: a
+  transaction of reads is a linearizable read, with no write to etcd's log.
 * **Wait** = a watch on the one key to wait for (the last earlier key; for a
   reader, the last earlier writer), from the revision of the read that saw
   it, so a delete in between is not missed. A semaphore waiter first in line
@@ -41,6 +47,13 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   lease had expired, and kept waiting on a dead session).
 * **Release** deletes only if the create revision is still ours, so a
   stale, repeated release can never delete a newer holder's key.
+* **Direct handoff.** When a mutex waiter of this driver waits for the key
+  being released, the release transaction also reads the waiter's key: the
+  released key was the lowest, the waiter's the next (a new key is always
+  the newest), so if the delete went through and the waiter's key is still
+  there with its revision, the waiter owns the lock as of that revision and
+  takes it at once, without the watch event and without a transaction of
+  its own (its own key is still checked before it claims anything).
 * **Prompt loss.** Each hold watches its own key from the revision after
   its creation, starting 50 ms after the grant (a delete in between is
   replayed, so nothing is missed, and a hold shorter than that never opens
@@ -59,7 +72,6 @@ import contextlib
 import logging
 import math
 import random
-import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -83,6 +95,7 @@ from ._client import (
     RangeResult,
     SortOrder,
     SortTarget,
+    TxnResult,
 )
 from ._state import ConnectionState
 from ._url import EtcdOptions
@@ -102,6 +115,10 @@ _MODE_NAME: Final = {"x": "exclusive", "l": "lease", "r": "read", "w": "write"}
 #: still reported, at most this much later; a hold shorter than this never
 #: opens one
 _LOSS_WATCH_DELAY: Final = 0.05
+#: how many queues' free attempt ids a driver keeps (see ``begin``)
+_FREE_IDS_KEPT: Final = 1024
+#: how many queues' prebuilt head reads a driver keeps (see ``_queue_reads``)
+_READS_KEPT: Final = 256
 # Tombstones live outside every queue (queues start with a family name).
 _TOMBSTONES: Final = b"\x00abandoned\x00"
 
@@ -111,7 +128,7 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], object]
 class _Session:
     """One lease, its keep-alive, and the grants that live on it."""
 
-    __slots__ = ("grants", "keeper", "lease_id", "lost", "lost_reason")
+    __slots__ = ("grants", "keeper", "lease_id", "lost", "lost_reason", "wakers")
 
     def __init__(self, lease_id: int, keeper: LeaseKeepAlive) -> None:
         self.lease_id = lease_id
@@ -119,17 +136,32 @@ class _Session:
         self.grants: set[Grant] = set()
         self.lost = asyncio.Event()
         self.lost_reason = ""
+        #: futures of the waits on this session, set when it is lost
+        self.wakers: set[asyncio.Future[None]] = set()
 
 
 class _Hold:
     """The driver handle of a grant: its key, create revision, session, loss watch."""
 
-    __slots__ = ("key", "releasing", "revision", "session", "watch_task", "watch_timer")
+    __slots__ = (
+        "key",
+        "queue",
+        "releasing",
+        "revision",
+        "session",
+        "slot",
+        "watch_task",
+        "watch_timer",
+    )
 
     def __init__(self, key: bytes, revision: int, session: _Session) -> None:
         self.key = key
         self.revision = revision
         self.session = session
+        #: the attempt id the key is named after, to use again once the key is
+        #: released (``None``: not to be used again, or given back already)
+        self.slot: str | None = None
+        self.queue = b""
         self.releasing = False
         self.watch_task: asyncio.Task[None] | None = None
         self.watch_timer: asyncio.TimerHandle | None = None
@@ -148,6 +180,7 @@ class EtcdAttempt(Attempt):
         "attempt_id",
         "created",
         "downgrade",
+        "handoff",
         "interleaved",
         "keys",
         "revision",
@@ -155,6 +188,7 @@ class EtcdAttempt(Attempt):
         "session",
         "unanswered",
         "waited",
+        "woken",
     )
 
     def __init__(self, request: Request, attempt_id: str) -> None:
@@ -166,8 +200,8 @@ class EtcdAttempt(Attempt):
         #: each key's create revision (its lease's fencing token), in key order
         self.revisions: list[int] = []
         #: a mutex attempt's last try also read the key just ahead of its own:
-        #: ``(that key or None, the store revision of the read)``
-        self.ahead: tuple[bytes | None, int] | None = None
+        #: ``(that key or None, its create revision, the store revision of the read)``
+        self.ahead: tuple[bytes | None, int, int] | None = None
         #: keys of an ``acquire_many`` written so far (one transaction each)
         self.created = 0
         #: another key joined the queue between two of ours: pause, start over
@@ -176,6 +210,11 @@ class EtcdAttempt(Attempt):
         self.waited = False
         #: the write hold this read takes the place of (write -> read downgrade)
         self.downgrade: _Hold | None = None
+        #: the store revision at which a release of this driver handed the lock
+        #: to this waiting mutex attempt (0: none; see ``EtcdDriver.release``)
+        self.handoff = 0
+        #: set when ``handoff`` is, to end the wait at once
+        self.woken: asyncio.Future[None] | None = None
 
 
 def _kind(key: bytes) -> bytes:
@@ -234,6 +273,12 @@ class EtcdDriver:
         self._states: StateFeed[ConnectionState] = StateFeed()
         self._closing = False
         self._timers: set[asyncio.TimerHandle] = set()
+        self._reads: dict[tuple[bytes, int, bool], tuple[RangeOp, RangeOp | None]] = {}
+        #: waiting mutex attempts by the key they wait for (see ``release``)
+        self._waiting: dict[tuple[bytes, int], EtcdAttempt] = {}
+        #: per queue, attempt ids whose keys are gone for sure (see ``begin``)
+        self._free_ids: dict[bytes, list[str]] = {}
+        self._next_id = 0
 
     # -- plumbing
 
@@ -361,6 +406,10 @@ class EtcdDriver:
     def _session_lost(self, session: _Session, reason: str) -> None:
         session.lost_reason = reason
         session.lost.set()
+        wakers, session.wakers = session.wakers, set()
+        for waker in wakers:
+            if not waker.done():
+                waker.set_result(None)
         if self._session is session:
             self._session = None
             if not self._closing:
@@ -402,9 +451,39 @@ class EtcdDriver:
 
     # -- the attempt lifecycle
 
+    def _mint_id(self) -> str:
+        self._next_id += 1
+        return f"{self._next_id:x}"
+
+    def _give_back(self, queue: bytes, attempt_id: str) -> None:
+        """``attempt_id``'s keys on ``queue`` are gone for sure: a later attempt may use it."""
+        if len(self._free_ids) >= _FREE_IDS_KEPT and queue not in self._free_ids:
+            self._free_ids.clear()
+        self._free_ids.setdefault(queue, []).append(attempt_id)
+
     def begin(self, request: Request) -> EtcdAttempt:
-        """Mint the attempt id (no I/O)."""
-        attempt = EtcdAttempt(request, secrets.token_hex(8))
+        """Pick the attempt id (no I/O).
+
+        An id is unique among the live attempts of this driver (a key is
+        ``<queue><lease>/<id>.<kind>``: two attempts never share one). An id
+        whose key was deleted with an answer from etcd (released, or
+        abandoned with every try answered) is used again by a later attempt
+        on the same queue: etcd keeps an index entry for every key name ever
+        written until the history is compacted, and reading the head of a
+        queue walks them all, so a busy lock with a new name per acquire would
+        read slower and slower. (A late copy of an old try that created the
+        key again after its release would be taken over by the attempt that
+        uses the id next, and released with it, rather than left in the queue.)
+        """
+        queue = self._queue(request)
+        free = self._free_ids.get(queue)
+        if free:
+            attempt_id = free.pop()
+            if not free:
+                del self._free_ids[queue]
+        else:
+            attempt_id = self._mint_id()
+        attempt = EtcdAttempt(request, attempt_id)
         write = request.downgrade_of
         if write is not None and isinstance(write.handle, _Hold):
             attempt.downgrade = write.handle
@@ -438,7 +517,7 @@ class EtcdDriver:
         attempt.downgrade = None
         attempt.revisions = []
         attempt.created = 0
-        attempt.attempt_id = secrets.token_hex(8)
+        attempt.attempt_id = self._mint_id()
 
     async def _create_in_a_row(self, attempt: EtcdAttempt, session: _Session) -> bool:
         """Write an ``acquire_many``'s keys one transaction each, next to each other.
@@ -491,10 +570,50 @@ class EtcdDriver:
             attempt.created += 1
         return True
 
+    def _queue_reads(
+        self, queue: bytes, head_limit: int, exclusive: bool
+    ) -> tuple[RangeOp, RangeOp | None]:
+        """The reads of a queue's head (and, for a mutex, of its two newest keys).
+
+        The same for every try on a queue, so built (and wire-encoded) once
+        per queue: a few recently used queues are kept.
+        """
+        cache_key = (queue, head_limit, exclusive)
+        found = self._reads.get(cache_key)
+        if found is None:
+            head = RangeOp.of(
+                queue,
+                prefix=True,
+                limit=head_limit,
+                keys_only=True,
+                sort_target=SortTarget.CREATE,
+                sort_order=SortOrder.ASCEND,
+            )
+            newest = None
+            if exclusive:
+                newest = RangeOp.of(
+                    queue,
+                    prefix=True,
+                    limit=2,
+                    keys_only=True,
+                    sort_target=SortTarget.CREATE,
+                    sort_order=SortOrder.DESCEND,
+                )
+            if len(self._reads) >= _READS_KEPT:
+                self._reads.clear()
+            found = self._reads[cache_key] = (head, newest)
+        return found
+
     async def try_once(self, attempt: Attempt) -> list[Grant] | None:
         """One transaction: create the attempt's keys if absent and read the head of the queue."""
         assert isinstance(attempt, EtcdAttempt)
         request = attempt.request
+        handed, attempt.handoff = attempt.handoff, 0
+        session = attempt.session
+        if handed and session is not None and not session.lost.is_set() and attempt.keys:
+            # A release of this driver handed us the lock (our key was the
+            # next one, and the release's transaction read it: see release).
+            return self._grant(attempt, session, self._queue(request))
         session = await self._live_session()
         if attempt.session is not session or not attempt.keys:
             self._bind(attempt, session)
@@ -509,47 +628,37 @@ class EtcdDriver:
             head_limit = request.max_leases
         else:
             head_limit = 1
-        head = RangeOp.of(
-            queue,
-            prefix=True,
-            limit=head_limit,
-            keys_only=True,
-            sort_target=SortTarget.CREATE,
-            sort_order=SortOrder.ASCEND,
-        )
-        reads: list[PutOp | RangeOp] = [*(RangeOp.of(key) for key in keys), head]
         # A mutex attempt also reads the key just ahead of its own in the same
         # transaction, so that waiting needs no read of its own: a new key is
         # the newest of the queue (the two newest keys are it and the one
         # ahead); a key written before, of known revision, reads the newest
         # key older than it.
         exclusive = request.family is not Family.READ_WRITE and request.mode is not Mode.LEASE
-        ahead_new = ahead_old = None
-        if exclusive:
-            ahead_new = RangeOp.of(
+        head, ahead_new = self._queue_reads(queue, head_limit, exclusive)
+        reads: list[PutOp | RangeOp] = [*(RangeOp.of(key) for key in keys), head]
+        ahead_old = None
+        if exclusive and attempt.revision:
+            ahead_old = RangeOp.of(
                 queue,
                 prefix=True,
-                limit=2,
+                limit=1,
                 keys_only=True,
+                max_create_revision=attempt.revision - 1,
                 sort_target=SortTarget.CREATE,
                 sort_order=SortOrder.DESCEND,
             )
-            if attempt.revision:
-                ahead_old = RangeOp.of(
-                    queue,
-                    prefix=True,
-                    limit=1,
-                    keys_only=True,
-                    max_create_revision=attempt.revision - 1,
-                    sort_target=SortTarget.CREATE,
-                    sort_order=SortOrder.DESCEND,
-                )
-                reads.append(ahead_old)
+            reads.append(ahead_old)
         attempt.ahead = None
-        if multi:
-            # The keys are written (one by one, above): only read them again.
+        # Keys written already (an acquire_many's, one by one above; a
+        # waiter's, by its first try) are only read again: a transaction of
+        # reads only is a linearizable read for etcd, answered without a write
+        # to its log (a compare-and-put that fails is still a logged write).
+        readonly = multi or (attempt.revision != 0 and attempt.downgrade is None)
+        failure: list[PutOp | RangeOp] = reads
+        if readonly:
             compares: list[Compare] = []
             ops: list[PutOp | RangeOp] = reads
+            failure = []
         else:
             compares = [
                 Compare.create_revision(keys[0], "==", 0),
@@ -561,15 +670,17 @@ class EtcdDriver:
             ops = [PutOp.of(keys[0], request.participant, lease=session.lease_id), head]
             if ahead_new is not None:
                 ops.append(ahead_new)
-        attempt.unanswered = True
+        # A read cannot create a key late: only a write goes unanswered.
+        attempt.unanswered = not readonly
         try:
-            result = await self._client.txn(compares, ops, reads, retry=True)
+            result = await self._client.txn(compares, ops, failure, retry=True)
         except LeaseNotFoundError:
             attempt.unanswered = False
             self._session_lost(session, "etcd said the lease does not exist")
             return None
         attempt.unanswered = False
-        if result.succeeded and not multi:
+        created = result.succeeded and not readonly
+        if created:
             attempt.revisions = [result.revision]
         else:
             found = [r for r in result.responses[: len(keys)] if isinstance(r, RangeResult)]
@@ -586,17 +697,34 @@ class EtcdDriver:
         if exclusive and len(result.responses) > len(keys) + 1:
             ahead = result.responses[len(keys) + 1]
             assert isinstance(ahead, RangeResult)
-            if result.succeeded and not multi:
+            if created:
                 older = [kv for kv in ahead.kvs if kv.key != keys[0]]
-                attempt.ahead = (older[0].key if older else None, result.revision)
+                attempt.ahead = (
+                    (older[0].key, older[0].create_revision, result.revision)
+                    if older
+                    else (None, 0, result.revision)
+                )
             elif ahead_old is not None:
-                attempt.ahead = (ahead.kvs[0].key if ahead.kvs else None, result.revision)
+                attempt.ahead = (
+                    (ahead.kvs[0].key, ahead.kvs[0].create_revision, result.revision)
+                    if ahead.kvs
+                    else (None, 0, result.revision)
+                )
         if not self._wins(request, keys, ranked.kvs):
             return None
+        return self._grant(attempt, session, queue)
+
+    def _grant(self, attempt: EtcdAttempt, session: _Session, queue: bytes) -> list[Grant]:
+        """The attempt won: its keys become grants (no I/O, no await)."""
+        request = attempt.request
+        keys = attempt.keys
+        multi = request.count > 1
         grants: list[Grant] = []
         holds: list[_Hold] = []
         for key, revision in zip(keys, attempt.revisions, strict=True):
             hold = _Hold(key, revision, session)
+            if not multi:
+                hold.slot, hold.queue = attempt.attempt_id, queue
             grant = Grant(request, revision, hold)
             grant.valid_until = session.keeper.deadline
             session.grants.add(grant)
@@ -672,6 +800,7 @@ class EtcdDriver:
         request = attempt.request
         queue = self._queue(request)
         target: bytes | None = None
+        target_revision = 0
         whole_queue = False
         with_puts = False
         if request.family is Family.READ_WRITE:
@@ -710,7 +839,7 @@ class EtcdDriver:
             known, attempt.ahead = attempt.ahead, None
             if known is not None:
                 # The try's transaction read the key just ahead (see try_once).
-                target, read_at = known
+                target, target_revision, read_at = known
             else:
                 seen = await self._client.range(
                     RangeOp.of(
@@ -723,10 +852,48 @@ class EtcdDriver:
                         limit=1,
                     )
                 )
-                target = seen.kvs[0].key if seen.kvs else None
+                if seen.kvs:
+                    target, target_revision = seen.kvs[0].key, seen.kvs[0].create_revision
                 read_at = seen.revision
         if target is None and not whole_queue:
             return  # nothing to wait for any more: try again
+        if attempt.handoff:
+            return  # handed the lock while reading: take it
+        handoff_key: tuple[bytes, int] | None = None
+        if (
+            target is not None
+            and target_revision
+            and request.family is not Family.READ_WRITE
+            and request.mode is not Mode.LEASE
+            and request.count == 1
+            and (target, target_revision) not in self._waiting
+        ):
+            # A release of this driver that deletes ``target`` (that very key,
+            # not a later one of the same name) hands us the lock.
+            handoff_key = (target, target_revision)
+            self._waiting[handoff_key] = attempt
+            attempt.woken = asyncio.get_running_loop().create_future()
+        try:
+            await self._watch_for_change(
+                attempt, session, queue, target, whole_queue, with_puts, read_at, bound
+            )
+        finally:
+            if handoff_key is not None:
+                if self._waiting.get(handoff_key) is attempt:
+                    del self._waiting[handoff_key]
+                attempt.woken = None
+
+    async def _watch_for_change(
+        self,
+        attempt: EtcdAttempt,
+        session: _Session,
+        queue: bytes,
+        target: bytes | None,
+        whole_queue: bool,
+        with_puts: bool,
+        read_at: int,
+        bound: float | None,
+    ) -> None:
         if whole_queue:
             watch = await self._client.watch(
                 queue, prefix=True, start_revision=read_at + 1, no_put=True
@@ -736,19 +903,23 @@ class EtcdDriver:
             watch = await self._client.watch(
                 target, start_revision=read_at + 1, no_put=not with_puts
             )
+        # One future ends the wait: set by the watch's next delivery (an event
+        # or an error), by the session's loss, or by a handoff (``release``);
+        # no task per wait, and no event-loop turns to wind tasks down after.
+        wake = attempt.woken
+        if wake is None:
+            wake = asyncio.get_running_loop().create_future()
         try:
+            if attempt.handoff or session.lost.is_set():
+                return  # handed the lock, or the session went, while the watch was created
+            watch._wake_on_delivery(wake)
+            session.wakers.add(wake)
             async with asyncio.timeout(bound):
-                lost = asyncio.ensure_future(session.lost.wait())
-                nxt = asyncio.ensure_future(anext(aiter(watch)))
-                try:
-                    await asyncio.wait({lost, nxt}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for future in (lost, nxt):
-                        future.cancel()
-                    await asyncio.gather(lost, nxt, return_exceptions=True)
+                await wake
         except TimeoutError:
             pass
         finally:
+            session.wakers.discard(wake)
             await watch.aclose()
 
     async def abandon(self, attempt: Attempt) -> None:
@@ -776,6 +947,8 @@ class EtcdDriver:
             )
         else:
             await self._drop_keys(keys)
+            if attempt.request.count == 1:
+                self._give_back(self._queue(attempt.request), attempt.attempt_id)
         attempt.keys = []
 
     def finish(self, attempt: Attempt) -> None:
@@ -796,13 +969,58 @@ class EtcdDriver:
         if task is not None:
             task.cancel()
         hold.session.grants.discard(grant)
+        # Direct handoff: when a mutex attempt of this driver waits for this
+        # very key, the release also reads that attempt's key. The released
+        # key was the owner (the lowest of the queue) and the waiter's key the
+        # next one (no key can be created between them: every new key is the
+        # newest), so if the delete went through and the waiter's key is
+        # still there, with its revision, the waiter owns the lock as of this
+        # transaction: it takes it without waiting for the watch event and
+        # without a transaction of its own. The read of its key closes the
+        # hole of etcd's own recipe (a lock taken on a key whose lease ended).
+        successor = self._waiting.get((hold.key, hold.revision))
+        successor_key = successor.keys[0] if successor is not None and successor.keys else None
+        expected = successor.revision if successor is not None else 0
+        success: list[DeleteOp | RangeOp] = [DeleteOp.of(hold.key)]
+        if successor_key is not None:
+            success.append(RangeOp.of(successor_key))
         result = await self._client.txn(
             [Compare.create_revision(hold.key, "==", hold.revision)],
-            [DeleteOp.of(hold.key)],
+            success,
             [],
             retry=True,
         )
+        if successor is not None and successor_key is not None and result.succeeded:
+            self._hand_off(successor, successor_key, expected, result)
+        slot, hold.slot = hold.slot, None
+        if slot is not None:
+            self._give_back(hold.queue, slot)  # the key is gone (or was not ours)
         return result.succeeded and not grant.lost
+
+    def _hand_off(
+        self, successor: EtcdAttempt, key: bytes, expected: int, result: TxnResult
+    ) -> None:
+        """Make ``successor`` the owner if the release's read found its key unchanged.
+
+        It may have stopped waiting meanwhile (the watch event of the same
+        delete can come first): its next try then takes the lock without a
+        transaction. Once it abandoned, started over or won on its own, its
+        keys are no longer that one and nothing is handed.
+        """
+        if successor.keys != [key] or successor.revision != expected or not expected:
+            # It abandoned, started over, wrote its key again (a new place in
+            # the queue, maybe behind another key), or won meanwhile.
+            return
+        found = result.responses[1] if len(result.responses) > 1 else None
+        if not isinstance(found, RangeResult) or not found.kvs:
+            return  # its key is gone: it starts over on its own
+        if found.kvs[0].create_revision != expected:
+            return
+        successor.revisions = [successor.revision]
+        successor.handoff = result.revision
+        woken = successor.woken
+        if woken is not None and not woken.done():
+            woken.set_result(None)
 
     def _deleted(self, grant: Grant, hold: _Hold, how: str) -> None:
         if not hold.releasing:
@@ -837,8 +1055,7 @@ class EtcdDriver:
                             self._deleted(
                                 grant,
                                 hold,
-                                "was deleted behind our back "
-                                f"(revision {event.kv.mod_revision})",
+                                f"was deleted behind our back (revision {event.kv.mod_revision})",
                             )
                             return  # the key is gone either way: nothing more to watch
             except StopAsyncIteration:

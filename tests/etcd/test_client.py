@@ -59,6 +59,64 @@ def test_prefix_end() -> None:
     assert prefix_end(b"\xff\xff") == b"\x00"
 
 
+_WIRE_COMPARES = [
+    Compare.create_revision(b"q/k", "==", 0),
+    Compare.create_revision("q/", "<", 2**40, prefix=True),
+    Compare.version(b"k", "!=", 3),
+    Compare.mod_revision(b"k", ">", 1),
+    Compare.value_of(b"k", "==", b""),
+    Compare.value_of(b"k", "==", "\u00e9t\u00e9"),
+    Compare.lease(b"k", "==", 0x7FFF_FFFF_FFFF_FFFF),
+    Compare.create_revision(b"k", "==", -1),
+]
+_WIRE_OPS: list[RangeOp | PutOp | DeleteOp] = [
+    RangeOp.of(b"k"),
+    RangeOp.of(b"", range_end=b"\x00"),
+    RangeOp.of(
+        "q/\x00",
+        prefix=True,
+        limit=300,
+        revision=7,
+        sort_order=SortOrder.DESCEND,
+        sort_target=SortTarget.CREATE,
+        serializable=True,
+        keys_only=True,
+        count_only=True,
+        min_mod_revision=1,
+        max_mod_revision=2**35,
+        min_create_revision=3,
+        max_create_revision=127,
+    ),
+    PutOp.of(b"k", b"v" * 200, lease=0x1234_5678_9ABC, prev_kv=True),
+    PutOp.of(b"k", b""),
+    DeleteOp.of(b"q/", prefix=True, prev_kv=True),
+    DeleteOp.of(b"k"),
+]
+
+
+@pytest.mark.parametrize("split", [0, 1, 3, len(_WIRE_OPS)])
+def test_transactions_written_in_wire_format_match_protobuf(split: int) -> None:
+    """The client writes transactions itself: byte for byte what protobuf writes."""
+    from aetcd.rpc import rpc_pb2 as pb
+
+    from aiolocks.etcd._client import _request_op, _txn_request
+
+    compares = _WIRE_COMPARES[: split + 1]
+    success, failure = _WIRE_OPS[:split], _WIRE_OPS[split:]
+    expected = pb.TxnRequest(
+        compare=[c._to_pb() for c in compares],
+        success=[_request_op(op) for op in success],
+        failure=[_request_op(op) for op in failure],
+    )
+    wire = _txn_request(compares, success, failure)
+    assert wire == expected.SerializeToString()
+    assert pb.TxnRequest.FromString(wire) == expected
+    # an operation keeps its encoding: the second use writes the same bytes
+    assert _txn_request(compares, success, failure) == wire
+    with pytest.raises(TypeError, match="RangeOp, PutOp or DeleteOp"):
+        _txn_request([], [], ["k"])  # type: ignore[list-item]
+
+
 def test_bad_arguments_fail_before_any_io() -> None:
     with pytest.raises(ValueError, match="not host:port"):
         EtcdClient(["localhost"])

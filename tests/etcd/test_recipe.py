@@ -108,6 +108,114 @@ async def test_mutex_excludes_and_tokens_increase_and_nothing_leaks(
 
 
 @pytest.mark.asyncio
+async def test_key_names_are_used_again_once_gone_never_shared_while_live(
+    driver: EtcdDriver, url: str
+) -> None:
+    """etcd indexes every key name ever written until compaction: a busy lock reuses its names."""
+
+    def key_of(grant: Grant) -> bytes:
+        hold = grant.handle
+        assert hold is not None
+        return hold.key  # type: ignore[attr-defined, no-any-return]
+
+    keys = set()
+    for _ in range(4):
+        grant = await _acquire(driver, _request("reuse"), PATIENCE)
+        assert grant is not None
+        keys.add(key_of(grant))
+        assert await driver.release(grant)
+    assert len(keys) == 1  # one name, written again and again
+    # A released hold released once more gives its name back only once: two
+    # live attempts after that still have keys of their own.
+    first = await _acquire(driver, _request("reuse"), PATIENCE)
+    assert first is not None
+    assert await driver.release(first)
+    assert not await driver.release(first)
+    holder = await _acquire(driver, _request("reuse"), PATIENCE)
+    assert holder is not None
+    waiter = driver.begin(_request("reuse"))
+    assert await driver.try_once(waiter) is None
+    assert waiter.keys and waiter.keys[0] != key_of(holder)
+    waiting_key = waiter.keys[0]
+    await driver.abandon(waiter)  # answered: its name may be used again...
+    driver.finish(waiter)
+    again = driver.begin(_request("reuse"))
+    assert await driver.try_once(again) is None
+    assert again.keys == [waiting_key]  # ...by the next attempt, while the holder keeps its own
+    await driver.abandon(again)
+    driver.finish(again)
+    assert await driver.release(holder)
+    assert await _keys(url) == []
+
+
+async def _waiting_for(driver: EtcdDriver, holder: Grant) -> None:
+    """Until an attempt of ``driver`` waits for ``holder``'s key (to be handed the lock)."""
+    key = (holder.handle.key, holder.token)  # type: ignore[attr-defined]
+    async with asyncio.timeout(PATIENCE):
+        while key not in driver._waiting:
+            await asyncio.sleep(0.005)
+
+
+@pytest.mark.asyncio
+async def test_release_hands_the_lock_to_the_next_waiter_of_the_same_driver(
+    driver: EtcdDriver, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = await _acquire(driver, _request("hand"), PATIENCE)
+    assert holder is not None
+    waiter = driver.begin(_request("hand", who="next"))
+    assert await driver.try_once(waiter) is None
+    wait = asyncio.create_task(driver.wait_for_change(waiter, PATIENCE))
+    await _waiting_for(driver, holder)
+    sent: list[object] = []
+    txn = driver.client.txn
+
+    async def counting_txn(*args: object, **kwargs: object) -> object:
+        sent.append(args)
+        return await txn(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(driver.client, "txn", counting_txn)
+    assert await driver.release(holder)
+    async with asyncio.timeout(PATIENCE):
+        await wait
+    assert len(sent) == 1  # the release only
+    grants = await driver.try_once(waiter)
+    assert grants is not None and len(sent) == 1  # taken without a transaction of its own
+    assert grants[0].token > holder.token
+    driver.finish(waiter)
+    assert await _keys(url) == [grants[0].handle.key]  # type: ignore[attr-defined]
+    assert await driver.release(grants[0])
+    assert await _keys(url) == []
+
+
+@pytest.mark.asyncio
+async def test_no_handoff_to_a_waiter_whose_key_went_behind_our_back(
+    driver: EtcdDriver, url: str
+) -> None:
+    holder = await _acquire(driver, _request("gone"), PATIENCE)
+    assert holder is not None
+    waiter = driver.begin(_request("gone", who="next"))
+    assert await driver.try_once(waiter) is None
+    gone_key, gone_revision = waiter.keys[0], waiter.revision
+    assert gone_revision > holder.token
+    wait = asyncio.create_task(driver.wait_for_change(waiter, PATIENCE))
+    await _waiting_for(driver, holder)
+    await driver.client.delete(gone_key)  # as a lease expiry or `etcdctl del` would
+    assert await driver.release(holder)
+    async with asyncio.timeout(PATIENCE):
+        await wait
+    assert waiter.handoff == 0
+    # Its next try finds its key gone and writes it again, at the back of the
+    # queue: never a grant on the key that went.
+    async with asyncio.timeout(PATIENCE):
+        while (grants := await driver.try_once(waiter)) is None:
+            await driver.wait_for_change(waiter, 1.0)
+    driver.finish(waiter)
+    assert grants[0].token > gone_revision
+    assert await driver.release(grants[0])
+    assert await _keys(url) == []
+
+
+@pytest.mark.asyncio
 async def test_names_that_are_prefixes_of_each_other_do_not_contend(driver: EtcdDriver) -> None:
     first = await _acquire(driver, _request("a/b"), PATIENCE)
     second = await _acquire(driver, _request("a/b/c"), PATIENCE)
