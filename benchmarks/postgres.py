@@ -18,7 +18,8 @@ Contenders (each takes and gives back one lock per cycle):
     its fencing token with ``nextval`` in the same statement; tasks of one
     backend hand the lock on with one ``nextval``).
 ``aiolocks-lease``
-    the same in ``mode=lease`` (a row per hold through a pool).
+    the same in ``mode=lease`` (a row per hold through a pool; on a direct
+    server its statements are prepared: one round trip each).
 ``for-update``
     a lock row taken with ``SELECT … FOR UPDATE`` in a transaction (BEGIN,
     SELECT, COMMIT: three round trips; the lock lives as long as the
@@ -34,7 +35,9 @@ Method: one process, one server (a throwaway ``PostgresServer`` unless
 ``--url``; note that it runs with ``fsync=off``, so a commit's flush costs
 nothing here and row writes look cheaper than on a real disk). Rounds are
 interleaved (A B C …, then … C B A); each figure is the median over rounds
-and ratios are ratios of medians. Contended: ``--tasks`` tasks, each with its
+and ratios are ratios of medians; "per round" is the median of each round's
+cycle over the floor's in that round (taken moments apart, so steadier on a
+loaded machine). Contended: ``--tasks`` tasks, each with its
 own connection (or its own lock object on one aiolocks backend), hammer one
 name for ``--seconds``; the figure is completed holds per second, and a
 shared counter checks that no two holders overlapped.
@@ -339,6 +342,12 @@ async def run(
                 samples[n].append(await _round(cycles_of[n], peer_cycles))
     uncontended = {n: statistics.median(v) * 1e6 for n, v in samples.items()}
     floor = uncontended["floor"]
+    # each round's cycle over the floor's in the same round (measured moments
+    # apart): steadier than a ratio of medians when the machine's load moves
+    per_round = {
+        n: statistics.median(x / f for x, f in zip(v, samples["floor"], strict=True))
+        for n, v in samples.items()
+    }
     holds: dict[str, list[float]] = {n: [] for n in CONTENDED}
     for index in range(max(1, rounds // 2)):
         order = list(CONTENDED) if index % 2 == 0 else list(CONTENDED)[::-1]
@@ -349,6 +358,7 @@ async def run(
     return {
         "uncontended_cycle_us": uncontended,
         "uncontended_vs_floor": {n: v / floor for n, v in uncontended.items()},
+        "uncontended_vs_floor_per_round": per_round,
         "contended_holds_per_s": contended,
         "contended_vs_floor": {n: v / contended["floor"] for n, v in contended.items()},
         "many_waiters": drain,
@@ -363,13 +373,19 @@ async def run(
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"{'contender':<20} {'cycle µs':>10} {'x floor':>8} {'holds/s':>10} {'x floor':>8}"]
+    lines = [
+        f"{'contender':<20} {'cycle µs':>10} {'x floor':>8} {'per round':>10} "
+        f"{'holds/s':>10} {'x floor':>8}"
+    ]
+    per_round = result.get("uncontended_vs_floor_per_round", {})
     for n, us in result["uncontended_cycle_us"].items():
         ratio = result["uncontended_vs_floor"][n]
+        paired = per_round.get(n)
+        paired_text = f"{paired:>10.2f}" if paired is not None else f"{'-':>10}"
         holds = result["contended_holds_per_s"].get(n)
         hratio = result["contended_vs_floor"].get(n)
         tail = f"{holds:>10.0f} {hratio:>8.2f}" if holds is not None else f"{'-':>10} {'-':>8}"
-        lines.append(f"{n:<20} {us:>10.0f} {ratio:>8.2f} {tail}")
+        lines.append(f"{n:<20} {us:>10.0f} {ratio:>8.2f} {paired_text} {tail}")
     drain = result.get("many_waiters")
     if drain:
         lines.append(

@@ -88,7 +88,7 @@ class PostgresBackend(Backend):
 
             kwargs = options.connect_kwargs()
             if options.mode == "lease":
-                from ._lease import PostgresLeaseDriver
+                from ._lease import PostgresLeaseDriver, pool_options
 
                 listen_kwargs = (
                     dict(kwargs)
@@ -97,8 +97,13 @@ class PostgresBackend(Backend):
                 )
                 listen_kwargs.pop("statement_cache_size", None)
 
-                async def make_pool() -> Any:
-                    return await asyncpg.create_pool(min_size=1, max_size=pool_size, **kwargs)
+                async def make_pool(prepared: bool) -> Any:
+                    pool_kwargs = dict(kwargs)
+                    if prepared:  # no pooler in the way: asyncpg's statement cache
+                        pool_kwargs.pop("statement_cache_size", None)
+                    return await asyncpg.create_pool(
+                        min_size=1, max_size=pool_size, **pool_options(), **pool_kwargs
+                    )
 
                 async def listen() -> Any:
                     return await asyncpg.connect(**listen_kwargs)
@@ -113,6 +118,7 @@ class PostgresBackend(Backend):
                             options.create_tables if create_tables is None else create_tables
                         ),
                         listen=listen,
+                        listen_is_pool_target=listen_url is None,
                     )
                 )
                 return

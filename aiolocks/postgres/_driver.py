@@ -160,6 +160,7 @@ class _Session:
         "pid",
         "primary",
         "reserved",
+        "statements",
         "waiting",
         "waiting_for",
     )
@@ -181,6 +182,8 @@ class _Session:
         #: participant id of the attempt waiting on this session
         self.waiting_for: str | None = None
         self.alive = True
+        #: query -> (prepared statement, its protocol-level state or ``None``)
+        self.statements: dict[str, tuple[Any, Any]] = {}
 
     def idle(self) -> bool:
         return (
@@ -201,32 +204,84 @@ class _Session:
             rows: list[Any] = await self.conn.fetch(query, *args, timeout=timeout)
             return rows
 
+    def rows(
+        self, query: str, args: tuple[Any, ...], timeout: float | None = None
+    ) -> Awaitable[list[Any]]:
+        """The rows (at most one) of one of the driver's own statements; hold ``io``.
+
+        The lock and unlock calls are the whole uncontended cycle, so they
+        skip asyncpg's per-call layers (statement-cache lookup, query
+        logging, the connection's own re-entrance guard, which ``io``
+        already is): each is prepared once per session and then bound and
+        executed on the connection's protocol, which keeps asyncpg's
+        timeout and cancellation handling. A connection that does not
+        expose its protocol (another asyncpg version, a proxy object) takes
+        the public ``PreparedStatement.fetch`` instead, with the same result.
+        Not a coroutine: a prepared call returns the protocol's own awaitable.
+        """
+        known = self.statements.get(query)
+        if known is not None and known[1] is not None and not known[1].closed:
+            # A closed connection has no protocol (or a closed one, which
+            # raises InterfaceError like the public calls do).
+            protocol = getattr(self.conn, "_protocol", None)
+            if protocol is not None:
+                rows: Awaitable[list[Any]] = protocol.bind_execute(
+                    known[1], args, "", 1, False, timeout
+                )
+                return rows
+        return self._rows_slow(query, args, timeout)
+
+    async def _rows_slow(
+        self, query: str, args: tuple[Any, ...], timeout: float | None
+    ) -> list[Any]:
+        known = self.statements.get(query)
+        if known is None or (known[1] is not None and known[1].closed):
+            prepared = await self.conn.prepare(query, timeout=timeout)
+            state = getattr(prepared, "_state", None)
+            protocol = getattr(self.conn, "_protocol", None)
+            if state is None or not hasattr(protocol, "bind_execute"):
+                state = None
+            known = self.statements[query] = (prepared, state)
+        prepared, state = known
+        protocol = getattr(self.conn, "_protocol", None) if state is not None else None
+        if protocol is None:
+            # (also a connection closed meanwhile: the public call says so)
+            public: list[Any] = await prepared.fetch(*args, timeout=timeout)
+            return public[:1]
+        rows: list[Any] = await protocol.bind_execute(state, args, "", 1, False, timeout)
+        return rows
+
 
 class _PgAttempt(Attempt):
     """One acquire: where its calls went and what the wait won."""
 
     __slots__ = (
-        "change",
+        "fence",
+        "generation",
         "grants",
         "handoff",
+        "hands_off",
         "keys",
-        "lock_ids",
         "pending",
         "retried",
         "server_wait",
         "wait_session",
     )
 
-    def __init__(self, request: Request, keys: list[int]) -> None:
+    def __init__(self, request: Request, keys: list[int], fence: str, hands_off: bool) -> None:
         super().__init__(request)
         self.keys = keys
+        #: the name's fencing-table name, ``"<family>/<name>"``
+        self.fence = fence
+        #: an exclusive hold a release may pass to another task (see :func:`_hands_off`)
+        self.hands_off = hands_off
         #: lock ids reserved by this attempt, per session, whose call may have won
         self.pending: list[tuple[_Session, LockId]] = []
-        self.lock_ids: list[LockId] = []
         self.grants: list[Grant] | None = None
         self.wait_session: _Session | None = None
-        #: set by the next local release or semaphore NOTIFY (armed before each try)
-        self.change: asyncio.Future[None] | None = None
+        #: the driver's change count when the last try began: a wait returns at
+        #: once if a local release or a NOTIFY came in since (none is missed)
+        self.generation = -1
         #: while queued for a local hand-off: set when handed the lock (or woken)
         self.handoff: asyncio.Future[None] | None = None
         #: the lock id this attempt is blocked on at the server (counted once)
@@ -239,11 +294,15 @@ class _PgAttempt(Attempt):
 class _Handle:
     """``Grant.handle``: the session that holds the lock and the lock id."""
 
-    __slots__ = ("lock", "session")
+    __slots__ = ("hands_off", "lock", "notify", "session")
 
-    def __init__(self, session: _Session, lock: LockId) -> None:
+    def __init__(self, session: _Session, lock: LockId, hands_off: bool, notify: bool) -> None:
         self.session = session
         self.lock = lock
+        #: a release may hand the lock to a task queued in this backend
+        self.hands_off = hands_off
+        #: a semaphore slot: its release sends ``NOTIFY`` for the waiters
+        self.notify = notify
 
 
 def _fencing_name(request: Request) -> str:
@@ -291,6 +350,10 @@ class PostgresAdvisoryDriver:
         self._beat_task: asyncio.Task[None] | None = None
         #: woken on every local release, session freed, semaphore NOTIFY
         self._change: asyncio.Future[None] | None = None
+        #: how many times :meth:`_wake` ran (a try notes it; see ``_PgAttempt.generation``)
+        self._generation = 0
+        #: (family, name) -> (key, fencing name) of exclusive and shared locks
+        self._names: dict[tuple[Family, str], tuple[int, str]] = {}
         self._closed = False
         #: semaphore name -> largest max_leases seen (participants lists every slot)
         self._slots: dict[str, int] = {}
@@ -330,6 +393,7 @@ class PostgresAdvisoryDriver:
     # -- sessions ---------------------------------------------------------
 
     def _wake(self) -> None:
+        self._generation += 1
         change, self._change = self._change, None
         if change is not None and not change.done():
             change.set_result(None)
@@ -676,30 +740,42 @@ class PostgresAdvisoryDriver:
 
     # -- attempts ---------------------------------------------------------
 
-    def _keys(self, request: Request) -> list[int]:
-        if request.family is Family.SEMAPHORE:
-            return slot_keys(request.name, request.max_leases)
-        return [advisory_key(request.family.value, request.name)]
+    def _name(self, family: Family, name: str) -> tuple[int, str]:
+        """``(key, fencing name)`` of a lock, hashed once per name (SHA-256 is not free)."""
+        known = self._names.get((family, name))
+        if known is None:
+            if len(self._names) >= _MAX_REGISTERED:
+                self._names.clear()
+            known = self._names[(family, name)] = (
+                advisory_key(family.value, name),
+                f"{family.value}/{name}",
+            )
+        return known
 
     def begin(self, request: Request) -> Attempt:
         """Compute the key(s); no I/O (advisory locks need no minted ids)."""
-        if request.family is Family.SEMAPHORE:
+        family = request.family
+        if family is Family.SEMAPHORE:
             self._slots[request.name] = max(request.max_leases, self._slots.get(request.name, 1))
-        return _PgAttempt(request, self._keys(request))
+            keys = slot_keys(request.name, request.max_leases)
+            return _PgAttempt(request, keys, _fencing_name(request), False)
+        key, fence = self._name(family, request.name)
+        return _PgAttempt(request, [key], fence, _hands_off(request))
 
     async def try_once(self, attempt: Attempt) -> list[Grant] | None:
         """``pg_try_advisory_lock*`` with the fencing bump, on a session free for that key."""
-        a = cast(_PgAttempt, attempt)
+        a: _PgAttempt = attempt  # type: ignore[assignment]  # (our begin made it; no cast call)
         if a.grants is not None:
             return a.grants
-        # Armed before the try: a release between our "no" and the wait is not missed.
-        a.change = self._change_future()
+        # Noted before the try: a release between our "no" and the wait is not missed.
+        a.generation = self._generation
         request = a.request
         if request.mode is Mode.LEASE:
             return await self._try_slots(a)
+        key = a.keys[0]
         shared = request.mode is Mode.READ
-        lock = (a.keys[0], shared)
-        if _hands_off(request) and self._holder(lock) is not None:
+        lock = (key, shared)
+        if a.hands_off and self._held_by and self._holder(lock) is not None:
             # Held by another task of this backend: the server would say no;
             # wait for the hand-off instead.
             return None
@@ -711,10 +787,16 @@ class PostgresAdvisoryDriver:
         elif request.family is Family.LEADER:
             session = await self._leader_session(a, lock, wait=False)
         else:
-            session = await self._session_for(lock, wait=False)
+            session = self._primary
+            if (
+                session is None
+                or not session.alive
+                or (session.reserved and _touches(session, key))
+            ):
+                session = await self._session_for(lock, wait=False)
         if session is None:
             return None
-        query, extra = self._grant_sql(request, wait=False, shared=shared)
+        query, extra = self._grant_sql(a, wait=False, shared=shared)
         downgrade = request.downgrade_of
         if (
             downgrade is not None
@@ -726,7 +808,7 @@ class PostgresAdvisoryDriver:
             # (the server puts it ahead of the waiters it would conflict
             # with). A short bound guards the shared connection anyway.
             try:
-                wait_query, wait_extra = self._grant_sql(request, wait=True, shared=True)
+                wait_query, wait_extra = self._grant_sql(a, wait=True, shared=True)
                 row = await self._send(
                     a, session, lock, wait_query, a.keys[0], *wait_extra, timeout=_DOWNGRADE_BOUND
                 )
@@ -776,9 +858,14 @@ class PostgresAdvisoryDriver:
         session.reserved.add(lock)
         entry = (session, lock)
         a.pending.append(entry)
+        io = session.io
         try:
-            async with session.io:
-                row = await session.conn.fetchrow(query, *args, timeout=timeout)
+            await io.acquire()  # (not ``async with``: one coroutine less per call)
+            try:
+                rows = await session.rows(query, args, timeout)
+                row = rows[0] if rows else None
+            finally:
+                io.release()
         except TimeoutError:
             raise
         except _BROKEN as exc:
@@ -800,12 +887,10 @@ class PostgresAdvisoryDriver:
             session.settle()
         return row
 
-    def _grant_sql(
-        self, request: Request, *, wait: bool, shared: bool
-    ) -> tuple[str, tuple[str, ...]]:
+    def _grant_sql(self, a: _PgAttempt, *, wait: bool, shared: bool) -> tuple[str, tuple[str, ...]]:
         """The grant statement and its arguments after the key: ``_register`` for a new name."""
         q = self._queries
-        fence = _fencing_name(request)
+        fence = a.fence
         if fence in self._registered:
             if wait:
                 return (q.lock_shared if shared else q.lock_exclusive), ()
@@ -816,14 +901,19 @@ class PostgresAdvisoryDriver:
 
     def _grant(self, a: _PgAttempt, session: _Session, lock: LockId, token: int) -> Grant:
         # Granted: the name's fencing row exists (this grant or an earlier one wrote it).
-        if len(self._registered) >= _MAX_REGISTERED:
-            self._registered.clear()
-        self._registered.add(_fencing_name(a.request))
-        grant = Grant(a.request, token, handle=_Handle(session, lock))
+        registered = self._registered
+        if a.fence not in registered:
+            if len(registered) >= _MAX_REGISTERED:
+                registered.clear()
+            registered.add(a.fence)
+        request = a.request
+        handle = _Handle(session, lock, a.hands_off, request.family is Family.SEMAPHORE)
+        grant = Grant(request, token, handle=handle)
         session.grants[grant] = lock
-        if _hands_off(a.request):
+        if a.hands_off:
             self._held_by[lock] = grant
-        self._ensure_heartbeat()
+        if self._beat_timer is None:
+            self._ensure_heartbeat()
         return grant
 
     async def _try_slots(self, a: _PgAttempt) -> list[Grant] | None:
@@ -840,7 +930,7 @@ class PostgresAdvisoryDriver:
                 primary.reserved.add(lock)
                 a.pending.append((primary, lock))
             try:
-                fence = _fencing_name(request)
+                fence = a.fence
                 async with primary.io:
                     if fence in self._registered:
                         row = await primary.conn.fetchrow(self._queries.try_slot, free)
@@ -867,7 +957,7 @@ class PostgresAdvisoryDriver:
 
     async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
         """Block on ``pg_advisory_lock*`` on an extra session (semaphores: a NOTIFY)."""
-        a = cast(_PgAttempt, attempt)
+        a: _PgAttempt = attempt  # type: ignore[assignment]
         request = a.request
         if a.grants is not None:
             return
@@ -876,7 +966,7 @@ class PostgresAdvisoryDriver:
             return
         shared = request.mode is Mode.READ
         lock = (a.keys[0], shared)
-        if _hands_off(request) and (
+        if a.hands_off and (
             self._holder(lock) is not None or self._server_waiters.get(lock, 0) > 0
         ):
             await self._wait_handoff(a, lock, bound)
@@ -888,10 +978,10 @@ class PostgresAdvisoryDriver:
         if session is None:
             await self._wait_local(a, bound, self._heartbeat)
             return
-        if _hands_off(request):
+        if a.hands_off:
             a.server_wait = lock
             self._server_waiters[lock] = self._server_waiters.get(lock, 0) + 1
-        query, extra = self._grant_sql(request, wait=True, shared=shared)
+        query, extra = self._grant_sql(a, wait=True, shared=shared)
         session.waiting = True
         session.waiting_for = request.participant
         a.wait_session = session
@@ -937,8 +1027,7 @@ class PostgresAdvisoryDriver:
         Woken by a hand-off (``a.grants`` set), by any local change, or after
         ``heartbeat`` seconds at the latest, and then tries again.
         """
-        change = a.change if a.change is not None else self._change_future()
-        if change.done():
+        if a.generation != self._generation:
             return  # something changed since the try: try again first
         queue = self._queued.setdefault(lock, {})
         handoff = a.handoff = asyncio.get_running_loop().create_future()
@@ -976,9 +1065,10 @@ class PostgresAdvisoryDriver:
                     break
 
     async def _wait_local(self, a: _PgAttempt, bound: float | None, cap: float) -> None:
+        if a.generation != self._generation:
+            return  # something changed since the try: try again first
         limit = cap if bound is None else min(bound, cap)
-        change = a.change if a.change is not None else self._change_future()
-        await wait_done(change, limit)
+        await wait_done(self._change_future(), limit)
 
     async def _unlock_pending(self, a: _PgAttempt) -> None:
         """Check-and-unlock every call of ``a`` whose answer we did not get."""
@@ -1008,11 +1098,12 @@ class PostgresAdvisoryDriver:
 
     def finish(self, attempt: Attempt) -> None:
         """Leave the hand-off queue; nothing else to drop locally."""
-        a = cast(_PgAttempt, attempt)
+        a: _PgAttempt = attempt  # type: ignore[assignment]
         if a.handoff is not None:
             self._unqueue(a, (a.keys[0], False))
-        self._end_server_wait(a)
-        if _hands_off(a.request) and a.grants is None:
+        if a.server_wait is not None:
+            self._end_server_wait(a)
+        if a.hands_off and a.grants is None and self._queued:
             self._wake_queued((a.keys[0], False))  # ended empty-handed: the next one tries
         session = a.wait_session
         if session is not None and not a.pending:
@@ -1022,24 +1113,33 @@ class PostgresAdvisoryDriver:
         """``pg_advisory_unlock*`` on the session that holds it; ``False`` if it was not held."""
         handle = grant.handle
         assert isinstance(handle, _Handle)
-        session, (key, shared) = handle.session, handle.lock
+        session = handle.session
+        lock = handle.lock
         if not session.alive:
             return False
         if grant not in session.grants:
             return False  # released before (idempotent) or found lost
-        if _hands_off(grant.request) and self._queued.get((key, shared)):
-            handed = await self._hand_off(grant, session, (key, shared))
+        if handle.hands_off and self._queued and self._queued.get(lock):
+            handed = await self._hand_off(grant, session, lock)
             if handed is not None:
                 return handed
-        query = self._queries.unlock_shared if shared else self._queries.unlock_exclusive
-        notify = grant.request.family is Family.SEMAPHORE
+        key, shared = lock
+        io = session.io
         try:
-            async with session.io:
-                held = await session.conn.fetchval(query, key)
-                if notify:
-                    await session.conn.execute(
-                        "SELECT pg_notify($1, $2)", self.channel, grant.request.name
+            await io.acquire()  # (not ``async with``: one coroutine less per call)
+            try:
+                if handle.notify:
+                    # a semaphore slot: unlock and wake the waiters in one statement
+                    rows = await session.rows(
+                        self._queries.unlock_notify, (key, self.channel, grant.request.name)
                     )
+                elif shared:
+                    rows = await session.rows(self._queries.unlock_shared, (key,))
+                else:
+                    rows = await session.rows(self._queries.unlock_exclusive, (key,))
+                held = bool(rows) and rows[0][0]
+            finally:
+                io.release()
         except _BROKEN as exc:
             was_alive = session.alive
             self._session_ended(session, f"release failed: {exc!r}")
@@ -1048,10 +1148,16 @@ class PostgresAdvisoryDriver:
                 await self._drop_connection(session.conn)
             return False
         if session.grants.pop(grant, None) is not None:
-            session.reserved.discard((key, shared))
-        self._handoffs.pop((key, shared), None)
-        self._tokens.pop((key, shared), None)  # the chain ended: its leftovers are void
-        self._maybe_retire(session)
+            session.reserved.discard(lock)
+        if handle.hands_off:
+            if self._held_by.get(lock) is grant:
+                del self._held_by[lock]
+            if self._handoffs:
+                self._handoffs.pop(lock, None)
+            if self._tokens:
+                self._tokens.pop(lock, None)  # the chain ended: its leftovers are void
+        if not session.primary:
+            self._maybe_retire(session)
         self._wake()
         return bool(held)
 

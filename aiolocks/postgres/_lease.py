@@ -4,10 +4,15 @@ Design note
 -----------
 Every statement is one short transaction on a pooled connection (an asyncpg
 pool, which may sit behind a transaction-pooling proxy: nothing depends on
-the server session). ``begin`` mints the owner id of the attempt
-(``<participant>#<random>``); the acquire function takes a hold in one round
-trip (serialized per name by a transaction-level advisory lock, expired rows
-purged, the mode's rule checked, the fencing row bumped, the row inserted).
+the server session). Statements are prepared (asyncpg's statement cache)
+only when the listener's probe found the server itself where the pool
+connects; a connection going back to the pool is not reset (nothing of ours
+stays on it, see :func:`_keep_session`), and a few answered connections are
+kept checked out between statements (see :meth:`PostgresLeaseDriver._put`).
+``begin`` mints the owner id of the attempt (``<participant>#<random><n>``);
+the acquire function takes a hold in one statement (serialized per name by
+a transaction-level advisory lock, expired rows purged, the mode's rule
+checked, the fencing row bumped, the row inserted).
 
 * **Cancellation.** The connection of an unanswered acquire stays with the
   attempt; ``abandon`` deletes every row of the attempt's owner on that same
@@ -30,6 +35,7 @@ purged, the mode's rule checked, the fencing row bumped, the row inserted).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import secrets
 import time
@@ -51,12 +57,20 @@ from ._state import ConnectionState, StateBroadcaster
 if TYPE_CHECKING:
     from ._admin import PostgresLeaseAdmin
 
-__all__ = ["PostgresLeaseDriver"]
+__all__ = ["PostgresLeaseDriver", "pool_options"]
 
 logger = logging.getLogger("aiolocks.postgres")
 
 
 _MODES = {Mode.EXCLUSIVE: "exclusive", Mode.WRITE: "write", Mode.READ: "shared"}
+
+#: a connection the server ended between two of our statements can surface as
+#: a client protocol error on the next one; the connection is unusable either way
+_BROKEN: tuple[type[BaseException], ...] = (*_TRANSIENT, asyncpg.exceptions.InternalClientError)
+
+#: pool connections the driver keeps checked out between its statements (at
+#: most the pool's size - 1, so that admin calls and the doctor still get one)
+_KEEP_IDLE = 4
 
 
 async def _return_quietly(pool: Any, conn: Any) -> None:
@@ -72,16 +86,51 @@ async def _return_quietly(pool: Any, conn: Any) -> None:
         logger.debug("a lease connection was gone when handed back: %r", exc)
 
 
+async def _keep_session(_conn: Any) -> None:
+    """The lease pool's reset: nothing beyond what asyncpg always does.
+
+    A connection going back to the pool is reset by default with ``RESET
+    ALL; UNLISTEN *; CLOSE ALL; pg_advisory_unlock_all()``: one more round
+    trip per statement of this driver. Nothing of that is ever left on a
+    lease connection: its only lock is the acquire function's
+    transaction-level one (gone with the statement), it never ``LISTEN``s
+    (the listener is a connection of its own), sets nothing and opens no
+    cursor. asyncpg still rolls back a transaction left open (a cancelled
+    downgrade) before it calls this.
+    """
+
+
+def pool_options() -> dict[str, Any]:
+    """``asyncpg.create_pool`` keywords of the lease pool (the reset above, asyncpg >= 0.30)."""
+    if "reset" in inspect.signature(asyncpg.create_pool).parameters:
+        return {"reset": _keep_session}
+    return {}
+
+
+def _open(conn: Any) -> bool:
+    """``conn`` (a pool's connection proxy) is still checked out to us and open.
+
+    When its server session ends, asyncpg's pool takes the connection back by
+    itself, and the proxy then raises on every call.
+    """
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False
+
+
 def _fencing_name(request: Request) -> str:
     return f"{request.family.value}/{request.name}"
 
 
 class _LeaseAttempt(Attempt):
-    __slots__ = ("conn", "grants", "owner", "unanswered", "waiter")
+    __slots__ = ("conn", "fence", "grants", "owner", "unanswered", "waiter")
 
     def __init__(self, request: Request, owner: str) -> None:
         super().__init__(request)
         self.owner = owner
+        #: the name's row name, ``"<family>/<name>"``
+        self.fence = _fencing_name(request)
         self.conn: Any = None
         self.unanswered = False
         self.grants: list[Grant] | None = None
@@ -117,15 +166,20 @@ class PostgresLeaseDriver:
 
     def __init__(
         self,
-        make_pool: Callable[[], Awaitable[Any]],
+        make_pool: Callable[[bool], Awaitable[Any]],
         *,
         describe: str,
         lease_time: float,
         tables: TableNames,
         create_tables: bool,
         listen: Callable[[], Awaitable[Any]] | None,
+        listen_is_pool_target: bool = False,
     ) -> None:
+        #: ``make_pool(prepared)``: the statement pool; ``prepared``: with
+        #: asyncpg's statement cache (only when no pooler is in the way)
         self._make_pool = make_pool
+        #: the listener connects where the pool does: its probe speaks for both
+        self._listen_is_pool_target = listen_is_pool_target
         self._describe = describe
         self._lease_time = float(lease_time)
         self._tables = tables
@@ -133,6 +187,12 @@ class PostgresLeaseDriver:
         self._listen = listen
         self._queries = LeaseQueries.build(tables)
         self._pool: Any = None
+        #: answered pool connections kept for the next statement (see :meth:`_put`)
+        self._idle: list[Any] = []
+        self._keep = 0
+        #: owner ids: ``<participant>#<this tag><counter>`` (see :meth:`begin`)
+        self._owner_tag = secrets.token_hex(8)
+        self._minted = 0
         self._listener: Any = None
         self._owned: TaskSet | None = None
         self._waiters: dict[str, asyncio.Future[None]] = {}
@@ -156,10 +216,13 @@ class PostgresLeaseDriver:
     async def open(self, tasks: TaskSet) -> None:
         """Create the pool, make sure the tables exist, start listening for releases."""
         self._owned = tasks
+        listener: Any = None
         try:
-            self._pool = await self._make_pool()
-            async with self._pool.acquire() as conn:
-                await ensure_schema(conn, self._tables, create=self._create_tables)
+            # Statements are prepared (asyncpg's statement cache: one round
+            # trip each instead of two) only when the listener's probe found
+            # the server itself where the pool connects; a transaction pooler
+            # cannot keep a prepared statement per client.
+            prepared = False
             if self._listen is not None:
                 listener = await self._listen()
                 probe = await probe_session(listener, statements=2)
@@ -172,11 +235,23 @@ class PostgresLeaseDriver:
                         probe.describe(),
                     )
                     listener.terminate()
+                    listener = None
                 else:
-                    self._listener = listener
-                    await listener.add_listener(self._tables.channel, self._on_notify)
-        except _TRANSIENT as exc:
+                    prepared = self._listen_is_pool_target
+            self._pool = await self._make_pool(prepared)
+            max_size = getattr(self._pool, "get_max_size", None)
+            if callable(max_size):
+                self._keep = max(0, min(_KEEP_IDLE, int(max_size()) - 1))
+            async with self._pool.acquire() as conn:
+                await ensure_schema(conn, self._tables, create=self._create_tables)
+            if listener is not None:
+                await listener.add_listener(self._tables.channel, self._on_notify)
+                self._listener, listener = listener, None
+        except _BROKEN as exc:
             raise self._unavailable(exc, "connect") from exc
+        finally:
+            if listener is not None:
+                listener.terminate()
         self.states.connected()
 
     async def close(self) -> None:
@@ -186,9 +261,47 @@ class PostgresLeaseDriver:
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.terminate()
+        self._idle = []  # (terminated with the pool)
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.terminate()
+
+    # -- connections --------------------------------------------------------
+
+    async def _connection(self) -> Any:
+        """A pool connection for one statement: a kept one (no await) or a new checkout."""
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if _open(conn):
+                return conn
+            self._return(conn)  # (the pool frees a closed connection's slot)
+        return await self._pool.acquire()
+
+    def _put(self, conn: Any) -> None:
+        """Keep a connection whose statements were all answered, or hand it back to the pool.
+
+        Kept connections skip the pool's checkout and return (a task and a
+        timer each) on the next statement; one in a transaction (a cancelled
+        downgrade) or closed goes back to the pool, whose release rolls back
+        or drops it.
+        """
+        if len(self._idle) < self._keep and not self._closed:
+            try:
+                # (a closed one is dropped at the next checkout; one the pool
+                # took back, its session ended, raises here)
+                idle = not conn.is_in_transaction()
+            except asyncpg.InterfaceError:
+                idle = False
+            if idle:
+                self._idle.append(conn)
+                return
+        self._return(conn)
+
+    def _return(self, conn: Any) -> None:
+        """Hand ``conn`` back to the pool in an owned task (closing: the pool ends it)."""
+        if self._owned is not None and self._pool is not None:
+            self._owned.spawn(_return_quietly(self._pool, conn), name="aiolocks-pg-release-conn")
 
     def _arm(self, name: str) -> asyncio.Future[None]:
         """The future the next release NOTIFY of ``name`` sets (shared by its waiters)."""
@@ -210,7 +323,9 @@ class PostgresLeaseDriver:
 
     def begin(self, request: Request) -> Attempt:
         """Mint the owner id of every row this attempt may write."""
-        owner = f"{request.participant}#{secrets.token_hex(8)}"
+        # unique per attempt: a random part per driver and a counter
+        self._minted += 1
+        owner = f"{request.participant}#{self._owner_tag}{self._minted:x}"
         return _LeaseAttempt(request, owner)
 
     async def try_once(self, attempt: Attempt) -> list[Grant] | None:
@@ -219,7 +334,7 @@ class PostgresLeaseDriver:
         if a.grants is not None:
             return a.grants
         request = a.request
-        name = _fencing_name(request)
+        name = a.fence
         key = advisory_key("lease", name)
         ttl = self._ttl(request)
         if request.mode is Mode.LEASE:
@@ -236,7 +351,7 @@ class PostgresLeaseDriver:
         a.waiter = self._arm(name)
         try:
             if a.conn is None:
-                a.conn = await self._pool.acquire()
+                a.conn = await self._connection()
             sent = time.monotonic()
             for _ in range(request.count):
                 a.unanswered = True
@@ -247,13 +362,13 @@ class PostgresLeaseDriver:
                 if row is None:
                     break
                 rows.append(row)
-        except _TRANSIENT as exc:
+        except _BROKEN as exc:
             raise self._unavailable(exc, "lease acquire") from exc
         self.states.connected()  # the statements went through
         if len(rows) < request.count:
             if rows:
                 await self._abandon_rows(a)
-            await self._give_back(a)
+            self._give_back(a)
             return None
         # Answered: no await from here to the return (finish() returns the
         # connection to the pool).
@@ -288,17 +403,17 @@ class PostgresLeaseDriver:
             raise BackendUnavailableError(f"backend {self._describe} is closed")
         try:
             if a.conn is None:
-                a.conn = await self._pool.acquire()
+                a.conn = await self._connection()
             sent = time.monotonic()
             a.unanswered = True
             async with a.conn.transaction():
                 await a.conn.execute("SELECT pg_advisory_xact_lock($1)", key)
                 row = await a.conn.fetchrow(query, hold.name, hold.owner, write.token, a.owner, ttl)
             a.unanswered = False
-        except _TRANSIENT as exc:
+        except _BROKEN as exc:
             raise self._unavailable(exc, "lease downgrade") from exc
         if row is None:
-            await self._give_back(a)
+            self._give_back(a)
             return None
         grant = Grant(a.request, int(row[1]), handle=_LeaseHold(hold.name, int(row[0]), a.owner))
         grant.valid_until = sent + ttl
@@ -306,20 +421,20 @@ class PostgresLeaseDriver:
         a.grants = [grant]
         return a.grants
 
-    async def _give_back(self, a: _LeaseAttempt) -> None:
+    def _give_back(self, a: _LeaseAttempt) -> None:
         conn, a.conn = a.conn, None
         if conn is not None:
-            await self._pool.release(conn)
+            self._put(conn)
 
     async def _abandon_rows(self, a: _LeaseAttempt) -> None:
-        await a.conn.fetchrow(self._queries.abandon, _fencing_name(a.request), a.owner)
+        await a.conn.fetchrow(self._queries.abandon, a.fence, a.owner)
 
     async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
         """Wait for a release NOTIFY of this name, at most ``lease_time`` (a crashed holder)."""
         a = cast(_LeaseAttempt, attempt)
         waiter = a.waiter
         if waiter is None:
-            waiter = a.waiter = self._arm(_fencing_name(a.request))
+            waiter = a.waiter = self._arm(a.fence)
         cap = self._ttl(a.request)
         await wait_done(waiter, cap if bound is None else min(bound, cap))
 
@@ -330,10 +445,14 @@ class PostgresLeaseDriver:
         for grant in granted or ():
             await self.release(grant)
         try:
+            if a.conn is not None and not _open(a.conn):
+                # Its session ended: nothing of it still runs, any connection will do.
+                self._return(a.conn)
+                a.conn = None
             if a.conn is None:
-                a.conn = await self._pool.acquire()
+                a.conn = await self._connection()
             await self._abandon_rows(a)
-        except _TRANSIENT as exc:
+        except _BROKEN as exc:
             logger.warning(
                 "could not clean up lease rows of %s (they lapse within %s s): %r",
                 a.owner,
@@ -342,24 +461,28 @@ class PostgresLeaseDriver:
             )
             conn, a.conn = a.conn, None
             if conn is not None:
-                conn.terminate()
-                await self._pool.release(conn)
+                if _open(conn):
+                    conn.terminate()
+                await _return_quietly(self._pool, conn)
             return
-        await self._give_back(a)
+        self._give_back(a)
 
     def finish(self, attempt: Attempt) -> None:
-        """Return a connection the attempt still has (no I/O: the pool resets it later)."""
+        """Keep or return a connection the attempt still has (no I/O)."""
         a = cast(_LeaseAttempt, attempt)
         waiter, a.waiter = a.waiter, None
-        name = _fencing_name(a.request)
+        name = a.fence
         if waiter is not None and self._waiters.get(name) is waiter and not waiter.done():
             # Drop it; an attempt that shares it wakes (early wakes are allowed),
             # tries again and arms a new one.
             waiter.set_result(None)
             del self._waiters[name]
         conn, a.conn = a.conn, None
-        if conn is not None and self._owned is not None and self._pool is not None:
-            self._owned.spawn(_return_quietly(self._pool, conn), name="aiolocks-pg-release-conn")
+        if conn is not None:
+            if a.unanswered:
+                self._return(conn)  # a cancelled statement may still run there: the pool's
+            else:
+                self._put(conn)
 
     # -- renewal ----------------------------------------------------------
 
@@ -383,7 +506,7 @@ class PostgresLeaseDriver:
             row = await self._pool.fetchrow(
                 self._queries.renew, hold.name, hold.slot, hold.owner, grant.token, ttl
             )
-        except _TRANSIENT as exc:
+        except _BROKEN as exc:
             logger.warning("lease renewal of %r failed, retrying: %r", grant, exc)
             if not self._closed:
                 self.states.set(ConnectionState.SUSPENDED)
@@ -407,11 +530,19 @@ class PostgresLeaseDriver:
         hold = cast(_LeaseHold, grant.handle)
         hold.stop()
         try:
-            row = await self._pool.fetchrow(
+            conn = await self._connection()
+        except _BROKEN as exc:
+            raise self._unavailable(exc, "lease release") from exc
+        try:
+            row = await conn.fetchrow(
                 self._queries.release, hold.name, hold.slot, hold.owner, grant.token
             )
-        except _TRANSIENT as exc:
-            raise self._unavailable(exc, "lease release") from exc
+        except BaseException as exc:
+            self._return(conn)  # (cancelled: the statement may still run there)
+            if isinstance(exc, _BROKEN):
+                raise self._unavailable(exc, "lease release") from exc
+            raise
+        self._put(conn)
         return bool(row is not None and row[0])
 
     async def diagnose(self) -> Diagnosis:
@@ -445,7 +576,7 @@ class PostgresLeaseDriver:
                 listen=self._listen,
                 server_time=server_time,
             )
-        except _TRANSIENT as exc:
+        except _BROKEN as exc:
             raise self._unavailable(exc, "diagnosis") from exc
 
     def admin(self) -> PostgresLeaseAdmin:
@@ -459,7 +590,7 @@ class PostgresLeaseDriver:
         fencing = f"{family.value}/{name}"
         try:
             rows = await self._pool.fetch(self._queries.holders, fencing)
-        except _TRANSIENT as exc:
+        except _BROKEN as exc:
             raise self._unavailable(exc, "participants") from exc
         out = []
         for row in rows:

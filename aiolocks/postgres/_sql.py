@@ -406,6 +406,7 @@ class AdvisoryQueries:
     next_token: str
     unlock_exclusive: str
     unlock_shared: str
+    unlock_notify: str
     unlock_if_held: str
     held: str
     participants: str
@@ -469,6 +470,9 @@ class AdvisoryQueries:
             next_token=f"SELECT {token} FROM generate_series(1, $1)",
             unlock_exclusive="SELECT pg_advisory_unlock($1)",
             unlock_shared="SELECT pg_advisory_unlock_shared($1)",
+            # A semaphore slot: unlock $1 and NOTIFY channel $2 with the
+            # semaphore's name $3 (sent when the statement commits).
+            unlock_notify="SELECT pg_advisory_unlock($1), pg_notify($2, $3)",
             # After a cancelled or failed grant: unlock once if this session
             # holds $1 in mode $2 ('ExclusiveLock' or 'ShareLock'); returns
             # whether it did. No WARNING when it does not hold it.

@@ -57,6 +57,8 @@ def test_quick_run_reports_every_contender(postgres_server: PostgresServer) -> N
     ):
         assert cycle[name] > 0
     assert result["uncontended_vs_floor"]["floor"] == 1.0
+    assert result["uncontended_vs_floor_per_round"]["floor"] == 1.0
+    assert set(result["uncontended_vs_floor_per_round"]) == set(cycle)
     holds = result["contended_holds_per_s"]
     assert set(holds) == {"floor", "aiolocks-advisory", "aiolocks-lease", "for-update"}
     assert all(value > 0 for value in holds.values())
