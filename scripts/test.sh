@@ -26,11 +26,6 @@ echo "== build wheel + sdist, twine check --strict"
     || { cat "$SCRATCH/build.log"; exit 1; }
 "$VENV/bin/python" -m twine check --strict "$SCRATCH"/dist/*
 echo "== pytest"
-# Warnings are errors (pyproject.toml), and a ResourceWarning that the
-# garbage collector raises for a socket or connection left unclosed surfaces
-# as an "unraisable exception" in whichever test runs when the collector
-# does, not in the test that leaked it. That test, and only for that reason,
-# is run once more; any other failure fails the run. (Known: an intermittent
-# unclosed Redis connection from an earlier test, not yet found.)
-"$VENV/bin/python" -m pytest --reruns 1 \
-    --only-rerun PytestUnraisableExceptionWarning --only-rerun "unraisable exception warnings" "$@"
+# Warnings are errors (pyproject.toml): a socket or connection left unclosed
+# fails the run, in whichever test the garbage collector reports it.
+"$VENV/bin/python" -m pytest "$@"

@@ -37,7 +37,7 @@ from .errors import BackendUnavailableError
 from .events import EventHook, EventKind, LockEvent, lock_kind
 from .names import validate_name
 from .participants import Participant
-from .tasks import TaskSet, wait_finished
+from .tasks import TaskSet, running_task, wait_finished
 
 if TYPE_CHECKING:
     from .hold import Hold
@@ -80,6 +80,8 @@ class Engine:
         self.ledgers: dict[tuple[Family, str, str], Ledger] = {}
         self.latches: weakref.WeakSet[LeaderLatch] = weakref.WeakSet()
         self.hooks: list[EventHook] = []
+        #: ``grant_event`` bound once (every hold's grant gets it as its event sink)
+        self.grant_event_sink = self.grant_event
         self._open_lock: asyncio.Lock | None = None
         self.opened = False
         self.closed = False
@@ -88,10 +90,13 @@ class Engine:
         self._fallback: Driver | None = None
         self._degraded_live = 0
         self._release_waiters: list[asyncio.Future[None]] = []
-        #: one future per release being sent (resolved when it ends): close()
-        #: waits for them before closing the driver, whose connections a late
-        #: release would otherwise reopen and leave open
-        self._releasing: set[asyncio.Future[None]] = set()
+        #: how many releases are being sent: close() waits until none is,
+        #: before closing the driver, whose connections a late release would
+        #: otherwise reopen and leave open. A counter, not a future per
+        #: release: the future (``_releases_idle``) is made only while
+        #: close() waits.
+        self._releasing = 0
+        self._releases_idle: asyncio.Future[None] | None = None
         self._driver_closing = False
 
     # -- identity -----------------------------------------------------------
@@ -249,8 +254,8 @@ class Engine:
         if releases:
             cancelled = await wait_finished(asyncio.gather(*releases, return_exceptions=True))
         if self._releasing:  # releases of bodies that ended before ours began
-            waiting = asyncio.gather(*self._releasing)
-            cancelled = await wait_finished(waiting) or cancelled
+            idle = self._releases_idle = asyncio.get_running_loop().create_future()
+            cancelled = await wait_finished(idle) or cancelled
         try:
             await self.tasks.drain(cancel=True)
         except asyncio.CancelledError as exc:
@@ -268,8 +273,13 @@ class Engine:
 
     # -- acquire --------------------------------------------------------------
 
-    async def acquire(self, request: Request, deadline: float | None) -> list[Grant] | None:
-        """Take ``request.count`` holds, or ``None`` once ``deadline`` passed.
+    def acquire(
+        self, request: Request, deadline: float | None, task: asyncio.Task[Any] | None = None
+    ) -> Coroutine[Any, Any, list[Grant] | None]:
+        """Take ``request.count`` holds, or ``None`` once ``deadline`` passed (await the result).
+
+        ``task`` is the calling task when the caller knows it already (saves
+        a lookup on the fast path).
 
         Cancelling the caller at any await leaves nothing on the server: the
         driver's ``abandon`` runs to completion in an owned task before the
@@ -279,7 +289,19 @@ class Engine:
         :class:`BackendUnavailableError` (before or while waiting) takes the
         same lock from the process-local fallback store instead; see
         :meth:`_acquire_degraded`.
+
+        Not a coroutine function itself: on the fast path (open, nothing
+        degraded) it hands back the attempt's coroutine, which is then the
+        only frame of the engine between the caller and the driver.
         """
+        if self._degraded_live or not self.opened or self.closed:
+            return self._acquire_slow(request, deadline, task)
+        return self._attempt(self.driver, request, deadline, time.monotonic(), task, top=True)
+
+    async def _acquire_slow(
+        self, request: Request, deadline: float | None, task: asyncio.Task[Any] | None
+    ) -> list[Grant] | None:
+        """:meth:`acquire` when the driver is not open yet or degraded holds are live."""
         started = time.monotonic()
         try:
             # The server may be back while tasks of this process still hold
@@ -293,35 +315,46 @@ class Engine:
             if not self.opened:
                 await self.open()
             self.check_open()
-            grants = await self._attempt(self.driver, request, deadline, started)
         except BackendUnavailableError as exc:
             if not self._degrades(request, exc):
                 raise
             return await self._acquire_degraded(request, deadline, started, exc)
-        self._emit_outcome(request, grants, started)
-        return grants
+        return await self._attempt(self.driver, request, deadline, started, task, top=True)
 
     async def _attempt(
-        self, driver: Driver, request: Request, deadline: float | None, started: float
+        self,
+        driver: Driver,
+        request: Request,
+        deadline: float | None,
+        started: float,
+        task: asyncio.Task[Any] | None = None,
+        *,
+        top: bool = False,
     ) -> list[Grant] | None:
-        """One attempt on ``driver`` through to grants, ``None`` at the deadline, or an error."""
+        """One attempt on ``driver`` through to grants, ``None`` at the deadline, or an error.
+
+        ``top``: the attempt on the server that :meth:`acquire` runs; it
+        reports the outcome to the hooks and, when the server is unreachable
+        and the backend degrades, goes on to :meth:`_acquire_degraded`.
+        """
         attempt = driver.begin(request)
         attempt.deadline = deadline
-        task = asyncio.current_task()
+        if task is None:
+            task = running_task()
         finish_here = True
+        # A client library may swallow a cancellation that arrives during a
+        # try or a wait (seen with redis-py's cluster client): the error is
+        # gone but the task is still cancelling. Honour it, or the caller
+        # would go on waiting for a lock it gave up. (Granted: the caller has
+        # the lock, as if the cancel had come a moment later.)
+        cancels = task.cancelling() if task is not None else 0
         try:
             while True:
-                cancels = task.cancelling() if task is not None else 0
                 grants = await driver.try_once(attempt)
-                if grants is None and task is not None and task.cancelling() > cancels:
-                    # A client library swallowed a cancellation that arrived
-                    # during the try (seen with redis-py's cluster client):
-                    # honour it, or the caller would go on waiting for a lock
-                    # it gave up. (Granted: the caller has the lock, as if the
-                    # cancel had come a moment later.)
-                    raise asyncio.CancelledError()
                 if grants is not None:
                     break
+                if task is not None and task.cancelling() > cancels:
+                    raise asyncio.CancelledError()
                 bound = None
                 if deadline is not None:
                     bound = deadline - time.monotonic()
@@ -329,6 +362,8 @@ class Engine:
                         await driver.abandon(attempt)
                         break
                 await driver.wait_for_change(attempt, bound)
+                if task is not None and task.cancelling() > cancels:
+                    raise asyncio.CancelledError()
         except BaseException as exc:
             if self._degrades(request, exc):
                 # The caller goes on to the local fallback at once; giving
@@ -340,6 +375,8 @@ class Engine:
                     name=f"aiolocks-abandon:{request.family.value}:{request.name}",
                     log_errors=False,
                 )
+                if top and isinstance(exc, BackendUnavailableError):
+                    return await self._acquire_degraded(request, deadline, started, exc)
                 raise
             # An error reaches the caller after at most ERROR_CLEANUP_WAIT of
             # clean-up: with the server down, the clean-up retries until the
@@ -364,6 +401,8 @@ class Engine:
         finally:
             if finish_here:
                 driver.finish(attempt)
+        if top and self.hooks:
+            self._emit_outcome(request, grants, started)
         return grants
 
     async def _abandon_in_background(self, driver: Driver, attempt: Attempt) -> None:
@@ -548,16 +587,17 @@ class Engine:
             return
         hold.released = True
         self.holds.discard(hold)
-        self._hold_ended(hold)
         grant = hold.grant
+        if grant.degraded or self._release_waiters:
+            self._hold_ended(hold)
         if self._driver_closing and grant.lost:
             # Closing lost it; its session or lease ends with the driver.
             self.emit_hold("released", hold)
             return
-        in_flight: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._releasing.add(in_flight)
+        driver = self._fallback if grant.degraded and self._fallback is not None else self.driver
+        self._releasing += 1
         try:
-            ok = await self._driver_for(grant).release(grant)
+            ok = await driver.release(grant)
         except asyncio.CancelledError:
             # The command may or may not have run; release is idempotent, so
             # send it again where no cancellation reaches, wait for it, and
@@ -576,11 +616,16 @@ class Engine:
                 raise
             return
         finally:
-            self._releasing.discard(in_flight)
-            in_flight.set_result(None)
+            self._releasing -= 1
+            idle = self._releases_idle
+            if idle is not None and not self._releasing:
+                self._releases_idle = None
+                if not idle.done():
+                    idle.set_result(None)
         if ok is False:
             grant.mark_lost("it was already gone on the server when it was released")
-        self.emit_hold("released", hold)
+        if self.hooks:
+            self.emit_hold("released", hold)
 
     async def _release_again(self, grant: Grant) -> None:
         await self._driver_for(grant).release(grant)

@@ -19,9 +19,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .driver import Grant
+from .driver import Family, Grant
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 __all__ = ["Hold"]
 
 logger = logging.getLogger("aiolocks")
+
+#: The empty ``_bodies``/``_loss_cancelled`` every hold starts with; never
+#: written (a hold makes its own dict before its first write).
+_NOTHING: dict[asyncio.Task[object], Any] = {}
 
 
 class Hold:
@@ -42,6 +46,7 @@ class Hold:
         "engine",
         "grant",
         "kind",
+        "ledger_key",
         "name",
         "on_owner_done",
         "owner",
@@ -52,10 +57,11 @@ class Hold:
         self,
         engine: Engine,
         grant: Grant,
-        *,
         kind: str,
         owner: asyncio.Task[object] | None,
     ) -> None:
+        # (positional or keyword: the acquire path passes them positionally,
+        # which builds no keyword dict when instantiating a class)
         self.engine = engine
         self.grant = grant
         self.kind = kind
@@ -65,13 +71,33 @@ class Hold:
         self.acquired_at = time.monotonic()
         self.released = False
         self.on_owner_done: Callable[[asyncio.Task[object]], object] | None = None
+        #: the engine's ledger this hold is recorded in (task-owned locks)
+        self.ledger_key: tuple[Family, str, str] | None = None
         # task -> stack of task.cancelling() values at each body entry
-        self._bodies: dict[asyncio.Task[object], list[int]] = {}
+        # (both start as one shared empty dict, replaced at the first write:
+        # most holds never run an ``async with`` body, fewer still are lost)
+        self._bodies: dict[asyncio.Task[object], list[int]] = _NOTHING
         # task -> the cancelling() baseline of its outermost body, for tasks we cancelled
-        self._loss_cancelled: dict[asyncio.Task[object], int] = {}
-        engine.register_hold(self)
-        grant.add_loss_listener(self._on_grant_lost)
-        grant.event_sink = engine.grant_event
+        self._loss_cancelled: dict[asyncio.Task[object], int] = _NOTHING
+        engine.holds.add(self)  # what Engine.register_hold does, without the call
+        if grant.lost:
+            grant.add_loss_listener(self._on_grant_lost)
+        else:  # what add_loss_listener does, without the call
+            grant._listeners.append(self._on_grant_lost)
+        grant.event_sink = engine.grant_event_sink
+
+    def owner_ended(self, task: asyncio.Task[object]) -> None:
+        """Done callback of the owner task: a hold still in its ledger is an orphan."""
+        key = self.ledger_key
+        if key is None:
+            return
+        engine = self.engine
+        ledger = engine.ledgers.get(key)
+        if ledger is not None and ledger.get(task) is self:
+            del ledger[task]
+            if not ledger:
+                del engine.ledgers[key]
+            engine.release_orphan(self)
 
     @property
     def token(self) -> int:
@@ -106,6 +132,8 @@ class Hold:
             },
         )
         self.engine.emit_hold("lost", self)
+        if self._loss_cancelled is _NOTHING:
+            self._loss_cancelled = {}
         for task, stack in self._bodies.items():
             if stack and task not in self._loss_cancelled and not task.done():
                 self._loss_cancelled[task] = stack[0]
@@ -113,7 +141,30 @@ class Hold:
 
     def enter_body(self, task: asyncio.Task[object]) -> None:
         """Record that ``task`` runs an ``async with`` body under this hold."""
+        if self._bodies is _NOTHING:
+            self._bodies = {}
         self._bodies.setdefault(task, []).append(task.cancelling())
+
+    def leave_body(self, task: asyncio.Task[object]) -> bool:
+        """Leave a body of ``task`` at once if there is no loss to settle; else ``False``.
+
+        ``True``: the body left, the hold is not lost (outcome ``"held"``).
+        ``False``: nothing changed; call :meth:`exit_body`, which settles the
+        loss. The ``async with`` exits take this path first, so that a body
+        ending normally costs no await.
+        """
+        grant = self.grant
+        if grant.lost or task in self._loss_cancelled:
+            return False
+        until = grant.valid_until
+        if until is not None and time.monotonic() > until:
+            return False  # exit_body's verify() turns it into a loss
+        stack = self._bodies.get(task)
+        if stack:
+            stack.pop()
+            if not stack:
+                del self._bodies[task]
+        return True
 
     async def exit_body(self, task: asyncio.Task[object], exc: BaseException | None) -> str:
         """Leave a body of ``task`` and say how it ended.

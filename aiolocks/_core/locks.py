@@ -24,15 +24,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
-from .driver import Family, Mode, Request
+from .driver import Family, Grant, Mode, Request
 from .errors import DeadlockError, LockLostError, LockNotOwnedError, LockTimeoutError
 from .hold import Hold
 from .participants import Participant
-from .timeouts import check_timeout, deadline_from
+from .tasks import running_task, task_of_loop
+from .timeouts import check_timeout
+
+# bound once: called on every acquire and release
+_current_task = running_task
+_task_of_loop = task_of_loop
+_get_running_loop = asyncio.get_running_loop
+_monotonic = time.monotonic
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -52,11 +60,24 @@ __all__ = [
 def current_task(what: str) -> asyncio.Task[object]:
     """The running task, or a clear error outside of one."""
     try:
-        task = asyncio.current_task()
+        task = _current_task()
     except RuntimeError:
         task = None
     if task is None:
         raise RuntimeError(f"{what} must be called from inside an asyncio task")
+    return task
+
+
+def _calling_task(lock: Lock, method: str) -> asyncio.Task[object]:
+    """:func:`current_task` for a lock method; the error text is built only when raised."""
+    try:
+        task = _task_of_loop(_get_running_loop())
+    except RuntimeError:
+        task = None
+    if task is None:
+        raise RuntimeError(
+            f"{type(lock).__name__}.{method}() must be called from inside an asyncio task"
+        )
     return task
 
 
@@ -80,6 +101,9 @@ class Lock:
         self._engine = engine
         self._backend = backend
         self._options = engine.lock_options(self._family, options)
+        # The engine's ledger key, built once (an enum's ``.value`` is a
+        # Python-level property: not something to read on every call).
+        self._ledger_key = (self._family, self._key, self._mode.value)
         # The last hold of this object that ended lost; keeps ``is_lost`` true
         # until the next successful acquire.
         self._ended_lost: Hold | None = None
@@ -108,6 +132,10 @@ class Lock:
     def _current_hold(self) -> Hold | None:
         raise NotImplementedError
 
+    def _hold_of(self, task: asyncio.Task[object]) -> Hold | None:
+        """The hold ``task`` would release: :meth:`_current_hold` with the task known."""
+        raise NotImplementedError
+
     def _reenter(self, task: asyncio.Task[object]) -> bool:
         raise NotImplementedError
 
@@ -115,20 +143,26 @@ class Lock:
     _task_bound: bool = True
 
     def _request(self, task: asyncio.Task[object]) -> Request:
+        # Positional (name, family, mode, participant, max_leases, count,
+        # downgrade_of, owner, options): instantiating a class with keyword
+        # arguments builds a dict per call.
         return Request(
-            name=self._key,
-            family=self._family,
-            mode=self._mode,
-            participant=self._engine.participant_id(task),
-            owner=task if self._task_bound else None,
-            options=self._options,
+            self._key,
+            self._family,
+            self._mode,
+            f"{self._engine.client_id}/{task.get_name()}",  # participant_id()
+            1,
+            1,
+            None,
+            task if self._task_bound else None,
+            self._options,
         )
 
     def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
         raise NotImplementedError
 
-    def _take_for_release(self, task: asyncio.Task[object]) -> Hold | None:
-        """Count one release down; return the hold to release on the server, if any."""
+    def _take_for_release(self, task: asyncio.Task[object], hold: Hold | None) -> Hold | None:
+        """Count one release of ``hold`` (``_hold_of(task)``) down; the hold to end, if any."""
         raise NotImplementedError
 
     # -- public API -------------------------------------------------------------
@@ -144,21 +178,32 @@ class Lock:
         :raises LockLostError: re-entry into a hold that was already lost.
         :raises BackendUnavailableError: the server cannot be reached.
         """
-        seconds = check_timeout(timeout)
-        task = current_task(f"{type(self).__name__}.acquire()")
-        self._engine.check_open()
+        deadline = None
+        if timeout is not None:
+            seconds = check_timeout(timeout)
+            if seconds is not None:
+                deadline = _monotonic() + seconds
+        task = _calling_task(self, "acquire")
+        engine = self._engine
+        if engine.closed:
+            engine.check_open()
         if self._reenter(task):
             self._ended_lost = None
             return True
         request = self._request(task)
-        grants = await self._engine.acquire(request, deadline_from(seconds))
+        grants = await engine.acquire(request, deadline, task)
         if not grants:
             return False
         # No await between the grant and recording it: a cancellation cannot fall between.
-        hold = Hold(self._engine, grants[0], kind=self._kind, owner=request.owner)
+        self._granted(task, request, grants[0])
+        return True
+
+    def _granted(self, task: asyncio.Task[object], request: Request, grant: Grant) -> Hold:
+        """Record a new hold of ``task`` (synchronous: called right after the grant)."""
+        hold = Hold(self._engine, grant, self._kind, request.owner)
         self._record(task, hold)
         self._ended_lost = self._loss_reported = None
-        return True
+        return hold
 
     async def release(self) -> None:
         """Release one acquisition; the server hold ends at the last one.
@@ -176,7 +221,20 @@ class Lock:
             for a Mutex or a read/write half).
         :raises LockLostError: the hold was lost while it was held.
         """
-        lost = await self._release_noting_loss()
+        # The body of _release_noting_loss() inlined: one coroutine less.
+        task = _calling_task(self, "release")
+        hold = self._hold_of(task)
+        if hold is not None and hold.grant.valid_until is not None:
+            hold.grant.verify()  # a lease that ran out while the loop was busy counts as lost
+        ended = self._take_for_release(task, hold)
+        if ended is not None:
+            try:
+                await self._engine.release(ended)
+            finally:
+                # Also when cancelled meanwhile: is_lost must not forget the loss.
+                if ended.grant.lost:
+                    self._ended_lost = ended
+        lost = hold if hold is not None and hold.grant.lost else None
         if lost is not None and lost is not self._loss_reported:
             self._loss_reported = lost
             raise LockLostError(
@@ -189,11 +247,11 @@ class Lock:
 
         ``async with`` exits through here: it reports a loss in its own words.
         """
-        task = current_task(f"{type(self).__name__}.release()")
-        hold = self._current_hold()
+        task = _calling_task(self, "release")
+        hold = self._hold_of(task)
         if hold is not None:
             hold.grant.verify()  # a lease that ran out while the loop was busy counts as lost
-        ended = self._take_for_release(task)
+        ended = self._take_for_release(task, hold)
         try:
             if ended is not None:
                 await self._engine.release(ended)
@@ -213,16 +271,19 @@ class Lock:
         """
         return HoldContext(self, check_timeout(timeout))
 
-    async def __aenter__(self) -> Lock:
-        return await HoldContext(self, None).__aenter__()
+    # ``async with`` awaits what these return: the coroutines of _enter and
+    # _exit themselves, without a coroutine of their own around them.
 
-    async def __aexit__(
+    def __aenter__(self) -> Coroutine[Any, Any, Lock]:
+        return _enter(self, None)
+
+    def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
-        await HoldContext(self, None).__aexit__(exc_type, exc, tb)
+    ) -> Coroutine[Any, Any, None]:
+        return _exit(self, exc)
 
     @property
     def fencing_token(self) -> int | None:
@@ -289,32 +350,77 @@ class HoldContext:
         self._lock = lock
         self._timeout = timeout
 
-    async def __aenter__(self) -> Lock:
-        lock = self._lock
-        if not await lock.acquire(self._timeout):
-            raise LockTimeoutError(
-                f"{lock._kind} {lock.name!r} was not acquired within {self._timeout} s"
-            )
-        hold = lock._current_hold()
-        try:
-            await enter_hold_body(hold, lock._release_noting_loss)
-        except LockLostError:
-            lock._loss_reported = hold
-            raise
-        return lock
+    def __aenter__(self) -> Coroutine[Any, Any, Lock]:
+        return _enter(self._lock, self._timeout)
 
-    async def __aexit__(
+    def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
-        hold = self._lock._current_hold()
-        try:
-            await exit_hold_body(hold, exc, self._lock._release_noting_loss)
-        except LockLostError:
-            self._lock._loss_reported = hold
-            raise
+    ) -> Coroutine[Any, Any, None]:
+        return _exit(self._lock, exc)
+
+
+async def _enter(lock: Lock, timeout: float | None) -> Lock:
+    """``async with lock`` / ``lock.hold(timeout)``: acquire, then register the body."""
+    task = _calling_task(lock, "acquire")
+    deadline = None if timeout is None else _monotonic() + timeout
+    engine = lock._engine
+    if engine.closed:
+        engine.check_open()
+    hold: Hold | None
+    if lock._reenter(task):
+        lock._ended_lost = None
+        hold = lock._hold_of(task)
+    else:
+        request = lock._request(task)
+        grants = await engine.acquire(request, deadline, task)
+        # No await between the grant and recording it.
+        hold = lock._granted(task, request, grants[0]) if grants else None
+    if hold is None:
+        raise LockTimeoutError(f"{lock._kind} {lock.name!r} was not acquired within {timeout} s")
+    if hold.grant.verify():
+        # the common case of enter_hold_body(), without its second task lookup
+        hold.enter_body(task)
+        return lock
+    try:
+        await enter_hold_body(hold, lock._release_noting_loss)
+    except LockLostError:
+        lock._loss_reported = hold
+        raise
+    return lock
+
+
+async def _exit(lock: Lock, exc: BaseException | None) -> None:
+    """The ``__aexit__`` of ``async with lock`` / ``lock.hold(timeout)``.
+
+    :func:`exit_hold_body` with the lock's release inlined: one task lookup
+    and no coroutine between this one and the engine's release.
+    """
+    task = current_task("async with")
+    hold = lock._hold_of(task)
+    outcome = "held"
+    try:
+        if hold is not None and not hold.leave_body(task):  # a loss to settle (rare)
+            outcome = await hold.exit_body(task, exc)
+    finally:
+        # Release even if settling the loss raised: the hold must not outlive the block.
+        # (What _release_noting_loss() does.)
+        if hold is not None and hold.grant.valid_until is not None:
+            hold.grant.verify()
+        ended = lock._take_for_release(task, hold)
+        if ended is not None:
+            try:
+                await lock._engine.release(ended)
+            finally:
+                if ended.grant.lost:
+                    lock._ended_lost = ended
+    try:
+        _raise_outcome(hold, exc, outcome)
+    except LockLostError:
+        lock._loss_reported = hold
+        raise
 
 
 async def enter_hold_body(hold: Hold | None, release: Callable[[], Awaitable[object]]) -> None:
@@ -344,12 +450,17 @@ async def exit_hold_body(
     task = current_task("async with")
     outcome = "held"
     try:
-        if hold is not None:
+        if hold is not None and not hold.leave_body(task):  # a loss to settle (rare)
             outcome = await hold.exit_body(task, exc)
     finally:
         # Release even if settling the loss raised: the hold must not outlive the block.
         await release()
-    if outcome == "held" and hold is not None and hold.lost:
+    _raise_outcome(hold, exc, outcome)
+
+
+def _raise_outcome(hold: Hold | None, exc: BaseException | None, outcome: str) -> None:
+    """The end of an ``async with`` exit, after the release: raise what the outcome says."""
+    if outcome == "held" and hold is not None and hold.grant.lost:
         # The server had nothing left to release: the hold was lost while the
         # block ran (a failover, a key deleted behind our back) and nobody
         # could tell us sooner.
@@ -369,20 +480,25 @@ async def exit_hold_body(
 class _TaskOwnedLock(Lock):
     """Reentrant per task: Mutex and the read/write halves."""
 
-    def _ledger(self) -> dict[asyncio.Task[object], Hold]:
-        return self._engine.ledger(self._family, self._key, self._mode.value)
-
     def _current_hold(self) -> Hold | None:
         try:
-            task = asyncio.current_task()
+            task = _current_task()
         except RuntimeError:
             return None
         if task is None:
             return None
-        return self._ledger().get(task)
+        ledger = self._engine.ledgers.get(self._ledger_key)
+        return None if ledger is None else ledger.get(task)
+
+    def _hold_of(self, task: asyncio.Task[object]) -> Hold | None:
+        ledger = self._engine.ledgers.get(self._ledger_key)
+        return None if ledger is None else ledger.get(task)
 
     def _reenter(self, task: asyncio.Task[object]) -> bool:
-        hold = self._ledger().get(task)
+        ledger = self._engine.ledgers.get(self._ledger_key)
+        if ledger is None:
+            return False
+        hold = ledger.get(task)
         if hold is None:
             return False
         if hold.lost:
@@ -394,30 +510,43 @@ class _TaskOwnedLock(Lock):
         return True
 
     def _record(self, task: asyncio.Task[object], hold: Hold) -> None:
-        self._ledger()[task] = hold
-        engine = self._engine
-        family, key, mode = self._family, self._key, self._mode.value
+        ledgers = self._engine.ledgers
+        key = self._ledger_key
+        ledger = ledgers.get(key)
+        if ledger is None:
+            ledger = ledgers[key] = {}
+        ledger[task] = hold
+        hold.ledger_key = key
+        # A bound method, not a closure: nothing to build per hold but the method object.
+        hold.on_owner_done = hold.owner_ended
+        task.add_done_callback(hold.on_owner_done)
 
-        def owner_done(done: asyncio.Task[object]) -> None:
-            ledger = engine.ledger(family, key, mode)
-            if ledger.get(done) is hold:
-                del ledger[done]
-                engine.drop_ledger_if_empty(family, key, mode)
-                engine.release_orphan(hold)
+    def _granted(self, task: asyncio.Task[object], request: Request, grant: Grant) -> Hold:
+        # Lock._granted with _record inlined: one call less per acquire.
+        hold = Hold(self._engine, grant, self._kind, task)
+        ledgers = self._engine.ledgers
+        key = self._ledger_key
+        ledger = ledgers.get(key)
+        if ledger is None:
+            ledger = ledgers[key] = {}
+        ledger[task] = hold
+        hold.ledger_key = key
+        hold.on_owner_done = hold.owner_ended
+        task.add_done_callback(hold.on_owner_done)
+        self._ended_lost = self._loss_reported = None
+        return hold
 
-        task.add_done_callback(owner_done)
-        hold.on_owner_done = owner_done
-
-    def _take_for_release(self, task: asyncio.Task[object]) -> Hold | None:
-        ledger = self._ledger()
-        hold = ledger.get(task)
+    def _take_for_release(self, task: asyncio.Task[object], hold: Hold | None) -> Hold | None:
         if hold is None:
             raise LockNotOwnedError(f"{self._kind} {self._name!r} is not held by the current task")
         hold.count -= 1
         if hold.count > 0:
             return None
+        ledgers = self._engine.ledgers
+        ledger = ledgers[self._ledger_key]
         del ledger[task]
-        self._engine.drop_ledger_if_empty(self._family, self._key, self._mode.value)
+        if not ledger:
+            del ledgers[self._ledger_key]  # keep the dict of ledgers small
         if hold.on_owner_done is not None:
             task.remove_done_callback(hold.on_owner_done)
             hold.on_owner_done = None
@@ -483,9 +612,12 @@ class SemaphoreMutex(Lock):
     def _current_hold(self) -> Hold | None:
         return self._hold
 
+    def _hold_of(self, task: asyncio.Task[object]) -> Hold | None:
+        return self._hold
+
     def _reenter(self, task: asyncio.Task[object]) -> bool:
-        ledger = self._engine.ledger(self._family, self._key, self._mode.value)
-        if task in ledger:
+        ledger = self._engine.ledgers.get(self._ledger_key)
+        if ledger is not None and task in ledger:
             raise DeadlockError(
                 f"semaphore mutex {self._name!r} is already held by the current task and is "
                 "not reentrant; use backend.mutex() for a reentrant lock"
@@ -497,8 +629,7 @@ class SemaphoreMutex(Lock):
         self._holder_task = task
         self._engine.ledger(self._family, self._key, self._mode.value)[task] = hold
 
-    def _take_for_release(self, task: asyncio.Task[object]) -> Hold | None:
-        hold = self._hold
+    def _take_for_release(self, task: asyncio.Task[object], hold: Hold | None) -> Hold | None:
         if hold is None:
             raise LockNotOwnedError(f"semaphore mutex {self._name!r} is not held by this object")
         self._hold = None
@@ -532,7 +663,8 @@ class ReadLock(_TaskOwnedLock):
 
     def _request(self, task: asyncio.Task[object]) -> Request:
         request = super()._request(task)
-        write = self._engine.ledger(self._family, self._key, Mode.WRITE.value).get(task)
+        writers = self._engine.ledgers.get((self._family, self._key, "write"))
+        write = None if writers is None else writers.get(task)
         if write is None or write.lost:
             return request
         return dataclasses.replace(request, downgrade_of=write.grant)
@@ -553,7 +685,8 @@ class WriteLock(_TaskOwnedLock):
     def _reenter(self, task: asyncio.Task[object]) -> bool:
         if super()._reenter(task):
             return True
-        if task in self._engine.ledger(self._family, self._key, Mode.READ.value):
+        readers = self._engine.ledgers.get((self._family, self._key, "read"))
+        if readers is not None and task in readers:
             raise DeadlockError(
                 f"read/write lock {self._name!r}: the current task holds the read lock and "
                 "cannot upgrade to the write lock (release the read lock first)"

@@ -49,6 +49,7 @@ from ._process import (
     _ServerProcess,
     _signal_group,
     _split_hosts,
+    _wait_stopped,
     free_port,
 )
 
@@ -327,6 +328,7 @@ class _EtcdProcess(_ServerProcess):
         if proc is None or proc.poll() is not None:
             raise ServerError(f"{self._describe()} is not running")
         _signal_group(proc, signal.SIGSTOP)
+        _wait_stopped(proc.pid)
         self._paused = True
 
     def resume(self) -> None:

@@ -238,6 +238,30 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
             proc.send_signal(sig)
 
 
+def _wait_stopped(pid: int, *, timeout: float = 5.0) -> None:
+    # SIGSTOP is delivered asynchronously: a multi-threaded server (etcd is a
+    # Go program) may still answer a request until every one of its threads
+    # has stopped. Wait for that, so a caller's "paused" really means frozen.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            states = [_thread_state(pid, tid) for tid in os.listdir(f"/proc/{pid}/task")]
+        except FileNotFoundError:
+            return  # gone (or no procfs): nothing left to wait for
+        if all(state in ("T", "t", "X", "Z", "") for state in states):
+            return
+        time.sleep(0.005)
+
+
+def _thread_state(pid: int, tid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii", errors="replace") as stat:
+            # "pid (comm) S ...": the state follows the last ')' (comm may hold spaces)
+            return stat.read().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return ""
+
+
 _PR_SET_PDEATHSIG: Final = 1
 
 

@@ -12,27 +12,46 @@ from aiolocks._core.driver import Attempt, Grant
 pytestmark = pytest.mark.asyncio
 
 
-async def test_a_cancellation_swallowed_during_a_try_still_cancels_the_acquire() -> None:
-    backend = await aiolocks.connect("memory://core-swallowed-cancel")
+async def _swallow_once(swallowed: list[int], inside: asyncio.Event) -> None:
+    """Where the cancel lands; swallowed as a misbehaving client library does.
+
+    (redis-py's cluster client was seen to: the error is gone, the task is
+    still cancelling.)
+    """
+    if not swallowed:
+        inside.set()
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            swallowed.append(1)
+
+
+@pytest.mark.parametrize("step", ["try_once", "wait_for_change"])
+async def test_a_cancellation_swallowed_by_a_driver_step_still_cancels_the_acquire(
+    step: str,
+) -> None:
+    backend = await aiolocks.connect(f"memory://core-swallowed-cancel-{step}")
     driver = backend._engine.driver
-    real = driver.try_once
+    real_try, real_wait = driver.try_once, driver.wait_for_change
     inside = asyncio.Event()
     swallowed: list[int] = []
 
     async def try_once(attempt: Attempt) -> list[Grant] | None:
+        await _swallow_once(swallowed, inside)
+        return await real_try(attempt)
+
+    async def wait_for_change(attempt: Attempt, bound: float | None) -> None:
         if not swallowed:
-            inside.set()
-            try:
-                await asyncio.sleep(5)  # where the cancel lands
-            except asyncio.CancelledError:
-                # what a misbehaving client library does (redis-py's cluster
-                # client was seen to): the error is gone, the task still cancelling
-                swallowed.append(1)
-        return await real(attempt)
+            await _swallow_once(swallowed, inside)
+            return  # returning early is allowed; the engine tries again
+        await real_wait(attempt, bound)
 
     holder = backend.mutex("swallow")
     assert await holder.acquire()
-    driver.try_once = try_once  # type: ignore[method-assign]
+    if step == "try_once":
+        driver.try_once = try_once  # type: ignore[method-assign]
+    else:
+        driver.wait_for_change = wait_for_change  # type: ignore[method-assign]
     waiter = asyncio.create_task(backend.mutex("swallow").acquire())
     await inside.wait()
     waiter.cancel()

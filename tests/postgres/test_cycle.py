@@ -338,3 +338,29 @@ async def test_a_prepared_call_on_a_closed_session_raises_interface_error(
                     await asyncio.sleep(0.01)
         with pytest.raises(asyncpg.InterfaceError):
             await session.rows(query, (1,))
+
+
+async def test_an_untested_asyncpg_version_takes_the_public_calls(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The protocol call is private to asyncpg: outside the versions it was tested
+    on, the cycle goes through the public prepared statements, and still works."""
+    from aiolocks.postgres import _driver
+
+    monkeypatch.setattr(_driver, "_PROTOCOL_CALLS", False)
+    app = _app()
+    async with aiolocks.connect(f"{postgres_server.url}?application_name={app}") as backend:
+        driver = backend._engine.driver
+        assert isinstance(driver, PostgresAdvisoryDriver)
+        lock = backend.mutex(f"cycle/untested/{app}")
+        tokens = []
+        for _ in range(2):
+            async with lock:
+                assert lock.fencing_token is not None
+                tokens.append(lock.fencing_token)
+                assert len(await _our_locks(postgres_server, app)) == 1
+            assert await _our_locks(postgres_server, app) == []
+        assert tokens[0] < tokens[1]
+        primary = driver._primary
+        assert primary is not None and primary.statements
+        assert all(state is None for _prepared, state in primary.statements.values())
