@@ -951,7 +951,9 @@ class RedisDriver:
         for o in self._queued.values():
             if self._in_queue(o, key):
                 return
-            if o.keys.holders == key and o.local and o.granted is None:
+            if o.keys.holders == key and o.local and o.granted is None and not o.ended:
+                # (not one given up: ringing it would wake nobody, and the
+                # waiters behind it would sit out a whole bounded wait)
                 last = o
         if last is not None and last.wake is not None:
             last.wake.ring()
