@@ -92,14 +92,16 @@ async def loss_latency(url: str, samples: int) -> dict[str, float]:
                 deleted = 0.0
                 try:
                     async with lock:
-                        await asyncio.sleep(0.05)  # the keyspace subscription settles
+                        # the hold subscribes to its key's events 50 ms after
+                        # the grant: delete once that has settled
+                        await asyncio.sleep(0.15)
                         await raw.delete(key)
                         deleted = time.perf_counter()
                         await asyncio.sleep(10)
                     missed += 1
                 except aiolocks.LockLostError:
                     latencies.append((time.perf_counter() - deleted) * 1000)
-                await raw.delete(f"{key}:fence")
+                await raw.delete(key)  # what the lost hold's release left (the fence counter)
     finally:
         await raw.aclose()
     latencies.sort()

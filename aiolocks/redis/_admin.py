@@ -21,30 +21,34 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisAdmin"]
 
-# KEYS[1] holders hash   KEYS[2] fence counter   KEYS[3] waiter queue   ARGV[1] channel
-# Deletes every hold, wakes the waiters, and drops the fence counter like a
-# release does when it is behind server time (tokens restart from server time).
+# KEYS[1] holders hash   KEYS[2] waiter queue   ARGV[1] channel
+# Deletes every hold, wakes the waiters, and drops the fence counter (field
+# '#') like a release does when it is behind server time (tokens restart
+# from server time); tombstones ('!' fields) are dropped with the holds.
 _FORCE_RELEASE = """
-local n = redis.call('HLEN', KEYS[1])
+local n, last = 0, nil
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if all[i] == '#' then
+    last = tonumber(all[i + 1])
+  elseif string.byte(all[i], 1) ~= 33 then
+    n = n + 1
+  end
+end
 if n > 0 then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[1], 'released')
   -- queued waiters listen on their process's channel, not the lock's
-  local head = redis.call('LINDEX', KEYS[3], 0)
+  local head = redis.call('LINDEX', KEYS[2], 0)
   if head then
     local prefix = string.match(KEYS[1], '^([^{]*)')
     redis.call('PUBLISH', prefix .. 'grant:' .. string.match(head, '^([^:]*)'), '- ' .. head)
   end
   local t = redis.call('TIME')
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local last = redis.call('GET', KEYS[2])
-  if last then
-    local ahead = tonumber(last) - now_us
-    if ahead < 0 then
-      redis.call('DEL', KEYS[2])
-    else
-      redis.call('PEXPIRE', KEYS[2], math.floor(ahead / 1000) + 2)
-    end
+  if last and last >= now_us then
+    redis.call('HSET', KEYS[1], '#', string.format('%.0f', last))
+    redis.call('PEXPIRE', KEYS[1], math.floor((last - now_us) / 1000) + 2)
   end
 end
 return n
@@ -107,7 +111,7 @@ class RedisAdmin:
             client: Any = node.client
             try:
                 count = await client.eval(
-                    _FORCE_RELEASE, 3, keys.holders, keys.fence, keys.queue, keys.channel
+                    _FORCE_RELEASE, 2, keys.holders, keys.queue, keys.channel
                 )
             except (RedisError, OSError) as exc:
                 raise map_error(exc, f"force-releasing {name!r}", self._describe) from exc

@@ -94,6 +94,13 @@ LOSS_EVENT_FLAGS = "Kghxe"
 #: keyspace events that cannot remove our field (our own acquires and renewals
 #: cause them); an HSET overwriting our very field is left to the renewal
 HARMLESS_EVENTS = frozenset({"hset", "expire", "persist", "hincrby", "hincrbyfloat"})
+#: most local hand-offs of one lock in a row (a release passing the lock to a
+#: waiter of its own process) before one goes to the queue head, so the
+#: waiters of other processes are not starved
+LOCAL_HANDOFFS = 16
+#: how long after a grant a hold starts listening to its key's events (s):
+#: shorter holds never subscribe (see ``RedisDriver._start_watch``)
+LOSS_WATCH_DELAY = 0.05
 #: why a renewal found no hold to extend
 GONE = "its Redis field is gone (deleted, overwritten or expired)"
 
@@ -105,19 +112,21 @@ def _text(value: object) -> str:
 @final
 @dataclass(frozen=True, slots=True)
 class LockKeys:
-    """The keys and channel of one lock; they share one ``{hash tag}`` (one cluster slot)."""
+    """The keys and channel of one lock; they share one ``{hash tag}`` (one cluster slot).
+
+    The holders hash also carries the lock's fence counter (field ``#``) and
+    the tombstones of attempts given up while their acquire script was on
+    the wire (fields ``!<field id>``): see ``scripts/acquire.lua``.
+    """
 
     holders: str
-    fence: str
     queue: str
     queue_timeouts: str
     channel: str
-    #: attempts given up while their acquire script was on the wire (zset by expiry)
-    tombstones: str
 
     @property
     def acquire_keys(self) -> list[str]:
-        return [self.holders, self.fence, self.queue, self.queue_timeouts, self.tombstones]
+        return [self.holders, self.queue, self.queue_timeouts]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -129,14 +138,7 @@ def lock_keys(prefix: str, family: Family, name: str) -> LockKeys:
     if the name has one), the same for every key of the lock.
     """
     base = f"{prefix}{{{family.value}:{name}}}"
-    return LockKeys(
-        base,
-        f"{base}:fence",
-        f"{base}:queue",
-        f"{base}:queue-timeouts",
-        base,
-        f"{base}:tombstones",
-    )
+    return LockKeys(base, f"{base}:queue", f"{base}:queue-timeouts", base)
 
 
 def validate_lease_time(value: object, what: str = "lease_time") -> float:
@@ -204,12 +206,15 @@ class RedisAttempt(Attempt):
 
     __slots__ = (
         "args",
+        "ended",
         "fair",
         "fields",
         "granted",
         "keys",
         "lease",
         "listening",
+        "local",
+        "local_waits",
         "maybe_written",
         "member",
         "queue_timeout",
@@ -258,6 +263,13 @@ class RedisAttempt(Attempt):
         self.unheard = False
         #: waiting on our process's grant channel
         self.listening = False
+        #: waiting in this process only, not in the lock's queue: another
+        #: attempt of ours on the lock is queued there (see ``_wait_locally``)
+        self.local = False
+        #: local waits that ended unrung: past the first, it stops waiting here
+        self.local_waits = 0
+        #: given up (its clean-up started): no longer anybody's place in the queue
+        self.ended = False
 
     @property
     def queued(self) -> bool:
@@ -495,16 +507,39 @@ class RedisNode:
         return list(reply), int(acked)
 
     async def release(
-        self, keys: LockKeys, member: str, fields: Sequence[str], tombstone_ms: int = 0
+        self,
+        keys: LockKeys,
+        member: str,
+        fields: Sequence[str],
+        tombstone_ms: int = 0,
+        publish: bool = True,
     ) -> int:
         """Run ``release.lua``: delete our fields / queue entry, publish if anything went.
 
         ``tombstone_ms`` > 0 (cleanup of an acquire whose script may still be
         on the wire): a field not found is marked as given up for that long,
         so that script cannot grant it if it arrives after this one.
+        ``publish=False``: nobody listens on the lock's channel (an exclusive
+        hold: its waiters are queued and handed the lock directly), so a
+        release with nobody queued publishes nothing.
         """
-        args = [keys.channel, member, tombstone_ms, *fields]
+        args = [keys.channel if publish else "", member, tombstone_ms, "", *fields]
         return int(await self.evalsha("release", keys.acquire_keys, args))
+
+    async def release_to(
+        self, keys: LockKeys, field: str, successor: str, publish: bool
+    ) -> tuple[int, int | None]:
+        """``release.lua`` for our ``field``, handing the lock to ``successor``
+        (a queue member of this process) if it is still queued and live.
+
+        Returns (holds and entries removed, the successor's fencing token or
+        None when the lock went the usual way: the queue head, or nobody).
+        """
+        args = [keys.channel if publish else "", "", 0, successor, field]
+        reply = await self.evalsha("release", keys.acquire_keys, args)
+        if isinstance(reply, list):
+            return int(reply[0]), int(_text(reply[1]))
+        return int(reply), None
 
     async def renew(self, keys: LockKeys, field: str, lease: float) -> bool:
         """Run ``renew.lua``; False when the field is gone."""
@@ -715,6 +750,8 @@ class RedisDriver:
         self.grant_channel = GRANT_CHANNEL.format(prefix=self.key_prefix, uuid=self.client_uuid)
         #: queued exclusive attempts by queue member: who a hand-off is for
         self._queued: dict[str, RedisAttempt] = {}
+        #: local hand-offs in a row, by holders key (absent: none)
+        self._local_streak: dict[str, int] = {}
         self.watchdog = Watchdog(
             node.renew_many, self._spawn, name=f"aiolocks-redis-watchdog:{node.describe}"
         )
@@ -799,6 +836,8 @@ class RedisDriver:
             token, a.granted = a.granted, None
             return self._grants(a, [1, token], a.sent)
         if a.member:
+            if self._wait_locally(a):
+                return None
             self._prepare_queued(a)
         if a.wake is not None:
             a.wake.clear()  # forget rings from before this try
@@ -854,6 +893,70 @@ class RedisDriver:
         if not granted and not a.queued and not a.send_lost:
             a.maybe_written = False  # a definite "no" wrote nothing, and nothing else is coming
         return granted, reply, sent
+
+    def _wait_locally(self, a: RedisAttempt) -> bool:
+        """Wait in this process, without a try, if another attempt of ours is
+        queued on the same unfair mutex. No I/O.
+
+        One waiter per process and lock is enough in the lock's queue: the
+        others are handed the lock by the releases of this process
+        (``release.lua``'s local hand-off) and need not try. Each look
+        decides again: with no attempt of ours queued there any more (it
+        got the lock or left), the waiter tries, and so joins the queue.
+        """
+        a.local = False
+        if (
+            a.fair
+            or a.args[QUEUE_ARG] != "Q"
+            or a.send_lost
+            or a.local_waits > 1
+            or self.node.min_replicas
+            or (a.deadline is not None and a.deadline <= time.monotonic())
+        ):
+            return False
+        key = a.keys.holders
+        if not any(o is not a and self._in_queue(o, key) for o in self._queued.values()):
+            return False
+        a.local = True
+        if a.wake is None:
+            a.wake = Wake()
+        a.wake.clear()
+        a.wait_ms = -1
+        self._queued[a.member] = a
+        return True
+
+    @staticmethod
+    def _in_queue(o: RedisAttempt, key: str) -> bool:
+        """``o`` holds this process's place in ``key``'s queue, or is about
+        to: queued, or its first try is on the wire (it queues, or takes
+        the lock and hands it on here), or handed the lock; not given up.
+        Whatever it comes to, it leaves through ``abandon`` or ``finish``,
+        and both let a local waiter take its place (``_promote``)."""
+        return (
+            o.keys.holders == key
+            and o.args[QUEUE_ARG] in ("q", "Q")
+            and not o.local
+            and not o.ended
+            and not o.send_lost
+        )
+
+    def _promote(self, key: str) -> None:
+        """No attempt of ours is queued on ``key`` any more: one waiting
+        locally looks (and joins the queue). No I/O.
+
+        The newest one: local hand-offs go to the oldest first, so the one
+        that queues keeps that place while the others are served here.
+        """
+        last: RedisAttempt | None = None
+        for o in self._queued.values():
+            if self._in_queue(o, key):
+                return
+            if o.keys.holders == key and o.local and o.granted is None and not o.ended:
+                # (not one given up: ringing it would wake nobody, and the
+                # waiters behind it would sit out a whole bounded wait)
+                last = o
+        if last is not None and last.wake is not None:
+            last.wake.ring()
 
     def _prepare_queued(self, a: RedisAttempt) -> None:
         """Before a try that may queue us: be ready for a hand-off. No I/O.
@@ -925,6 +1028,27 @@ class RedisDriver:
         a = cast(RedisAttempt, attempt)
         hub = self.node.hub
         assert hub is not None
+        if a.local:
+            # waiting in this process: a local hand-off, or a ring to look
+            # again; bounded all the same, as a queued waiter's wait is
+            assert a.wake is not None
+            if a.granted is not None:
+                return
+            wait = a.queue_timeout / 3 if bound is None else min(bound, a.queue_timeout / 3)
+            future = a.wake.prepare(wait)
+            if future is None:
+                return
+            try:
+                await future
+            finally:
+                a.wake.settle()
+            if not a.wake.is_set():
+                # Nobody handed it the lock nor rang it for a whole wait:
+                # a safety net, so that a waiter here never depends on this
+                # process's bookkeeping alone; after the second such wait
+                # it tries, and so queues in the lock's queue itself.
+                a.local_waits += 1
+            return
         if a.member and a.queued:
             assert a.wake is not None
             if not a.listening:
@@ -937,11 +1061,13 @@ class RedisDriver:
             if a.granted is not None:
                 return
         elif a.wake is None:
-            # Shared modes: one unlock may let several in: every reader or
-            # writer of the lock looks on ``released``.
+            # Shared modes: one unlock may let several in. On ``released``
+            # every reader of the lock here looks (all of them can proceed
+            # when no writer holds), but one writer only (at most one can):
+            # a writer that leaves without the lock passes its turn on.
             # One-lease waiters are rung only as many as holds were freed.
             counted = a.request.mode is Mode.LEASE and a.request.count == 1
-            a.wake = Wake(exclusive=False, counted=counted)
+            a.wake = Wake(exclusive=a.request.mode is Mode.WRITE, counted=counted)
             # the keyspace channel the hold will watch, in the same SUBSCRIBE
             companion = self.node.keyspace_channel(a.keys.holders)
             hub.attach(a.keys.channel, a.wake, companion)
@@ -980,15 +1106,20 @@ class RedisDriver:
         Not after close: nothing is sent on a closed client (it would open a
         new connection that nobody closes); what the attempt wrote lapses
         with its lease or queue timeout."""
+        a = cast(RedisAttempt, attempt)
+        if a.member and not a.ended:
+            a.ended = True
+            self._promote(a.keys.holders)  # a waiter here takes its place
         if self._closed:
             return
-        await self.node.abandon(cast(RedisAttempt, attempt))
+        await self.node.abandon(a)
 
     def finish(self, attempt: Attempt) -> None:
         """Unsubscribe (a waiter leaving without the lock passes its turn on)."""
         a = cast(RedisAttempt, attempt)
         if a.member and self._queued.get(a.member) is a:
             del self._queued[a.member]
+            self._promote(a.keys.holders)
         if a.wake is not None and self.node.hub is not None:
             self.node.hub.detach(a.keys.channel, a.wake)
 
@@ -1013,13 +1144,37 @@ class RedisDriver:
                 )
             )
             self._holds.add(hold)
-            self._watch_key(hold)
+            self._start_watch(hold)
             grants.append(grant)
         return grants
 
     # -- prompt loss -------------------------------------------------------------
 
-    def _watch_key(self, hold: RedisHold) -> None:
+    def _start_watch(self, hold: RedisHold) -> None:
+        """Listen to our key's events now if that costs nothing, else in ``LOSS_WATCH_DELAY``.
+
+        A channel still subscribed and confirmed (an earlier hold here left it
+        lingering) is watched at once. Otherwise the SUBSCRIBE, and the read
+        of our field that follows its confirmation, wait ``LOSS_WATCH_DELAY``:
+        a hold released sooner (most holds of a busy lock) costs no pub/sub
+        command and keeps them off the hand-off's critical path. Nothing is
+        missed: a change in between is found by that read, well within a
+        second of it.
+        """
+        if hold.watchdog is None or hold.released:
+            return
+        where = self.node.keyspace_watch(hold.keys.holders)
+        if where is None:
+            return
+        if where[0].is_confirmed(where[1]):
+            self._watch_key(hold)
+            return
+        timer = asyncio.get_running_loop().call_later(
+            LOSS_WATCH_DELAY, self._watch_key, hold, True
+        )
+        hold.on_stop = timer.cancel
+
+    def _watch_key(self, hold: RedisHold, late: bool = False) -> None:
         """Check our field whenever the server reports a change of its key.
 
         A keyspace event (DEL, HDEL, HSET, expiry, eviction, RENAME...) on
@@ -1027,7 +1182,12 @@ class RedisDriver:
         makes us read our field: gone or not ours any more, the grant is
         marked lost at once, without waiting for the next renewal. No I/O
         here: the grant goes straight to the engine.
+
+        ``late``: started ``LOSS_WATCH_DELAY`` after the grant; our field is
+        read once the subscription is confirmed (at once if it already is),
+        since events before it went unheard.
         """
+        hold.on_stop = None
         if hold.watchdog is None or hold.released:
             return
         where = self.node.keyspace_watch(hold.keys.holders)
@@ -1049,8 +1209,11 @@ class RedisDriver:
                 self._check_hold(hold, hub), f"aiolocks-redis-check:{hold.keys.holders}"
             )
 
-        hub.watch(channel, changed)
+        confirmed = hub.is_confirmed(channel)
+        hub.watch(channel, changed)  # an unconfirmed channel calls changed(None) once confirmed
         hold.on_stop = functools.partial(hub.unwatch, channel, changed)
+        if late and confirmed:
+            changed(None)
 
     async def _check_hold(self, hold: RedisHold, hub: PubSubHub | None = None) -> None:
         """Read our field; mark the grant lost if it is gone, lapsed or of another type.
@@ -1111,11 +1274,38 @@ class RedisDriver:
         # After a connection error the script may have run: a later "nothing
         # to delete" then proves nothing, unless the server refused it unrun.
         ambiguous = False
+        # An exclusive hold's waiters are all queued (handed the lock
+        # directly): nobody to tell on the lock's channel.
+        publish = grant.request.mode is not Mode.EXCLUSIVE
+        successor = self._local_successor(hold, grant.request)
         while True:
             try:
-                removed = await self.node.release(hold.keys, "", [hold.field])
+                if successor is None:
+                    removed = await self.node.release(hold.keys, "", [hold.field], 0, publish)
+                else:
+                    target = successor.member
+                    if successor.local:
+                        # Not in the lock's queue: from this send on, the
+                        # release may write its field, so its clean-up must
+                        # delete it (or leave a tombstone the script heeds).
+                        target = "+" + target
+                        successor.maybe_written = True
+                        successor.unanswered = True
+                        successor.sent = time.monotonic()
+                    removed, token = await self.node.release_to(
+                        hold.keys, hold.field, target, publish
+                    )
+                    self._handed_locally(hold.keys.holders, successor, token)
             except TRANSIENT as exc:
                 ambiguous = ambiguous or not refused_unrun(exc)
+                if successor is not None:
+                    # It may have been handed the lock unheard: it tries (a
+                    # try answers with a hand-off it finds). Retries go the
+                    # usual way.
+                    successor.send_lost = True
+                    if successor.wake is not None:
+                        successor.wake.ring()
+                    successor = None
                 if grant.lost:
                     return True  # the lease lapses; nothing to report on a lost hold
                 if not await backoff.wait():
@@ -1131,6 +1321,62 @@ class RedisDriver:
             # released it (a failover to a replica that never saw it, a key
             # deleted behind our back, a lease that lapsed).
             return bool(removed) or ambiguous
+
+    def _local_successor(self, hold: RedisHold, request: Request) -> RedisAttempt | None:
+        """A waiter of this process to pass an unfair mutex to, or None. No I/O.
+
+        The oldest attempt of ours queued on the same lock (its first try
+        ran), unless ``LOCAL_HANDOFFS`` local hand-offs of this lock came in
+        a row: then the queue head gets its turn (and the count restarts).
+        A fair mutex always goes to the queue head.
+        """
+        key = hold.keys.holders
+        if (
+            request.mode is not Mode.EXCLUSIVE
+            or request.options.get("fair")
+            or self.node.min_replicas
+            or not self._queued
+        ):
+            return None
+        if self._local_streak.get(key, 0) >= LOCAL_HANDOFFS:
+            del self._local_streak[key]
+            return None
+        # the oldest waiting here only first: one queued in the lock's queue
+        # keeps its place there (taking it out would make another one try)
+        queued = None
+        for a in self._queued.values():
+            if (
+                a.keys.holders != key
+                or a.fair
+                or a.ended
+                or a.granted is not None
+                or a.wake is None
+            ):
+                continue
+            if a.local:
+                if not a.wake.is_set():  # not one rung to look (it is about to try)
+                    return a
+                continue
+            if queued is None and a.args[QUEUE_ARG] == "q":
+                queued = a
+        return queued
+
+    def _handed_locally(self, key: str, successor: RedisAttempt, token: int | None) -> None:
+        """After ``release_to``: tell our waiter it holds the lock (no message). No I/O."""
+        if successor.local:
+            successor.unanswered = False
+            if token is None:
+                successor.maybe_written = False  # nothing written for it
+        if token is None:
+            self._local_streak.pop(key, None)
+            return
+        self._local_streak[key] = self._local_streak.get(key, 0) + 1
+        # Still waiting: it takes the grant without a try. Ended meanwhile:
+        # its abandon (queued, so it cleans up) gives the hold back.
+        if self._queued.get(successor.member) is successor and successor.granted is None:
+            successor.granted = token
+            if successor.wake is not None:
+                successor.wake.ring()
 
     # -- inspect -----------------------------------------------------------------
 

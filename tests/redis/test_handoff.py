@@ -159,3 +159,215 @@ async def test_queued_waiters_take_the_lock_without_trying_again(
     assert order == list(range(waiters))  # queue order, even unfair
     assert tokens == sorted(tokens) and len(set(tokens)) == waiters
     assert calls["evalsha"] == 1 + waiters, calls
+
+
+async def test_local_handoff_passes_the_lock_within_the_process_without_a_message(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """A release passes an unfair mutex to a waiter of its own process in the
+    release script itself: no PUBLISH, no try by the waiter; a waiter of
+    another process queued before it waits its turn, and gets the lock once
+    the process has nobody waiting any more."""
+    name = "local/x"
+    async with aiolocks.connect(url) as here, aiolocks.connect(url) as there:
+        holder = here.mutex(name)
+        await holder.acquire()
+        first = holder.fencing_token
+        remote_got = asyncio.Event()
+        done = asyncio.Event()
+
+        async def remote_waiter() -> int:
+            async with there.mutex(name) as lock:
+                remote_got.set()
+                await done.wait()
+                assert lock.fencing_token is not None
+                return lock.fencing_token
+
+        remote = asyncio.create_task(remote_waiter())
+        await _queued(raw, prefix, name, 1)
+        tokens: list[int] = []
+        inside = 0
+
+        async def local() -> None:
+            nonlocal inside
+            async with here.mutex(name) as lock:
+                inside += 1
+                assert inside == 1
+                assert lock.fencing_token is not None
+                tokens.append(lock.fencing_token)
+                await asyncio.sleep(0.01)
+                inside -= 1
+
+        locals_ = [asyncio.create_task(local()) for _ in range(3)]
+        # one of them queues (the others see its try on the wire and wait here)
+        await _queued(raw, prefix, name, 2)
+        await _queued_here(here, 3, in_queue=1)
+        await raw.config_resetstat()
+        await holder.release()
+        await asyncio.gather(*locals_)
+        await remote_got.wait()
+        calls = await command_calls(raw)
+        done.set()
+        # three releases handed the lock on locally (the last one to the
+        # remote waiter, by message), one EVALSHA each; each waiter may look
+        # once more when its grant channel's subscription is confirmed
+        assert 4 <= calls["evalsha"] <= 4 + 3, calls
+        assert calls.get("publish") == 1, calls
+        assert first is not None and tokens == sorted(tokens) and tokens[0] > first
+        assert await remote > tokens[-1]
+    assert await raw.keys(f"{prefix}*") == []
+
+
+async def test_local_handoffs_in_a_row_are_bounded(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """Tasks of one process passing the lock among themselves do not starve
+    another process's queued waiter: after at most LOCAL_HANDOFFS hand-offs
+    in a row the queue head gets its turn."""
+    from aiolocks.redis._driver import LOCAL_HANDOFFS
+
+    name = "local/bounded"
+    async with aiolocks.connect(url) as here, aiolocks.connect(url) as there:
+        holds = 0
+        remote_queued = False
+        after_queued = 0
+        stop = asyncio.Event()
+
+        async def local() -> None:
+            nonlocal holds, after_queued
+            while not stop.is_set():
+                async with here.mutex(name):
+                    holds += 1
+                    if remote_queued:
+                        after_queued += 1
+                    await asyncio.sleep(0)
+
+        tasks = [asyncio.create_task(local()) for _ in range(4)]
+        await eventually(lambda: _truthy(holds > 5), what="the local tasks to churn")
+        driver = there._driver
+        real_try = driver.try_once
+
+        async def try_once(attempt: object) -> object:
+            nonlocal remote_queued
+            grants = await real_try(attempt)
+            if grants is None:
+                remote_queued = True  # its first try failed: it is queued
+            return grants
+
+        driver.try_once = try_once
+        assert await there.mutex(name).acquire(timeout=30)
+        seen = after_queued
+        stop.set()
+        await there.mutex(name).release()
+        await asyncio.gather(*tasks)
+        # Each entry of this process ahead of it in the queue (the one
+        # waiting there, and one more whose try to join was on the wire)
+        # may get the lock and pass it on LOCAL_HANDOFFS times; then the
+        # head is the remote waiter.
+        assert seen <= 4 * (LOCAL_HANDOFFS + 1), seen
+
+
+async def _queued_here(backend: aiolocks.Backend, n: int, in_queue: int | None = None) -> None:
+    """``n`` attempts of ``backend`` wait, ``in_queue`` of them (default: all)
+    in the lock's queue knowing it (their first try answered), the others
+    in the process only."""
+    in_queue = n if in_queue is None else in_queue
+
+    async def check() -> bool:
+        queued = backend._driver._queued.values()
+        there = [a for a in queued if a.args[4] == "q" and not a.local]
+        here = [a for a in queued if a.local]
+        return len(queued) == n and len(there) == in_queue and len(here) == n - in_queue
+
+    await eventually(check, what=f"{n} local waiter(s) to know they are queued")
+
+
+async def _truthy(value: bool) -> bool:
+    return value
+
+
+async def test_one_waiter_per_process_in_the_queue_the_others_wait_locally(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """Five tasks of one process wait for a mutex: one is in the lock's queue,
+    four wait in the process and are handed the lock by its releases, with
+    no try of their own."""
+    name = "local/only"
+    async with aiolocks.connect(url) as here:
+        holder = here.mutex(name)
+        await holder.acquire()
+        inside = 0
+        order: list[int] = []
+
+        async def local(i: int) -> None:
+            nonlocal inside
+            async with here.mutex(name):
+                inside += 1
+                assert inside == 1
+                order.append(i)
+                await asyncio.sleep(0)
+                inside -= 1
+
+        tasks = [asyncio.create_task(local(0))]
+        await _queued_here(here, 1)
+        for i in range(1, 5):
+            tasks.append(asyncio.create_task(local(i)))
+            await _queued_here(here, i + 1, in_queue=1)
+        await _queued(raw, prefix, name, 1)
+        await raw.config_resetstat()
+        await holder.release()
+        await asyncio.gather(*tasks)
+        calls = await command_calls(raw)
+        # six releases, each handing the lock on locally: no PUBLISH; the
+        # waiters do not try (the one in the queue may look once more when
+        # its grant channel's subscription is confirmed)
+        assert 6 <= calls["evalsha"] <= 6 + 1, calls
+        assert "publish" not in calls, calls
+        assert sorted(order) == list(range(5))
+    assert await raw.keys(f"{prefix}*") == []
+
+
+@pytest.mark.parametrize("waiters", [1, 2])
+async def test_local_waiter_cancelled_around_a_local_handoff_leaves_nothing(
+    url: str, raw: redis.asyncio.Redis, prefix: str, waiters: int
+) -> None:
+    """The releasing task hands the lock to a local waiter (in the lock's
+    queue, or with ``waiters=2`` one waiting in the process only) that is
+    cancelled before, while or after the release script runs: the hold is
+    never leaked (another process gets the lock) and nothing is left."""
+    name = f"local/cancel{waiters}"
+    async with aiolocks.connect(url) as here, aiolocks.connect(url) as probe:
+        for yields in range(8):
+            got, go = asyncio.Event(), asyncio.Event()
+
+            async def hold(got: asyncio.Event, go: asyncio.Event) -> None:
+                async with here.mutex(name):
+                    got.set()
+                    await go.wait()
+
+            holder = asyncio.create_task(hold(got, go))
+            await got.wait()
+
+            async def wait() -> None:
+                lock = here.mutex(name)
+                if await lock.acquire():
+                    await lock.release()  # won before the cancel landed
+
+            others = []
+            for n in range(1, waiters + 1):
+                others.append(asyncio.create_task(wait()))
+                await _queued_here(here, n, in_queue=1)
+            await _queued(raw, prefix, name, 1)
+            go.set()  # the holder releases, handing the lock to the last waiter
+            for _ in range(yields):
+                await asyncio.sleep(0)
+            others[-1].cancel()
+            await holder
+            for task in others:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            taken = await probe.mutex(name).acquire(timeout=10)
+            assert taken, yields
+            await probe.mutex(name).release()
+            assert not here._driver._queued
+        assert await raw.llen(f"{_key(prefix, name)}:queue") == 0

@@ -34,10 +34,14 @@ def _count_releases(node: RedisNode) -> list[float]:
     real = node.release
 
     async def release(
-        keys: LockKeys, member: str, fields: Sequence[str], tombstone_ms: int = 0
+        keys: LockKeys,
+        member: str,
+        fields: Sequence[str],
+        tombstone_ms: int = 0,
+        publish: bool = True,
     ) -> int:
         sent.append(time.monotonic())
-        return await real(keys, member, fields, tombstone_ms)
+        return await real(keys, member, fields, tombstone_ms, publish)
 
     node.release = release  # type: ignore[method-assign]
     return sent

@@ -6,10 +6,14 @@
 -- Per-hold expiries let one hash carry a mutex, semaphore leases or a
 -- read/write lock; the key itself also gets a PEXPIRE covering its longest
 -- hold, so a crashed client leaves nothing behind once its leases lapse.
+-- Two reserved kinds of field live in the same hash, so that the one
+-- HGETALL below reads everything a try needs:
+--   '#'        the last fencing token handed out (the fence counter)
+--   '!<field>' a tombstone: that attempt was given up while its script was
+--              on the wire (release.lua); value = expiry ms. Never granted.
 --
--- KEYS[1] holders hash   KEYS[2] fence counter   KEYS[3] waiter queue (list)
--- KEYS[4] waiter queue timeouts (zset, score = expiry ms)
--- KEYS[5] tombstones of attempts given up mid-flight (zset, score = expiry ms)
+-- KEYS[1] holders hash   KEYS[2] waiter queue (list)
+-- KEYS[3] waiter queue timeouts (zset, score = expiry ms)
 -- ARGV[1] mode: x (exclusive), l (lease), r (read), w (write)
 -- ARGV[2] max holders for x/l      ARGV[3] lease ms
 -- ARGV[4] participant
@@ -26,7 +30,7 @@
 -- Returns {1, token...} when granted, {0, wait_ms} otherwise, where wait_ms
 -- bounds how long a waiter may sleep: expiry publishes nothing, so a waiter
 -- must look again when the hold blocking it runs out (-1: no bound known).
-local holders, fence, queue, qtimeouts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local holders, queue, qtimeouts = KEYS[1], KEYS[2], KEYS[3]
 local mode = ARGV[1]
 local max_holders = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
@@ -36,6 +40,7 @@ local queue_timeout = tonumber(ARGV[6])
 local downgrade = ARGV[7]
 local member = ARGV[8]
 local n = #ARGV - 8
+local tomb_field = '!' .. ARGV[9]
 
 -- Server time, never client clocks (Redisson #1104/#2099). Read before any write.
 local t = redis.call('TIME')
@@ -44,22 +49,39 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Lazily reclaim lapsed holds (a crashed holder's permit comes back) and
 -- find what blocks us, in one read of the hash (none when the lock is free).
 local live, min_exp, max_writer_exp, resend = 0, nil, nil, false
+local last, tomb_until, tombstoned = 0, 0, false
+local lapsed = {}
 local all = redis.call('HGETALL', holders)
 for i = 1, #all, 2 do
   local f, v = all[i], all[i + 1]
-  local exp, _, md = string.match(v, '^(%d+)|(%d+)|(%a)|')
-  exp = tonumber(exp)
-  if f == ARGV[9] then
+  if f == '#' then
+    last = tonumber(v) or 0
+  elseif string.byte(f, 1) == 33 then  -- '!': a tombstone
+    local exp = tonumber(v)
+    if exp == nil or exp <= now_ms then
+      lapsed[#lapsed + 1] = f
+    else
+      if exp > tomb_until then tomb_until = exp end
+      if f == tomb_field then tombstoned = true end
+    end
+  elseif f == ARGV[9] then
     resend = true
-  elseif exp == nil or exp <= now_ms then
-    redis.call('HDEL', holders, f)
   else
-    live = live + 1
-    if min_exp == nil or exp < min_exp then min_exp = exp end
-    if md == 'w' and f ~= downgrade then
-      if max_writer_exp == nil or exp > max_writer_exp then max_writer_exp = exp end
+    local exp, _, md = string.match(v, '^(%d+)|(%d+)|(%a)|')
+    exp = tonumber(exp)
+    if exp == nil or exp <= now_ms then
+      lapsed[#lapsed + 1] = f
+    else
+      live = live + 1
+      if min_exp == nil or exp < min_exp then min_exp = exp end
+      if md == 'w' and f ~= downgrade then
+        if max_writer_exp == nil or exp > max_writer_exp then max_writer_exp = exp end
+      end
     end
   end
+end
+for i = 1, #lapsed, 500 do
+  redis.call('HDEL', holders, unpack(lapsed, i, math.min(i + 499, #lapsed)))
 end
 
 -- Our own fields are there: a resent script (reply lost, client retried), or
@@ -124,17 +146,12 @@ if qmode == '1' and free then
 end
 
 if not free then
-  if qmode ~= '0' then
+  -- Not for an attempt its client gave up while this script was on the
+  -- wire (release.lua left a tombstone): never queue it.
+  if qmode ~= '0' and not tombstoned then
     -- Join the queue (or refresh our entry's timeout): the next release
     -- hands the lock to the head. O(1) whatever the queue's length.
     if redis.call('ZADD', qtimeouts, now_ms + queue_timeout, member) == 1 then
-      -- A new entry. Not for an attempt its client gave up while this
-      -- script was on the wire (release.lua left a tombstone).
-      local tomb = redis.call('ZSCORE', KEYS[5], ARGV[9])
-      if tomb and tonumber(tomb) > now_ms then
-        redis.call('ZREM', qtimeouts, member)
-        return {0, -1}
-      end
       redis.call('RPUSH', queue, member)
     end
     -- Both keys outlive every live entry: each try leaves them at least half
@@ -145,16 +162,15 @@ if not free then
       redis.call('PEXPIRE', queue, queue_timeout)
     end
   end
-  if bound == nil then return {0, -1} end
+  if tombstoned or bound == nil then return {0, -1} end
   local w = bound - now_ms
   if w < 1 then w = 1 end
   return {0, w}
 end
 
--- A tombstone (release.lua): the client gave this attempt up while this
--- script was on the wire, and its cleanup got here first. Never grant.
-local tomb = redis.call('ZSCORE', KEYS[5], ARGV[9])
-if tomb and tonumber(tomb) > now_ms then
+-- A tombstone: the client gave this attempt up while this script was on
+-- the wire, and its cleanup got here first. Never grant.
+if tombstoned then
   return {0, -1}
 end
 
@@ -166,19 +182,32 @@ elseif qmode == 'q' and redis.call('ZREM', qtimeouts, member) == 1 then
 end
 
 -- Granted. Fencing token: the counter, but never below server time in
--- microseconds, so the counter key can be deleted when the lock goes idle
--- (release.lua) and still never repeat or go backwards.
+-- microseconds, so the hash (counter included) can go when the lock goes
+-- idle (release.lua) and tokens still never repeat or go backwards. The
+-- holds and the counter are written in one HSET.
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('GET', fence) or '0')
 local base = now_us
 if last + 1 > base then base = last + 1 end
 local exp_text = string.format('%.0f', now_ms + lease)
 local res = {1}
+local writes = {}
 for i = 1, n do
   local tok = string.format('%.0f', base + i - 1)
-  redis.call('HSET', holders, ARGV[8 + i], exp_text .. '|' .. tok .. '|' .. mode .. '|' .. who)
+  writes[#writes + 1] = ARGV[8 + i]
+  writes[#writes + 1] = exp_text .. '|' .. tok .. '|' .. mode .. '|' .. who
   res[#res + 1] = tok
 end
-redis.call('SET', fence, string.format('%.0f', base + n - 1), 'PX', lease)
-if live == 0 or redis.call('PTTL', holders) < lease then redis.call('PEXPIRE', holders, lease) end
+writes[#writes + 1] = '#'
+writes[#writes + 1] = string.format('%.0f', base + n - 1)
+for i = 1, #writes, 1000 do
+  redis.call('HSET', holders, unpack(writes, i, math.min(i + 999, #writes)))
+end
+if live == 0 then
+  -- the key's TTL is ours to set: our lease, or the tombstones' if longer
+  local ttl = lease
+  if tomb_until - now_ms > ttl then ttl = tomb_until - now_ms end
+  redis.call('PEXPIRE', holders, ttl)
+elseif redis.call('PTTL', holders) < lease then
+  redis.call('PEXPIRE', holders, lease)
+end
 return res

@@ -3,14 +3,19 @@
 -- retried release finds nothing and returns 0, it can never remove
 -- somebody else's hold.
 --
--- KEYS[1] holders hash   KEYS[2] fence counter   KEYS[3] waiter queue   KEYS[4] queue timeouts
--- KEYS[5] tombstones (zset, score = expiry ms)
--- ARGV[1] channel to publish on   ARGV[2] queue member or ''
+-- KEYS[1] holders hash (with the fence counter '#' and tombstones '!<field>',
+--         see acquire.lua)   KEYS[2] waiter queue   KEYS[3] queue timeouts
+-- ARGV[1] channel to publish 'released' on, or '' when nobody listens there
+-- ARGV[2] queue member or ''
 -- ARGV[3] tombstone ms: '0', or (cleanup of an acquire whose script may
 --         still be on the wire) how long a field not found stays marked
---         as given up (in KEYS[5], scored by expiry), so that script
---         cannot grant it when it arrives late
--- ARGV[4..] field ids
+--         as given up (a '!<field>' field, valued by its expiry), so that
+--         script cannot grant it when it arrives late
+-- ARGV[4] a queue member of the releasing process to hand the lock to
+--         before the queue head (a local hand-off: no PUBLISH, the process
+--         tells its waiter itself), or ''; '+<member>' for one that waits
+--         in its process only (not in the queue)
+-- ARGV[5..] field ids
 --
 -- When anything went and a live waiter heads the queue (queue members are
 -- "<field>|<lease ms>|<participant>", exclusive waiters), the lock is
@@ -21,38 +26,78 @@
 -- the lock is not free for it, "- <member>" tells it to try. With nobody
 -- queued, 'released <n>' goes out on ARGV[1] (shared modes, Redlock): n
 -- holds were given back.
--- Returns the number of holds and queue entries removed.
+-- Returns the number of holds and queue entries removed; {removed, token}
+-- when the lock went to ARGV[4].
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
 local tombstone = tonumber(ARGV[3])
 local removed = 0
-for i = 4, #ARGV do
-  local gone = redis.call('HDEL', KEYS[1], ARGV[i])
-  removed = removed + gone
-  if gone == 0 and tombstone > 0 then
-    redis.call('ZADD', KEYS[5], now_ms + tombstone, ARGV[i])
-    if redis.call('PTTL', KEYS[5]) < tombstone then
-      redis.call('PEXPIRE', KEYS[5], tombstone)
+if tombstone > 0 then
+  local marked = false
+  for i = 5, #ARGV do
+    local gone = redis.call('HDEL', KEYS[1], ARGV[i])
+    removed = removed + gone
+    if gone == 0 then
+      redis.call('HSET', KEYS[1], '!' .. ARGV[i], now_ms + tombstone)
+      marked = true
     end
   end
+  if marked and redis.call('PTTL', KEYS[1]) < tombstone then
+    redis.call('PEXPIRE', KEYS[1], tombstone)
+  end
+elseif #ARGV >= 5 then
+  removed = redis.call('HDEL', KEYS[1], unpack(ARGV, 5))
 end
 local freed = removed
 if ARGV[2] ~= '' then
-  removed = removed + redis.call('LREM', KEYS[3], 0, ARGV[2])
-  redis.call('ZREM', KEYS[4], ARGV[2])
+  removed = removed + redis.call('LREM', KEYS[2], 0, ARGV[2])
+  redis.call('ZREM', KEYS[3], ARGV[2])
 end
--- The queue head, after dropping heads whose waiters stopped refreshing
--- their entries (they died): a dead waiter cannot hold up the queue.
-local head = nil
-if removed > 0 then head = redis.call('LPOP', KEYS[3]) end
-while head do
-  local to = redis.call('ZSCORE', KEYS[4], head)
+if removed == 0 then return 0 end
+-- What is left: holds (busy), the fence counter, live tombstones.
+local busy, last, tomb_until, tombs = false, nil, 0, {}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local f = all[i]
+  if f == '#' then
+    last = tonumber(all[i + 1])
+  elseif string.byte(f, 1) == 33 then
+    local exp = tonumber(all[i + 1]) or 0
+    if exp > now_ms then tombs[f] = true end
+    if exp > tomb_until then tomb_until = exp end
+  else
+    busy = true
+  end
+end
+-- The waiter to hand the lock to: the releasing process's own, if it can
+-- have it (one in the queue: still there and live, then taken out of the
+-- list wherever it is; one waiting in its process only, '+<member>': not
+-- given up, no tombstone); else the queue head, after dropping heads whose
+-- waiters stopped refreshing their entries (they died): a dead waiter
+-- cannot hold up the queue.
+local head, here, queued = nil, false, true
+local prefer = ARGV[4]
+if prefer ~= '' and freed > 0 and not busy then
+  if string.byte(prefer, 1) == 43 then  -- '+'
+    local m = string.sub(prefer, 2)
+    if not tombs['!' .. string.match(m, '^([^|]*)')] then
+      head, here, queued = m, true, false
+    end
+  else
+    local to = redis.call('ZSCORE', KEYS[3], prefer)
+    if to and tonumber(to) > now_ms and redis.call('LREM', KEYS[2], 1, prefer) == 1 then
+      head, here = prefer, true
+    end
+  end
+end
+if not head then head = redis.call('LPOP', KEYS[2]) end
+while head and not here do
+  local to = redis.call('ZSCORE', KEYS[3], head)
   if to and tonumber(to) > now_ms then break end
-  redis.call('ZREM', KEYS[4], head)
-  head = redis.call('LPOP', KEYS[3])
+  redis.call('ZREM', KEYS[3], head)
+  head = redis.call('LPOP', KEYS[2])
 end
-local busy = redis.call('EXISTS', KEYS[1]) == 1
 
 if head then
   local prefix = string.match(KEYS[1], '^([^{]*)')
@@ -61,44 +106,44 @@ if head then
   if busy or not field then
     -- not free for it (a lapsed hold not reclaimed yet), or an entry we
     -- cannot grant: back to the head, and its waiter looks itself
-    redis.call('LPUSH', KEYS[3], head)
-    local ttl = redis.call('PTTL', KEYS[4])  -- the list may have been emptied
-    if ttl > 0 then redis.call('PEXPIRE', KEYS[3], ttl) end
+    redis.call('LPUSH', KEYS[2], head)
+    local ttl = redis.call('PTTL', KEYS[3])  -- the list may have been emptied
+    if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
     redis.call('PUBLISH', channel, '- ' .. head)
   else
-    redis.call('ZREM', KEYS[4], head)
+    if queued then redis.call('ZREM', KEYS[3], head) end
     lease = tonumber(lease)
     -- the fencing token exactly as acquire.lua mints it
-    local last = tonumber(redis.call('GET', KEYS[2]) or '0')
     local base = now_us
-    if last + 1 > base then base = last + 1 end
+    if last and last + 1 > base then base = last + 1 end
     local tok = string.format('%.0f', base)
-    redis.call('HSET', KEYS[1], field, string.format('%.0f', now_ms + lease) .. '|' .. tok .. '|x|' .. who)
-    redis.call('SET', KEYS[2], tok, 'PX', lease)
+    redis.call('HSET', KEYS[1], field, string.format('%.0f', now_ms + lease) .. '|' .. tok .. '|x|' .. who, '#', tok)
+    if tomb_until - now_ms > lease then lease = tomb_until - now_ms end
     redis.call('PEXPIRE', KEYS[1], lease)
+    if here then return {removed, tok} end
     redis.call('PUBLISH', channel, tok .. ' ' .. head)
     return removed
   end
 end
 
 if not busy then
-  -- Idle lock: drop the fence counter too, so no key outlives its lock.
-  -- Tokens restart from server time, which is already past the last token
-  -- unless tokens were handed out faster than one per microsecond; keep
-  -- the counter just long enough to cover that.
-  local last = redis.call('GET', KEYS[2])
-  if last then
-    local ahead = tonumber(last) - now_us
-    if ahead < 0 then
-      redis.call('DEL', KEYS[2])
-    else
-      redis.call('PEXPIRE', KEYS[2], math.floor(ahead / 1000) + 2)
-    end
+  -- Idle lock: the hash goes (fence counter included), so no key outlives
+  -- its lock. Tokens restart from server time, which is already past the
+  -- last token unless tokens were handed out faster than one per
+  -- microsecond; keep the counter just long enough to cover that, and
+  -- live tombstones until they lapse.
+  local keep = 0
+  if last and last >= now_us then keep = math.floor((last - now_us) / 1000) + 2 end
+  if tomb_until - now_ms > keep then keep = tomb_until - now_ms end
+  if keep > 0 then
+    redis.call('PEXPIRE', KEYS[1], keep)
+  elseif last then
+    redis.call('DEL', KEYS[1])
   end
 end
 -- "released <holds freed>": a process rings at most that many of its
 -- one-lease waiters (the others of its waiters all look)
-if removed > 0 and not head then
+if not head and ARGV[1] ~= '' then
   redis.call('PUBLISH', ARGV[1], 'released ' .. freed)
 end
 return removed
