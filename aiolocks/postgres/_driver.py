@@ -103,7 +103,6 @@ from ._state import ConnectionState, StateBroadcaster
 _PROTOCOL_CALLS = tuple(int(part) for part in asyncpg.__version__.split(".")[:2]) in {
     (0, 29),
     (0, 30),
-    (0, 31),
     (0, 32),
 }
 
