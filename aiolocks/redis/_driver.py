@@ -1035,13 +1035,7 @@ class RedisDriver:
             if a.granted is not None:
                 return
             wait = a.queue_timeout / 3 if bound is None else min(bound, a.queue_timeout / 3)
-            future = a.wake.prepare(wait)
-            if future is None:
-                return
-            try:
-                await future
-            finally:
-                a.wake.settle()
+            await _wait_for_ring(a.wake, wait)
             if not a.wake.is_set():
                 # Nobody handed it the lock nor rang it for a whole wait:
                 # a safety net, so that a waiter here never depends on this
@@ -1078,14 +1072,7 @@ class RedisDriver:
             wait = min(wait, a.queue_timeout / 3)
         if bound is not None:
             wait = min(wait, bound)
-        # the wake's future, awaited here: no coroutine per waiting task
-        future = a.wake.prepare(wait)
-        if future is None:
-            return
-        try:
-            await future
-        finally:
-            a.wake.settle()
+        await _wait_for_ring(a.wake, wait)
 
     def _listen(self, a: RedisAttempt) -> None:
         """A queued waiter starts listening on our process's grant channel. No I/O."""
@@ -1393,3 +1380,14 @@ class RedisDriver:
         except (RedisError, OSError) as exc:
             raise map_error(exc, f"listing {name!r}", self.describe()) from exc
         return parse_participants(reply)
+
+
+async def _wait_for_ring(wake: Wake, wait: float) -> None:
+    """Wait up to ``wait`` seconds for ``wake`` to be rung (at once if it was)."""
+    future = wake.prepare(wait)
+    if future is None:
+        return
+    try:
+        await future
+    finally:
+        wake.settle()
