@@ -98,6 +98,13 @@ HARMLESS_EVENTS = frozenset({"hset", "expire", "persist", "hincrby", "hincrbyflo
 #: waiter of its own process) before one goes to the queue head, so the
 #: waiters of other processes are not starved
 LOCAL_HANDOFFS = 16
+#: fencing tokens one exclusive grant from Redis reserves (its own and the
+#: next ``TOKEN_BLOCK - 1``): the process may pass the hold on to its own
+#: waiting tasks with no round trip, each with the next token of the block
+#: (``RedisDriver._pass_on``); the fence counter in Redis is advanced past
+#: the block, so the next grant from Redis is larger still. Mirrored in
+#: ``acquire.lua`` and ``release.lua``.
+TOKEN_BLOCK = 16
 #: how long after a grant a hold starts listening to its key's events (s):
 #: shorter holds never subscribe (see ``RedisDriver._start_watch``)
 LOSS_WATCH_DELAY = 0.05
@@ -177,13 +184,35 @@ def validate_key_prefix(value: object) -> str:
 class RedisHold:
     """The driver handle of one grant (``Grant.handle``)."""
 
-    __slots__ = ("checking", "field", "keys", "lease", "on_stop", "recheck", "released", "watchdog")
+    __slots__ = (
+        "block_end",
+        "checking",
+        "field",
+        "grant",
+        "keys",
+        "lease",
+        "leave",
+        "on_stop",
+        "recheck",
+        "released",
+        "watchdog",
+    )
 
     def __init__(self, keys: LockKeys, field: str, lease: float) -> None:
         self.keys = keys
         self.field = field
         self.lease = lease
         self.released = False
+        #: the grant that holds our field now: a hold passed on to another
+        #: task of this process (no round trip) keeps its field, watchdog and
+        #: loss watch, and gets the next grant (see ``RedisDriver._pass_on``)
+        self.grant: Grant | None = None
+        #: the last fencing token of the block the grant from Redis reserved
+        #: (its own token when it reserved none)
+        self.block_end = 0
+        #: queue members of ours this hold was passed to while they waited
+        #: in the lock's queue: their entries go with the release to Redis
+        self.leave: list[str] = []
         self.watchdog: Renewal | None = None
         #: undoes the keyspace-event subscription (see ``RedisDriver._watch_key``)
         self.on_stop: Callable[[], None] | None = None
@@ -210,6 +239,7 @@ class RedisAttempt(Attempt):
         "fair",
         "fields",
         "granted",
+        "handed",
         "keys",
         "lease",
         "listening",
@@ -256,6 +286,8 @@ class RedisAttempt(Attempt):
         self.queue_timeout = min(lease, QUEUE_TIMEOUT)
         #: the fencing token of a hand-off (release.lua wrote our field), not taken yet
         self.granted: int | None = None
+        #: a hold of this process passed on to us (no round trip), not taken yet
+        self.handed: Grant | None = None
         #: when the last try was sent: a hand-off came after it ran
         self.sent = 0.0
         #: queued while our process's grant channel was not confirmed yet: a
@@ -527,15 +559,21 @@ class RedisNode:
         return int(await self.evalsha("release", keys.acquire_keys, args))
 
     async def release_to(
-        self, keys: LockKeys, field: str, successor: str, publish: bool
+        self,
+        keys: LockKeys,
+        field: str,
+        successor: str,
+        publish: bool,
+        leave: Sequence[str] = (),
     ) -> tuple[int, int | None]:
         """``release.lua`` for our ``field``, handing the lock to ``successor``
-        (a queue member of this process) if it is still queued and live.
+        (a queue member of this process) if it is still queued and live;
+        ``leave``: queue members of ours to take out of the queue first.
 
         Returns (holds and entries removed, the successor's fencing token or
         None when the lock went the usual way: the queue head, or nobody).
         """
-        args = [keys.channel if publish else "", "", 0, successor, field]
+        args = [keys.channel if publish else "", "", 0, successor, field, *leave]
         reply = await self.evalsha("release", keys.acquire_keys, args)
         if isinstance(reply, list):
             return int(reply[0]), int(_text(reply[1]))
@@ -752,6 +790,11 @@ class RedisDriver:
         self._queued: dict[str, RedisAttempt] = {}
         #: local hand-offs in a row, by holders key (absent: none)
         self._local_streak: dict[str, int] = {}
+        #: queue members of attempts that took a hold passed on while they
+        #: waited in the lock's queue: (keys, until when their entry may
+        #: linger there). Only if our hold was lost meanwhile can Redis hand
+        #: the lock to such an entry; ``_on_grant`` then gives it back.
+        self._left: dict[str, tuple[LockKeys, float]] = {}
         self.watchdog = Watchdog(
             node.renew_many, self._spawn, name=f"aiolocks-redis-watchdog:{node.describe}"
         )
@@ -830,6 +873,14 @@ class RedisDriver:
         if self._closed:
             raise BackendUnavailableError(f"the Redis backend {self.describe()} is closed")
         a = cast(RedisAttempt, attempt)
+        if a.handed is not None:
+            # A task of ours passed its hold on to us: no I/O, no await.
+            handed, a.handed = a.handed, None
+            if not handed.lost:
+                return [handed]
+            # Lost on its way to us: its field is gone (or not to be
+            # trusted): send its release in the background, and try as usual.
+            self._spawn(self._drop(handed), f"aiolocks-redis-drop:{a.keys.holders}")
         if a.granted is not None:
             # A release handed us the lock (release.lua wrote our field) after
             # our last try ran: nothing to send. No await before the return.
@@ -951,7 +1002,13 @@ class RedisDriver:
         for o in self._queued.values():
             if self._in_queue(o, key):
                 return
-            if o.keys.holders == key and o.local and o.granted is None and not o.ended:
+            if (
+                o.keys.holders == key
+                and o.local
+                and o.granted is None
+                and o.handed is None
+                and not o.ended
+            ):
                 # (not one given up: ringing it would wake nobody, and the
                 # waiters behind it would sit out a whole bounded wait)
                 last = o
@@ -989,6 +1046,15 @@ class RedisDriver:
             return
         token, _, member = payload.partition(" ")
         a = self._queued.get(member)
+        if a is None and token.isdigit() and member in self._left:
+            # Handed to an entry of an attempt that took a hold passed on
+            # (ours was lost meanwhile): nobody waits for it, give it back.
+            keys, _ = self._left.pop(member)
+            field = member.partition("|")[0]
+            self._spawn(
+                self._give_back(keys, field, member), f"aiolocks-redis-give-back:{keys.holders}"
+            )
+            return
         if a is None or a.wake is None:
             return  # that attempt ended: its abandon gives the hold back
         if token.isdigit():
@@ -1034,6 +1100,8 @@ class RedisDriver:
             assert a.wake is not None
             if a.granted is not None:
                 return
+            if a.handed is not None:
+                return
             wait = a.queue_timeout / 3 if bound is None else min(bound, a.queue_timeout / 3)
             await _wait_for_ring(a.wake, wait)
             if not a.wake.is_set():
@@ -1052,7 +1120,7 @@ class RedisDriver:
                     a.unheard = False
                     if await self._handed_over_unheard(a):
                         return
-            if a.granted is not None:
+            if a.granted is not None or a.handed is not None:
                 return
         elif a.wake is None:
             # Shared modes: one unlock may let several in. On ``released``
@@ -1097,6 +1165,10 @@ class RedisDriver:
         if a.member and not a.ended:
             a.ended = True
             self._promote(a.keys.holders)  # a waiter here takes its place
+        handed, a.handed = a.handed, None
+        if handed is not None:
+            # Passed a hold it never took: on to the next waiter, or back to Redis.
+            await self._drop(handed)
         if self._closed:
             return
         await self.node.abandon(a)
@@ -1116,9 +1188,11 @@ class RedisDriver:
         tokens = [int(_text(x)) for x in reply[1:]]
         enabled = bool(request.options.get("watchdog", True))
         grants = []
+        block = TOKEN_BLOCK - 1 if request.mode is Mode.EXCLUSIVE and request.count == 1 else 0
         for field, token in zip(a.fields, tokens, strict=True):
             hold = RedisHold(a.keys, field, lease)
-            grant = Grant(request, token, hold)
+            grant = hold.grant = Grant(request, token, hold)
+            hold.block_end = token + block
             grant.valid_until = sent + lease  # moved on by each successful renewal
             hold.watchdog = self.watchdog.watch(
                 Renewal(
@@ -1249,6 +1323,11 @@ class RedisDriver:
         hold = grant.handle
         if not isinstance(hold, RedisHold):
             return True
+        if hold.grant is not grant:
+            return True  # passed on to another task of ours: not this grant's any more
+        successor = self._local_successor(hold, grant.request)
+        if successor is not None and self._pass_on(hold, grant, successor):
+            return True
         # Stop the watchdog *before* sending the unlock (Redisson #7272).
         hold.stop()
         self._holds.discard(hold)
@@ -1264,11 +1343,12 @@ class RedisDriver:
         # An exclusive hold's waiters are all queued (handed the lock
         # directly): nobody to tell on the lock's channel.
         publish = grant.request.mode is not Mode.EXCLUSIVE
-        successor = self._local_successor(hold, grant.request)
         while True:
             try:
                 if successor is None:
-                    removed = await self.node.release(hold.keys, "", [hold.field], 0, publish)
+                    removed = await self.node.release(
+                        hold.keys, "", [hold.field, *hold.leave], 0, publish
+                    )
                 else:
                     target = successor.member
                     if successor.local:
@@ -1280,7 +1360,7 @@ class RedisDriver:
                         successor.unanswered = True
                         successor.sent = time.monotonic()
                     removed, token = await self.node.release_to(
-                        hold.keys, hold.field, target, publish
+                        hold.keys, hold.field, target, publish, hold.leave
                     )
                     self._handed_locally(hold.keys.holders, successor, token)
             except TRANSIENT as exc:
@@ -1294,6 +1374,7 @@ class RedisDriver:
                         successor.wake.ring()
                     successor = None
                 if grant.lost:
+                    self._nudge(hold.keys.holders)
                     return True  # the lease lapses; nothing to report on a lost hold
                 if not await backoff.wait():
                     raise map_error(
@@ -1302,12 +1383,96 @@ class RedisDriver:
                 continue
             except RedisError as exc:
                 if grant.lost:
+                    self._nudge(hold.keys.holders)
                     return True
                 raise map_error(exc, f"releasing {grant.request.name!r}", self.describe()) from exc
             # An unambiguous "nothing to delete": the hold was gone before we
             # released it (a failover to a replica that never saw it, a key
             # deleted behind our back, a lease that lapsed).
+            if not removed:
+                self._nudge(hold.keys.holders)
             return bool(removed) or ambiguous
+
+    def _nudge(self, key: str) -> None:
+        """Our hold of ``key`` was gone when we released it, so nothing in
+        Redis handed the lock on: our waiters on it look now instead of at
+        the end of their bounded wait. No I/O."""
+        for a in self._queued.values():
+            if (
+                a.keys.holders == key
+                and not a.local
+                and not a.ended
+                and a.granted is None
+                and a.handed is None
+                and a.wake is not None
+            ):
+                a.wake.ring()
+        self._promote(key)
+
+    def _pass_on(self, hold: RedisHold, grant: Grant, successor: RedisAttempt) -> bool:
+        """Pass our Redis hold to a task of ours waiting in this process, with
+        no round trip: same field, watchdog and loss watch, the next fencing
+        token of the block the grant from Redis reserved. No I/O.
+
+        Only while the hold is sound (not lost, renewed, well inside its
+        lease) and the block has a token left, and only to a waiter asking
+        for the same lease with the watchdog on, as ours is (the hold goes
+        on under the same lease and renewals). False: release as usual.
+        """
+        renewal = hold.watchdog
+        request = successor.request
+        if (
+            grant.lost
+            or grant.token >= hold.block_end
+            or renewal is None
+            or renewal.stopped
+            or not renewal.enabled
+            or successor.lease != hold.lease
+            or not request.options.get("watchdog", True)
+            or renewal.valid_until - time.monotonic() < hold.lease / 2
+            or successor.unanswered
+        ):
+            return False
+        if not successor.local:
+            # Waiting in the lock's queue: its entry stays there until this
+            # hold goes back to Redis, whose release takes it out (before
+            # any hand-off: nothing in Redis can hand the lock to it while
+            # we hold it).
+            hold.leave.append(successor.member)
+            now = time.monotonic()
+            if len(self._left) > 64:
+                self._left = {m: v for m, v in self._left.items() if v[1] > now}
+            self._left[successor.member] = (hold.keys, now + successor.queue_timeout)
+        handed = hold.grant = Grant(request, grant.token + 1, hold)
+        handed.valid_until = renewal.valid_until
+        renewal.grant = handed
+        renewal.owner = request.owner
+        key = hold.keys.holders
+        self._local_streak[key] = self._local_streak.get(key, 0) + 1
+        successor.handed = handed
+        assert successor.wake is not None
+        successor.wake.ring()
+        return True
+
+    async def _give_back(self, keys: LockKeys, field: str, member: str) -> None:
+        """Release a hold Redis handed to a queue entry nobody waits on any more."""
+        if not self._closed:
+            lease = self._lease_of(member)
+            await self.node.cleanup(keys, member, [field], lease, tombstone=False)
+
+    @staticmethod
+    def _lease_of(member: str) -> float:
+        """The lease (s) in a queue member ``<field>|<lease ms>|<participant>``."""
+        parts = member.split("|", 2)
+        return int(parts[1]) / 1000 if len(parts) > 1 and parts[1].isdigit() else DEFAULT_LEASE_TIME
+
+    async def _drop(self, grant: Grant) -> None:
+        """Release a hold passed on to an attempt that did not take it (it
+        ended, or the hold was lost on the way)."""
+        try:
+            await self.release(grant)
+        except LockError as exc:
+            logger.warning("releasing %s failed: %s", grant.request.name, exc)
 
     def _local_successor(self, hold: RedisHold, request: Request) -> RedisAttempt | None:
         """A waiter of this process to pass an unfair mutex to, or None. No I/O.
@@ -1337,6 +1502,7 @@ class RedisDriver:
                 or a.fair
                 or a.ended
                 or a.granted is not None
+                or a.handed is not None
                 or a.wake is None
             ):
                 continue

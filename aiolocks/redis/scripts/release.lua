@@ -15,7 +15,10 @@
 --         before the queue head (a local hand-off: no PUBLISH, the process
 --         tells its waiter itself), or ''; '+<member>' for one that waits
 --         in its process only (not in the queue)
--- ARGV[5..] field ids
+-- ARGV[5..] field ids; then (not with a tombstone) queue members of the
+--         releasing process to take out of the queue: waiters that hold
+--         the lock since (it passed them this hold without a round trip)
+--         or left. Field ids never contain '|'; queue members always do.
 --
 -- When anything went and a live waiter heads the queue (queue members are
 -- "<field>|<lease ms>|<participant>", exclusive waiters), the lock is
@@ -47,7 +50,16 @@ if tombstone > 0 then
     redis.call('PEXPIRE', KEYS[1], tombstone)
   end
 elseif #ARGV >= 5 then
-  removed = redis.call('HDEL', KEYS[1], unpack(ARGV, 5))
+  local fields = {}
+  for i = 5, #ARGV do
+    if string.find(ARGV[i], '|', 1, true) then
+      redis.call('LREM', KEYS[2], 0, ARGV[i])
+      redis.call('ZREM', KEYS[3], ARGV[i])
+    else
+      fields[#fields + 1] = ARGV[i]
+    end
+  end
+  if #fields > 0 then removed = redis.call('HDEL', KEYS[1], unpack(fields)) end
 end
 local freed = removed
 if ARGV[2] ~= '' then
@@ -116,8 +128,9 @@ if head then
     -- the fencing token exactly as acquire.lua mints it
     local base = now_us
     if last and last + 1 > base then base = last + 1 end
+    -- (and its block of 16 reserved: see acquire.lua)
     local tok = string.format('%.0f', base)
-    redis.call('HSET', KEYS[1], field, string.format('%.0f', now_ms + lease) .. '|' .. tok .. '|x|' .. who, '#', tok)
+    redis.call('HSET', KEYS[1], field, string.format('%.0f', now_ms + lease) .. '|' .. tok .. '|x|' .. who, '#', string.format('%.0f', base + 15))
     if tomb_until - now_ms > lease then lease = tomb_until - now_ms end
     redis.call('PEXPIRE', KEYS[1], lease)
     if here then return {removed, tok} end
