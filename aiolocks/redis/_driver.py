@@ -795,6 +795,10 @@ class RedisDriver:
         #: linger there). Only if our hold was lost meanwhile can Redis hand
         #: the lock to such an entry; ``_on_grant`` then gives it back.
         self._left: dict[str, tuple[LockKeys, float]] = {}
+        #: our Redis hold of an unfair mutex that can be passed on, by holders
+        #: key: while there is one, a new waiter here waits in the process
+        #: (no try: the lock is busy, and the hold comes to it with no round trip)
+        self._owned: dict[str, RedisHold] = {}
         self.watchdog = Watchdog(
             node.renew_many, self._spawn, name=f"aiolocks-redis-watchdog:{node.describe}"
         )
@@ -828,6 +832,7 @@ class RedisDriver:
             # renewing and let their leases lapse rather than block close().
             hold.stop()
         self._holds.clear()
+        self._owned.clear()
         self.watchdog.close()
         await self.node.close()
 
@@ -966,7 +971,10 @@ class RedisDriver:
         ):
             return False
         key = a.keys.holders
-        if not any(o is not a and self._in_queue(o, key) for o in self._queued.values()):
+        if key not in self._owned and not any(
+            o is not a and (self._in_queue(o, key) or self._coming(o, key))
+            for o in self._queued.values()
+        ):
             return False
         a.local = True
         if a.wake is None:
@@ -991,6 +999,16 @@ class RedisDriver:
             and not o.send_lost
         )
 
+    @staticmethod
+    def _coming(o: RedisAttempt, key: str) -> bool:
+        """``o`` was handed ``key``'s lock (by a release here or by Redis)
+        and has not taken it yet: our process is about to hold it."""
+        return (
+            o.keys.holders == key
+            and not o.ended
+            and (o.granted is not None or o.handed is not None)
+        )
+
     def _promote(self, key: str) -> None:
         """No attempt of ours is queued on ``key`` any more: one waiting
         locally looks (and joins the queue). No I/O.
@@ -999,8 +1017,10 @@ class RedisDriver:
         that queues keeps that place while the others are served here.
         """
         last: RedisAttempt | None = None
+        if key in self._owned:
+            return  # we hold it: it is passed on here, or a release promotes
         for o in self._queued.values():
-            if self._in_queue(o, key):
+            if self._in_queue(o, key) or self._coming(o, key):
                 return
             if (
                 o.keys.holders == key
@@ -1205,6 +1225,8 @@ class RedisDriver:
                 )
             )
             self._holds.add(hold)
+            if block and not a.fair and not self.node.min_replicas:
+                self._owned[a.keys.holders] = hold
             self._start_watch(hold)
             grants.append(grant)
         return grants
@@ -1331,18 +1353,32 @@ class RedisDriver:
         # Stop the watchdog *before* sending the unlock (Redisson #7272).
         hold.stop()
         self._holds.discard(hold)
+        key = hold.keys.holders
+        if self._owned.get(key) is hold:
+            del self._owned[key]
         if self._closed:
             # Closing the backend released every hold first; a release after
             # close (the body of a hold the close ended, leaving its block)
             # must not reopen a connection on the closed client.
             return True
+        # An exclusive hold's waiters are all queued (handed the lock
+        # directly): nobody to tell on the lock's channel.
+        publish = grant.request.mode is not Mode.EXCLUSIVE
+        try:
+            return await self._release_to_redis(hold, grant, successor, publish)
+        finally:
+            # Waiters here that waited on our hold, with nobody of ours in
+            # the lock's queue: one of them takes that place now.
+            self._promote(key)
+
+    async def _release_to_redis(
+        self, hold: RedisHold, grant: Grant, successor: RedisAttempt | None, publish: bool
+    ) -> bool:
+        """``release.lua`` for our field (to ``successor``, a waiter of ours, if not None)."""
         backoff = Backoff(time.monotonic() + min(hold.lease, self.node.connect_timeout), cap=0.5)
         # After a connection error the script may have run: a later "nothing
         # to delete" then proves nothing, unless the server refused it unrun.
         ambiguous = False
-        # An exclusive hold's waiters are all queued (handed the lock
-        # directly): nobody to tell on the lock's channel.
-        publish = grant.request.mode is not Mode.EXCLUSIVE
         while True:
             try:
                 if successor is None:

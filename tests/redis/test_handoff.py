@@ -199,9 +199,10 @@ async def test_local_handoff_passes_the_lock_within_the_process_without_a_messag
                 inside -= 1
 
         locals_ = [asyncio.create_task(local()) for _ in range(3)]
-        # one of them queues (the others see its try on the wire and wait here)
-        await _queued(raw, prefix, name, 2)
-        await _queued_here(here, 3, in_queue=1)
+        # none of them tries: the lock is their process's, so they wait
+        # in the process for it to be passed on
+        await _queued_here(here, 3, in_queue=0)
+        await _queued(raw, prefix, name, 1)
         await raw.config_resetstat()
         await holder.release()
         await asyncio.gather(*locals_)
@@ -291,9 +292,9 @@ async def _truthy(value: bool) -> bool:
 async def test_one_waiter_per_process_in_the_queue_the_others_wait_locally(
     url: str, raw: redis.asyncio.Redis, prefix: str
 ) -> None:
-    """Five tasks of one process wait for a mutex: one is in the lock's queue,
-    four wait in the process and are passed the lock by its releases, with
-    no try of their own."""
+    """Five tasks of one process wait for a mutex their process holds: none
+    tries, all wait in the process and are passed the lock by its releases
+    with no round trip."""
     name = "local/only"
     async with aiolocks.connect(url) as here:
         holder = here.mutex(name)
@@ -310,22 +311,17 @@ async def test_one_waiter_per_process_in_the_queue_the_others_wait_locally(
                 await asyncio.sleep(0)
                 inside -= 1
 
-        tasks = [asyncio.create_task(local(0))]
-        await _queued_here(here, 1)
-        for i in range(1, 5):
+        tasks = []
+        for i in range(5):
             tasks.append(asyncio.create_task(local(i)))
-            await _queued_here(here, i + 1, in_queue=1)
-        await _queued(raw, prefix, name, 1)
+            await _queued_here(here, i + 1, in_queue=0)
         await raw.config_resetstat()
         await holder.release()
         await asyncio.gather(*tasks)
         calls = await command_calls(raw)
-        # five releases pass the hold on with no round trip (the one in
-        # the lock's queue included: the last release, the one EVALSHA,
-        # takes its entry out); no PUBLISH; the waiters do not try (the one
-        # in the queue may look once more when its grant channel's
-        # subscription is confirmed)
-        assert 1 <= calls["evalsha"] <= 1 + 1, calls
+        # five releases pass the hold on with no round trip; the last one
+        # is the one EVALSHA; no PUBLISH; the waiters do not try
+        assert calls["evalsha"] == 1, calls
         assert "publish" not in calls, calls
         assert sorted(order) == list(range(5))
     assert await raw.keys(f"{prefix}*") == []
@@ -335,10 +331,13 @@ async def test_one_waiter_per_process_in_the_queue_the_others_wait_locally(
 async def test_local_waiter_cancelled_around_a_local_handoff_leaves_nothing(
     url: str, raw: redis.asyncio.Redis, prefix: str, waiters: int
 ) -> None:
-    """The releasing task hands the lock to a local waiter (in the lock's
-    queue, or with ``waiters=2`` one waiting in the process only) that is
-    cancelled before, while or after the release script runs: the hold is
-    never leaked (another process gets the lock) and nothing is left."""
+    """The releasing task hands the lock to a local waiter (with
+    ``waiters=2``, the newer of two) that is cancelled before, while or
+    after the release script runs: the hold is never leaked (another
+    process gets the lock) and nothing is left. The waiters ask for another
+    lease than the holder's, so the hold cannot be passed on with no round
+    trip: ``release.lua`` hands it over (see ``test_token_blocks.py`` for
+    the pass)."""
     name = f"local/cancel{waiters}"
     async with aiolocks.connect(url) as here, aiolocks.connect(url) as probe:
         for yields in range(8):
@@ -353,15 +352,15 @@ async def test_local_waiter_cancelled_around_a_local_handoff_leaves_nothing(
             await got.wait()
 
             async def wait() -> None:
-                lock = here.mutex(name)
+                lock = here.mutex(name, lease_time=20)
                 if await lock.acquire():
                     await lock.release()  # won before the cancel landed
 
             others = []
             for n in range(1, waiters + 1):
                 others.append(asyncio.create_task(wait()))
-                await _queued_here(here, n, in_queue=1)
-            await _queued(raw, prefix, name, 1)
+                # the lock is their process's: they wait in the process
+                await _queued_here(here, n, in_queue=0)
             go.set()  # the holder releases, handing the lock to the last waiter
             for _ in range(yields):
                 await asyncio.sleep(0)
