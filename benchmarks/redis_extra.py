@@ -14,7 +14,10 @@ runnable alone: ``python -m benchmarks.redis_extra``.
 ``--contended N`` runs instead N interleaved rounds of the main report's
 contended closed loop (4 processes x 4 tasks, 1 ms inside, 5 ms think) for
 each library, and prints each round and the median ratio of holds/s against
-the last library: an A/B check in one sitting.
+the last library: an A/B check in one sitting. ``--uncontended N`` runs N
+alternating rounds of 1000 uncontended cycles (``acquire()`` + ``release()``)
+of an aiolocks mutex and of redis-py's ``Lock`` on one server, and prints the
+median time per cycle of each and the median of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from aiolocks.testing.servers import RedisServer
 from ._peers import CONTENDERS
 from ._scenarios import contended_round, idle_redis_cpu
 
-__all__ = ["contended", "loss_latency", "main", "many_waiters"]
+__all__ = ["contended", "loss_latency", "main", "many_waiters", "uncontended"]
 
 FIELDS = (
     "holds_per_s",
@@ -114,6 +117,45 @@ def contended(
     return rows
 
 
+async def uncontended(url: str, rounds: int, cycles: int = 1000) -> dict[str, object]:
+    """Alternating rounds of uncontended cycles: aiolocks mutex vs redis-py ``Lock`` (µs/cycle)."""
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        async with aiolocks.connect(url) as backend:
+            ours = backend.mutex("bench-uncontended")
+            theirs = client.lock("bench-uncontended-redis-py", timeout=30, sleep=0.1)
+
+            async def ours_cycle() -> None:
+                await ours.acquire()
+                await ours.release()
+
+            async def theirs_cycle() -> None:
+                await theirs.acquire()
+                await theirs.release()
+
+            both = [("aiolocks", ours_cycle), ("redis-py", theirs_cycle)]
+            for _, cycle in both:  # warm-up, not measured
+                for _ in range(cycles // 2):
+                    await cycle()
+            per: dict[str, list[float]] = {"aiolocks": [], "redis-py": []}
+            for r in range(rounds):
+                for name, cycle in both if r % 2 == 0 else both[::-1]:
+                    started = time.perf_counter()
+                    for _ in range(cycles):
+                        await cycle()
+                    per[name].append((time.perf_counter() - started) / cycles * 1e6)
+    finally:
+        await client.aclose()
+    ratios = [a / b for a, b in zip(per["aiolocks"], per["redis-py"], strict=True)]
+    return {
+        "aiolocks_us": statistics.median(per["aiolocks"]),
+        "redis_py_us": statistics.median(per["redis-py"]),
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+    }
+
+
 async def loss_latency(url: str, samples: int) -> dict[str, float]:
     """Delete a held lock's key ``samples`` times; p50/p99/max ms until the body's loss."""
     raw = redis.asyncio.Redis.from_url(url)
@@ -160,8 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--loss-samples", type=int, default=40)
     parser.add_argument("--contended", type=int, default=0, metavar="ROUNDS")
+    parser.add_argument("--uncontended", type=int, default=0, metavar="ROUNDS")
     args = parser.parse_args(argv)
     with RedisServer() as server:
+        if args.uncontended:
+            result = asyncio.run(uncontended(server.url, args.uncontended))
+            print(json.dumps({"scenario": "uncontended", **result}))
+            return 0
         if args.contended:
             libraries = args.libraries.split(",")
             rows = contended(server, libraries, args.contended, args.duration)
