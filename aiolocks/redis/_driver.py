@@ -17,6 +17,10 @@ RedissonFairLock ideas, re-derived; see ``docs/redis.md``):
 * ``release.lua`` is a compare-and-delete of our own fields plus PUBLISH on
   the lock's channel: naturally idempotent, so a retried release can never
   decrement twice or remove somebody else's hold.
+* An unfair mutex's hold is passed to another task of the same process
+  that waits for it with no command at all (same field, watchdog and
+  keyspace watch; the next fencing token of the block of 16 its grant from
+  Redis reserved): see ``RedisDriver._pass_on``.
 * Waiting: try; on failure subscribe (confirmed) to the channel; try again;
   wait for a message or the blocking hold's remaining TTL (expiry publishes
   nothing) or the deadline; repeat.
