@@ -1224,15 +1224,14 @@ class RedisDriver:
             grant = hold.grant = Grant(request, token, hold)
             hold.block_end = token + block
             grant.valid_until = sent + lease  # moved on by each successful renewal
-            hold.watchdog = self.watchdog.watch(
-                Renewal(
-                    grant,
-                    hold,
-                    lease=lease,
-                    valid_until=sent + lease,
-                    enabled=enabled,
-                    owner=request.owner,
-                )
+            # scheduled by _start_watch (now, or with the keyspace watch)
+            hold.watchdog = Renewal(
+                grant,
+                hold,
+                lease=lease,
+                valid_until=sent + lease,
+                enabled=enabled,
+                owner=request.owner,
             )
             self._holds.add(hold)
             if block and not a.fair and not self.node.min_replicas:
@@ -1253,19 +1252,37 @@ class RedisDriver:
         command and keeps them off the hand-off's critical path. Nothing is
         missed: a change in between is found by that read, well within a
         second of it.
+
+        Also starts the hold's watchdog renewal: with the delayed watch, in
+        the same timer when the first renewal (or, with ``watchdog=False``,
+        the lease's end) is far enough away, so that a short hold costs one
+        timer, not two.
         """
-        if hold.watchdog is None or hold.released:
+        renewal = hold.watchdog
+        if renewal is None or hold.released:
             return
         where = self.node.keyspace_watch(hold.keys.holders)
-        if where is None:
+        if where is None or where[0].is_confirmed(where[1]):
+            self.watchdog.watch(renewal)
+            if where is not None:
+                self._watch_key(hold)
             return
-        if where[0].is_confirmed(where[1]):
-            self._watch_key(hold)
-            return
-        timer = asyncio.get_running_loop().call_later(
-            LOSS_WATCH_DELAY, self._watch_key, hold, True
-        )
+        loop = asyncio.get_running_loop()
+        if renewal.lease > 6 * LOSS_WATCH_DELAY:
+            timer = loop.call_later(LOSS_WATCH_DELAY, self._late_start, hold)
+        else:
+            self.watchdog.watch(renewal)
+            timer = loop.call_later(LOSS_WATCH_DELAY, self._watch_key, hold, True)
         hold.on_stop = timer.cancel
+
+    def _late_start(self, hold: RedisHold) -> None:
+        """``LOSS_WATCH_DELAY`` after the grant: start renewing and watching."""
+        hold.on_stop = None
+        renewal = hold.watchdog
+        if renewal is None or hold.released or renewal.stopped:
+            return
+        self.watchdog.watch(renewal)
+        self._watch_key(hold, True)
 
     def _watch_key(self, hold: RedisHold, late: bool = False) -> None:
         """Check our field whenever the server reports a change of its key.
