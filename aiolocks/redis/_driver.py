@@ -109,6 +109,12 @@ LOCAL_HANDOFFS = 16
 #: the block, so the next grant from Redis is larger still. Mirrored in
 #: ``acquire.lua`` and ``release.lua``.
 TOKEN_BLOCK = 16
+#: how long a read of our field vouches for passing the hold on with no round
+#: trip (s): past it, the release goes to Redis (which checks the field and
+#: grants a fresh block). Keyspace events report a deletion sooner; this
+#: bounds what a pub/sub connection that dropped and came back unnoticed
+#: (redis-py reconnects by itself) could let through.
+PASS_TRUST = 0.1
 #: how long after a grant a hold starts listening to its key's events (s):
 #: shorter holds never subscribe (see ``RedisDriver._start_watch``)
 LOSS_WATCH_DELAY = 0.05
@@ -196,10 +202,15 @@ class RedisHold:
         "keys",
         "lease",
         "leave",
+        "on_change",
         "on_stop",
         "recheck",
         "released",
+        "renewing",
+        "verified",
+        "verified_at",
         "watchdog",
+        "watching",
     )
 
     def __init__(self, keys: LockKeys, field: str, lease: float) -> None:
@@ -217,6 +228,18 @@ class RedisHold:
         #: queue members of ours this hold was passed to while they waited
         #: in the lock's queue: their entries go with the release to Redis
         self.leave: list[str] = []
+        #: the watchdog renews it (started with the keyspace watch, see
+        #: ``RedisDriver._start_watch``)
+        self.renewing = False
+        #: where we hear our key's events once watching, and what reacts
+        self.watching: tuple[PubSubHub, str] | None = None
+        self.on_change: Callable[[str | None], None] | None = None
+        #: our field was read after the key's event channel was confirmed,
+        #: and no event or reconnect came since: a deletion would reach us by
+        #: push. Only such a hold is passed on with no round trip.
+        self.verified = False
+        #: when that read was sent (``time.monotonic()``)
+        self.verified_at = 0.0
         self.watchdog: Renewal | None = None
         #: undoes the keyspace-event subscription (see ``RedisDriver._watch_key``)
         self.on_stop: Callable[[], None] | None = None
@@ -981,7 +1004,10 @@ class RedisDriver:
         ):
             return False
         key = a.keys.holders
-        if key not in self._owned and not any(
+        owned = self._owned.get(key)
+        if owned is not None:
+            self._watch_now(owned)
+        elif not any(
             o is not a and (self._in_queue(o, key) or self._coming(o, key))
             for o in self._queued.values()
         ):
@@ -1251,7 +1277,9 @@ class RedisDriver:
         a hold released sooner (most holds of a busy lock) costs no pub/sub
         command and keeps them off the hand-off's critical path. Nothing is
         missed: a change in between is found by that read, well within a
-        second of it.
+        second of it. At once, though, when tasks of this process wait for
+        the lock: the hold can be passed to them with no round trip only
+        once it is watched and verified (see ``_pass_on``).
 
         Also starts the hold's watchdog renewal: with the delayed watch, in
         the same timer when the first renewal (or, with ``watchdog=False``,
@@ -1262,27 +1290,53 @@ class RedisDriver:
         if renewal is None or hold.released:
             return
         where = self.node.keyspace_watch(hold.keys.holders)
-        if where is None or where[0].is_confirmed(where[1]):
-            self.watchdog.watch(renewal)
-            if where is not None:
-                self._watch_key(hold)
+        if where is None:
+            self._renew(hold)
             return
-        loop = asyncio.get_running_loop()
-        if renewal.lease > 6 * LOSS_WATCH_DELAY:
-            timer = loop.call_later(LOSS_WATCH_DELAY, self._late_start, hold)
-        else:
-            self.watchdog.watch(renewal)
-            timer = loop.call_later(LOSS_WATCH_DELAY, self._watch_key, hold, True)
+        key = hold.keys.holders
+        if self._queued and any(o.local and o.keys.holders == key for o in self._queued.values()):
+            self._late_start(hold)
+            return
+        if where[0].is_confirmed(where[1]):
+            self._renew(hold)
+            self._watch_key(hold)
+            return
+        if renewal.lease <= 6 * LOSS_WATCH_DELAY:
+            self._renew(hold)
+        timer = asyncio.get_running_loop().call_later(LOSS_WATCH_DELAY, self._late_start, hold)
         hold.on_stop = timer.cancel
 
+    def _renew(self, hold: RedisHold) -> None:
+        """Start the hold's watchdog renewal (once)."""
+        if not hold.renewing and hold.watchdog is not None:
+            hold.renewing = True
+            self.watchdog.watch(hold.watchdog)
+
     def _late_start(self, hold: RedisHold) -> None:
-        """``LOSS_WATCH_DELAY`` after the grant: start renewing and watching."""
+        """Start renewing and watching (``LOSS_WATCH_DELAY`` after the grant, or sooner)."""
         hold.on_stop = None
         renewal = hold.watchdog
         if renewal is None or hold.released or renewal.stopped:
             return
-        self.watchdog.watch(renewal)
+        self._renew(hold)
         self._watch_key(hold, True)
+
+    def _watch_now(self, hold: RedisHold) -> None:
+        """A task here waits for ``hold``'s lock: make the hold passable soon. No I/O.
+
+        Not watched yet: start the watch now (its first read verifies the
+        hold). Watched but not verified: read our field now.
+        """
+        if hold.verified or hold.checking or hold.released:
+            return
+        if hold.on_change is not None:
+            watching = hold.watching
+            if watching is not None and watching[0].is_confirmed(watching[1]):
+                hold.on_change(None)  # (unconfirmed: the hub reads once it is)
+        elif hold.on_stop is not None:
+            on_stop, hold.on_stop = hold.on_stop, None
+            on_stop()  # the pending timer
+            self._late_start(hold)
 
     def _watch_key(self, hold: RedisHold, late: bool = False) -> None:
         """Check our field whenever the server reports a change of its key.
@@ -1311,6 +1365,7 @@ class RedisDriver:
             # those cannot take our field away, so they cost no check.
             if hold.released or event in HARMLESS_EVENTS:
                 return
+            hold.verified = False
             if hold.checking:
                 hold.recheck = True
                 return
@@ -1321,9 +1376,20 @@ class RedisDriver:
 
         confirmed = hub.is_confirmed(channel)
         hub.watch(channel, changed)  # an unconfirmed channel calls changed(None) once confirmed
-        hold.on_stop = functools.partial(hub.unwatch, channel, changed)
+        hold.watching = (hub, channel)
+        hold.on_change = changed
+        hold.on_stop = functools.partial(self._unwatch, hold, hub, channel, changed)
         if late and confirmed:
             changed(None)
+
+    @staticmethod
+    def _unwatch(
+        hold: RedisHold, hub: PubSubHub, channel: str, changed: Callable[[str | None], None]
+    ) -> None:
+        hold.watching = None
+        hold.on_change = None
+        hold.verified = False
+        hub.unwatch(channel, changed)
 
     async def _check_hold(self, hold: RedisHold, hub: PubSubHub | None = None) -> None:
         """Read our field; mark the grant lost if it is gone, lapsed or of another type.
@@ -1334,6 +1400,10 @@ class RedisDriver:
         try:
             while not hold.released:
                 hold.recheck = False
+                watching = hold.watching
+                # only a read sent once events reach us can vouch for the hold
+                listening = watching is not None and watching[0].is_confirmed(watching[1])
+                sent = time.monotonic()
                 try:
                     value = await self.node.client.hget(hold.keys.holders, hold.field)
                 except TRANSIENT:
@@ -1345,6 +1415,8 @@ class RedisDriver:
                     self._lose(hold, GONE)
                     return
                 if not hold.recheck:
+                    hold.verified = listening
+                    hold.verified_at = sent
                     break
         finally:
             hold.checking = False
@@ -1494,6 +1566,9 @@ class RedisDriver:
             or not request.options.get("watchdog", True)
             or renewal.valid_until - time.monotonic() < hold.lease / 2
             or successor.unanswered
+            or not hold.verified
+            or hold.checking
+            or time.monotonic() - hold.verified_at > PASS_TRUST
         ):
             return False
         if not successor.local:

@@ -162,13 +162,14 @@ async def test_queued_waiters_take_the_lock_without_trying_again(
 
 
 async def test_local_handoff_passes_the_lock_within_the_process_without_a_message(
-    url: str, raw: redis.asyncio.Redis, prefix: str
+    url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A release passes an unfair mutex to a waiter of its own process with
     no round trip: no PUBLISH, no try by the waiter; a waiter of
     another process queued before it waits its turn, and gets the lock once
     the process has nobody waiting any more."""
     name = "local/x"
+    monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 60.0)  # a loaded machine
     async with aiolocks.connect(url) as here, aiolocks.connect(url) as there:
         holder = here.mutex(name)
         await holder.acquire()
@@ -280,7 +281,11 @@ async def _queued_here(backend: aiolocks.Backend, n: int, in_queue: int | None =
         queued = backend._driver._queued.values()
         there = [a for a in queued if a.args[4] == "q" and not a.local]
         here = [a for a in queued if a.local]
-        return len(queued) == n and len(there) == in_queue and len(here) == n - in_queue
+        # a hold of the process is passed on only once verified
+        passable = all(h.verified for h in backend._driver._owned.values())
+        return (
+            len(queued) == n and len(there) == in_queue and len(here) == n - in_queue and passable
+        )
 
     await eventually(check, what=f"{n} local waiter(s) to know they are queued")
 
@@ -290,12 +295,13 @@ async def _truthy(value: bool) -> bool:
 
 
 async def test_one_waiter_per_process_in_the_queue_the_others_wait_locally(
-    url: str, raw: redis.asyncio.Redis, prefix: str
+    url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Five tasks of one process wait for a mutex their process holds: none
     tries, all wait in the process and are passed the lock by its releases
     with no round trip."""
     name = "local/only"
+    monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 60.0)  # a loaded machine
     async with aiolocks.connect(url) as here:
         holder = here.mutex(name)
         await holder.acquire()

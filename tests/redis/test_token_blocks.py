@@ -27,6 +27,14 @@ from .conftest import eventually
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
 
+@pytest.fixture(autouse=True)
+def _trust_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verified hold stays passable for the whole test (a loaded machine
+    may take longer than ``PASS_TRUST`` between the read and the release);
+    ``test_stale_verification_goes_to_redis`` sets it back to 0."""
+    monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 60.0)
+
+
 def _key(prefix: str, name: str) -> str:
     return f"{prefix}{{mutex:{name}}}"
 
@@ -36,8 +44,12 @@ async def _truthy(value: bool) -> bool:
 
 
 async def _waiting(backend: aiolocks.Backend, n: int) -> None:
+    """``n`` waiters in the process, and the process's hold (if any) passable:
+    watched, and its field read once its key's events reach us."""
+
     async def check() -> bool:
-        return len(backend._driver._queued) == n
+        driver = backend._driver
+        return len(driver._queued) == n and all(h.verified for h in driver._owned.values())
 
     await eventually(check, what=f"{n} waiter(s) in the process")
 
@@ -221,7 +233,8 @@ async def test_many_tasks_in_several_processes_with_cancellations(
                             overlaps += inside > 1
                             assert lock.fencing_token is not None
                             tokens.append(lock.fencing_token)
-                            await asyncio.sleep(0)
+                            # long enough for the hold to be verified and passed on
+                            await asyncio.sleep(0.002)
                         finally:
                             inside -= 1
                     await asyncio.sleep(0)
@@ -233,7 +246,7 @@ async def test_many_tasks_in_several_processes_with_cancellations(
 
         tasks = [asyncio.create_task(worker(x)) for x in (a, b, c) for _ in range(5)]
         for _ in range(40):
-            await asyncio.sleep(rng.random() * 0.004)
+            await asyncio.sleep(rng.random() * 0.006)
             rng.choice(tasks).cancel()
         stop.set()
         async with asyncio.timeout(30):
@@ -243,3 +256,76 @@ async def test_many_tasks_in_several_processes_with_cancellations(
         assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
         # some holds were passed on within a process (consecutive tokens)
         assert any(y == x + 1 for x, y in itertools.pairwise(tokens))
+
+
+@pytest.mark.parametrize("yields", [0, 2, 6])
+async def test_key_deleted_around_the_pass_is_reported_once(
+    url: str, raw: redis.asyncio.Redis, prefix: str, yields: int
+) -> None:
+    """The key is deleted while the holder's hold is being watched and
+    verified for a pass: either the hold was not passable yet (the release
+    goes to ``release.lua``, which finds nothing: the holder gets
+    ``LockLostError`` and the waiter takes the lock afresh) or it was (the
+    deletion's event reaches the waiter, who holds it by then). Either way
+    the loss is reported exactly once and nothing is left."""
+    name = f"blocks/race{yields}"
+    async with aiolocks.connect(url) as here:
+        holder = here.mutex(name)
+        outcomes: list[str] = []
+        got = asyncio.Event()
+        go = asyncio.Event()
+
+        async def first() -> None:
+            try:
+                async with holder:
+                    got.set()
+                    await go.wait()
+                outcomes.append("held")
+            except aiolocks.LockLostError:
+                outcomes.append("lost")
+
+        async def second() -> None:
+            try:
+                async with here.mutex(name):
+                    await asyncio.sleep(0.2)
+                outcomes.append("held")
+            except aiolocks.LockLostError:
+                outcomes.append("lost")
+
+        one = asyncio.create_task(first())
+        await got.wait()
+        two = asyncio.create_task(second())
+        for _ in range(yields):
+            await asyncio.sleep(0)
+        await raw.delete(_key(prefix, name))
+        go.set()
+        async with asyncio.timeout(20):
+            await asyncio.gather(one, two)
+        assert sorted(outcomes) == ["held", "lost"]
+
+
+async def test_stale_verification_goes_to_redis(
+    url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hold whose last read of its field is older than ``PASS_TRUST`` is
+    not passed on with no round trip: the release goes to ``release.lua``
+    (which checks the field and hands over a fresh grant and block)."""
+    name = "blocks/stale"
+    async with aiolocks.connect(url) as here:
+        holder = here.mutex(name)
+        await holder.acquire()
+        first = holder.fencing_token
+        assert first is not None
+        tokens: list[int] = []
+
+        async def local() -> None:
+            async with here.mutex(name) as lock:
+                assert lock.fencing_token is not None
+                tokens.append(lock.fencing_token)
+
+        task = asyncio.create_task(local())
+        await _waiting(here, 1)
+        monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 0.0)
+        await holder.release()
+        await task
+        assert len(tokens) == 1 and tokens[0] >= first + TOKEN_BLOCK  # a grant from Redis
