@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import random
@@ -801,8 +802,12 @@ class EtcdDriver:
         queue = self._queue(request)
         target: bytes | None = None
         target_revision = 0
+        touched = 0
         whole_queue = False
         with_puts = False
+        #: a read that tells whether what we wait for changed since ``read_at``
+        #: (see ``_watch_for_change``), and the test of its answer
+        recheck: tuple[RangeOp, Callable[[RangeResult], bool]] | None = None
         if request.family is Family.READ_WRITE:
             seen = await self._client.range(RangeOp.of(queue, prefix=True, keys_only=True))
             read_at = seen.revision
@@ -815,7 +820,7 @@ class EtcdDriver:
             if request.mode is Mode.READ:
                 earlier = [kv for kv in earlier if _is_writer(kv.key)]
             if earlier:
-                target = earlier[-1].key
+                target, target_revision = earlier[-1].key, earlier[-1].create_revision
         elif request.mode is Mode.LEASE:
             seen = await self._client.range(
                 RangeOp.of(
@@ -833,8 +838,22 @@ class EtcdDriver:
                 return  # room now: try again
             if len(seen.kvs) <= request.max_leases:
                 whole_queue = True  # first in line: any release may let us in
+                ahead = len(seen.kvs)
+                recheck = (
+                    RangeOp.of(
+                        queue,
+                        prefix=True,
+                        keys_only=True,
+                        max_create_revision=attempt.revision - 1,
+                        serializable=True,
+                    ),
+                    # (``count_only`` would ignore ``max_create_revision``)
+                    lambda found: len(found.kvs) >= ahead,
+                )
             else:
                 target, with_puts = seen.kvs[0].key, True
+                target_revision = seen.kvs[0].create_revision
+                touched = seen.kvs[0].mod_revision
         else:
             known, attempt.ahead = attempt.ahead, None
             if known is not None:
@@ -857,6 +876,14 @@ class EtcdDriver:
                 read_at = seen.revision
         if target is None and not whole_queue:
             return  # nothing to wait for any more: try again
+        if target is not None:
+            recheck = (
+                RangeOp.of(target, serializable=True),
+                lambda found: bool(found.kvs)
+                and found.kvs[0].create_revision == target_revision
+                and (not with_puts or found.kvs[0].mod_revision == touched),
+            )
+        assert recheck is not None
         if attempt.handoff:
             return  # handed the lock while reading: take it
         handoff_key: tuple[bytes, int] | None = None
@@ -875,7 +902,7 @@ class EtcdDriver:
             attempt.woken = asyncio.get_running_loop().create_future()
         try:
             await self._watch_for_change(
-                attempt, session, queue, target, whole_queue, with_puts, read_at, bound
+                attempt, session, queue, target, whole_queue, with_puts, read_at, recheck, bound
             )
         finally:
             if handoff_key is not None:
@@ -892,17 +919,23 @@ class EtcdDriver:
         whole_queue: bool,
         with_puts: bool,
         read_at: int,
+        recheck: tuple[RangeOp, Callable[[RangeResult], bool]],
         bound: float | None,
     ) -> None:
+        # The watch starts from *now*, not from ``read_at + 1``: etcd serves a
+        # watch whose start revision is already in its history from a loop
+        # that catches such "unsynced" watches up only every 100 ms, so the
+        # event we wait for would come up to 100 ms late (in a busy queue,
+        # other keys are written between our read and the watch, nearly
+        # always). A watch from now is served at once, but sees only changes
+        # after the revision it was created at; if that is past ``read_at``,
+        # one read (at a revision at least that one) tells whether what we
+        # wait for already changed in between.
         if whole_queue:
-            watch = await self._client.watch(
-                queue, prefix=True, start_revision=read_at + 1, no_put=True
-            )
+            watch = await self._client.watch(queue, prefix=True, no_put=True)
         else:
             assert target is not None
-            watch = await self._client.watch(
-                target, start_revision=read_at + 1, no_put=not with_puts
-            )
+            watch = await self._client.watch(target, no_put=not with_puts)
         # One future ends the wait: set by the watch's next delivery (an event
         # or an error), by the session's loss, or by a handoff (``release``);
         # no task per wait, and no event-loop turns to wind tasks down after.
@@ -910,6 +943,14 @@ class EtcdDriver:
         if wake is None:
             wake = asyncio.get_running_loop().create_future()
         try:
+            if watch.created_revision > read_at and not attempt.handoff:
+                op, unchanged = recheck
+                found = await self._client.range(op)
+                if found.revision < watch.created_revision:
+                    # A member behind the one that created the watch answered.
+                    found = await self._client.range(dataclasses.replace(op, serializable=False))
+                if not unchanged(found):
+                    return  # it changed before the watch began: try again
             if attempt.handoff or session.lost.is_set():
                 return  # handed the lock, or the session went, while the watch was created
             watch._wake_on_delivery(wake)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -342,3 +343,48 @@ async def _cancellations_leave_no_key(driver: EtcdDriver, url: str) -> None:
     async with asyncio.timeout(PATIENCE):  # tombstones go after their grace period
         while await _keys(url):
             await asyncio.sleep(0.2)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("holder_mode", "waiter_mode"),
+    [
+        (Mode.EXCLUSIVE, Mode.EXCLUSIVE),
+        (Mode.WRITE, Mode.WRITE),
+        (Mode.WRITE, Mode.READ),
+        (Mode.LEASE, Mode.LEASE),
+    ],
+    ids=["mutex", "writer", "reader", "semaphore"],
+)
+async def test_a_change_between_the_read_and_the_watch_is_not_missed(
+    driver: EtcdDriver, client: EtcdClient, holder_mode: Mode, waiter_mode: Mode, url: str
+) -> None:
+    """A waiter's watch starts from *now* (etcd serves a watch from a past revision
+    only every 100 ms); the key it waits for going before the watch exists is
+    still noticed (the read after the watch), so the wait ends instead of hanging."""
+    holder = await _acquire(driver, _request("gap", holder_mode, who="holder"), PATIENCE)
+    assert holder is not None
+    waiter = driver.begin(_request("gap", waiter_mode, who="waiter"))
+    assert await driver.try_once(waiter) is None
+    starts: list[object] = []
+    watch = driver.client.watch
+
+    async def late_watch(*args: Any, **kwargs: Any) -> Watch:
+        starts.append(kwargs.get("start_revision", 0))
+        # The holder's key goes between the waiter's read and its watch.
+        await client.delete(holder.handle.key)  # type: ignore[attr-defined]
+        return await watch(*args, **kwargs)
+
+    driver.client.watch = late_watch  # type: ignore[method-assign]
+    try:
+        async with asyncio.timeout(PATIENCE):
+            await driver.wait_for_change(waiter, None)  # returns: it never waits forever
+    finally:
+        del driver.client.watch
+    assert starts == [0]  # from now
+    grants = await driver.try_once(waiter)
+    assert grants is not None and grants[0].token > holder.token
+    driver.finish(waiter)
+    assert await driver.release(grants[0])
+    assert not await driver.release(holder)  # its key was deleted behind its back
+    assert await _keys(url) == []
