@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from aiolocks._core.driver import Family, Grant, Mode, Request
 from aiolocks.etcd._client import EtcdClient, RangeOp, Watch
-from aiolocks.etcd._driver import EtcdDriver
+from aiolocks.etcd._driver import EtcdAttempt, EtcdDriver
 from aiolocks.etcd._url import parse_etcd_url
 from aiolocks.testing import EtcdServer
 
@@ -149,11 +149,11 @@ async def test_key_names_are_used_again_once_gone_never_shared_while_live(
     assert await _keys(url) == []
 
 
-async def _waiting_for(driver: EtcdDriver, holder: Grant) -> None:
-    """Until an attempt of ``driver`` waits for ``holder``'s key (to be handed the lock)."""
-    key = (holder.handle.key, holder.token)  # type: ignore[attr-defined]
+async def _waiting_for(driver: EtcdDriver, waiter: EtcdAttempt) -> None:
+    """Until ``waiter`` waits on its watch (listed since its try, to be handed the lock)."""
+    assert driver._queued.get(waiter.keys[0]) is waiter
     async with asyncio.timeout(PATIENCE):
-        while key not in driver._waiting:
+        while waiter.woken is None:
             await asyncio.sleep(0.005)
 
 
@@ -166,7 +166,7 @@ async def test_release_hands_the_lock_to_the_next_waiter_of_the_same_driver(
     waiter = driver.begin(_request("hand", who="next"))
     assert await driver.try_once(waiter) is None
     wait = asyncio.create_task(driver.wait_for_change(waiter, PATIENCE))
-    await _waiting_for(driver, holder)
+    await _waiting_for(driver, waiter)
     sent: list[object] = []
     txn = driver.client.txn
 
@@ -199,7 +199,7 @@ async def test_no_handoff_to_a_waiter_whose_key_went_behind_our_back(
     gone_key, gone_revision = waiter.keys[0], waiter.revision
     assert gone_revision > holder.token
     wait = asyncio.create_task(driver.wait_for_change(waiter, PATIENCE))
-    await _waiting_for(driver, holder)
+    await _waiting_for(driver, waiter)
     await driver.client.delete(gone_key)  # as a lease expiry or `etcdctl del` would
     assert await driver.release(holder)
     async with asyncio.timeout(PATIENCE):
