@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import anyio
 import pytest
 
 import aiolocks
@@ -67,4 +68,57 @@ async def test_a_cancellation_swallowed_by_a_driver_step_still_cancels_the_acqui
         assert await backend.mutex("swallow").acquire(timeout=0)
     finally:
         waiter.cancel()
+        await backend.close()
+
+
+@pytest.mark.parametrize("step", ["try_once", "wait_for_change"])
+async def test_a_swallowed_cancellation_of_an_anyio_scope_ends_the_scope_only(step: str) -> None:
+    """``anyio.move_on_after`` around the acquire: the scope catches the cancellation.
+
+    anyio's scopes catch only a cancellation that carries their message; the
+    one a client library swallowed is raised again through them, not as a
+    message-less error that would escape the scope and cancel the whole task.
+    """
+    backend = await aiolocks.connect(f"memory://core-swallowed-anyio-{step}")
+    driver = backend._engine.driver
+    real_try, real_wait = driver.try_once, driver.wait_for_change
+    inside = asyncio.Event()
+    swallowed: list[int] = []
+
+    async def try_once(attempt: Attempt) -> list[Grant] | None:
+        await _swallow_once(swallowed, inside)
+        return await real_try(attempt)
+
+    async def wait_for_change(attempt: Attempt, bound: float | None) -> None:
+        if not swallowed:
+            await _swallow_once(swallowed, inside)
+            return
+        await real_wait(attempt, bound)
+
+    release = asyncio.Event()
+    holding = asyncio.Event()
+
+    async def hold() -> None:
+        async with backend.mutex("swallow"):
+            holding.set()
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    await holding.wait()
+    if step == "try_once":
+        driver.try_once = try_once  # type: ignore[method-assign]
+    else:
+        driver.wait_for_change = wait_for_change  # type: ignore[method-assign]
+    acquired = False
+    try:
+        with anyio.move_on_after(0.05) as scope:
+            acquired = await backend.mutex("swallow").acquire()
+        assert swallowed == [1]
+        assert scope.cancelled_caught
+        assert not acquired
+        participants = await backend.mutex("swallow").participants()
+        assert [p.is_holder for p in participants] == [True]
+    finally:
+        release.set()
+        await holder
         await backend.close()
