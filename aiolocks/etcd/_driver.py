@@ -54,7 +54,7 @@ The recipe (etcd's concurrency package, with its known bugs closed)
 * **Release** deletes only if the create revision is still ours, so a
   stale, repeated release can never delete a newer holder's key.
 * **Direct handoff, across the backends of a process.** The etcd drivers
-  of one process on one cluster (its id) and key prefix know each other
+  of one event loop on one cluster (its id) and key prefix know each other
   (a weak registry, ``_Peers``), and each lists its waiting exclusive
   attempts by key. When some attempt of theirs waits in the queue of a key
   being released, the release transaction also reads the head of the
@@ -279,7 +279,7 @@ def _lease_of(key: bytes, queue: bytes) -> int | None:
 
 
 class _Peers:
-    """The live etcd drivers of this process on one cluster and key prefix.
+    """The live etcd drivers of this process on one event loop, cluster and key prefix.
 
     A release hands the lock to the next waiter in line when that waiter is
     an attempt of any of them (see ``EtcdDriver.release``). Drivers are held
@@ -297,8 +297,11 @@ class _Peers:
         self.waiting: dict[bytes, int] = {}
 
 
-#: by (cluster id, key prefix): the drivers of this process that may hand each other locks
-_PEERS: weakref.WeakValueDictionary[tuple[int, bytes], _Peers] = weakref.WeakValueDictionary()
+#: by (event loop, cluster id, key prefix): the drivers of this process that
+#: may hand each other locks
+_PEERS: weakref.WeakValueDictionary[tuple[asyncio.AbstractEventLoop, int, bytes], _Peers] = (
+    weakref.WeakValueDictionary()
+)
 
 
 class EtcdDriver:
@@ -400,7 +403,8 @@ class EtcdDriver:
         if tasks is not None and self._spawn_hook is None:
             self._spawn_hook = lambda coro, name: tasks.spawn(coro, name=name)
         await self._client.connect()
-        group = (self._client.cluster_id, self._root)
+        # Peers share the event loop too: a hand-off wakes the waiter's future.
+        group = (asyncio.get_running_loop(), self._client.cluster_id, self._root)
         peers = _PEERS.get(group)
         if peers is None:
             peers = _PEERS[group] = _Peers()

@@ -157,7 +157,7 @@ async def test_the_registry_keeps_no_backend_alive(url: str) -> None:
         del dropped, session
         gc.collect()
         assert gone() is None
-        group = (kept.client.cluster_id, kept.root)
+        group = (asyncio.get_running_loop(), kept.client.cluster_id, kept.root)
         assert _PEERS[group] is peers
     finally:
         await kept.close()
@@ -328,3 +328,31 @@ async def test_no_hand_off_to_a_waiter_whose_session_its_backend_considers_lost(
     finally:
         await first.close()
         await second.close()
+
+
+def test_backends_on_other_event_loops_are_not_peers(url: str) -> None:
+    """A hand-off sets the waiter's future: only drivers of one event loop hand each other locks."""
+    options = parse_etcd_url(url)
+    found: list[object] = []
+
+    async def open_one() -> None:
+        driver = EtcdDriver(options)
+        await driver.open()
+        try:
+            found.append(driver._peers)
+            assert driver._session is not None
+            assert driver._peers.by_lease[driver._session.lease_id] is driver
+        finally:
+            await driver.close()
+
+    async def both() -> None:
+        first = EtcdDriver(options)
+        await first.open()
+        try:
+            await asyncio.to_thread(asyncio.run, open_one())  # another loop, same cluster
+            found.append(first._peers)
+        finally:
+            await first.close()
+
+    asyncio.run(both())
+    assert len(found) == 2 and found[0] is not found[1]
