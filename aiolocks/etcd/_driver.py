@@ -58,10 +58,12 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   (a weak registry, ``_Peers``), and each lists its waiting exclusive
   attempts by key. When some attempt of theirs waits in the queue of a key
   being released, the release transaction also reads the head of the
-  queue after its delete. The released key was the owner (the lowest), so
-  if the delete went through, the key found is the owner as of that
-  transaction; its name carries its session's lease, which names the
-  driver; if that driver lists an attempt with that key and create
+  queue after its delete (or, when one of them waits right behind the
+  released key, that attempt's key alone: nothing can stand between the
+  two, and etcd finds the head only by sorting the whole queue). The
+  released key was the owner (the lowest), so if the delete went through,
+  the key found is the owner as of that transaction; its name carries its
+  session's lease, which names the driver; if that driver lists an attempt with that key and create
   revision, on the session it still considers live, the attempt takes the
   lock at once, without the watch event and without a transaction of its
   own (a key that went with its lease is not found: etcd's own recipe
@@ -194,6 +196,7 @@ class EtcdAttempt(Attempt):
     """
 
     __slots__ = (
+        "__weakref__",
         "ahead",
         "attempt_id",
         "created",
@@ -286,7 +289,7 @@ class _Peers:
     weakly: the registry never keeps a backend alive.
     """
 
-    __slots__ = ("__weakref__", "by_lease", "waiting")
+    __slots__ = ("__weakref__", "behind", "by_lease", "waiting")
 
     def __init__(self) -> None:
         #: each driver under the lease of its live session
@@ -295,6 +298,9 @@ class _Peers:
         )
         #: per queue, how many exclusive attempts of these drivers wait in it
         self.waiting: dict[bytes, int] = {}
+        #: a waiting mutex attempt of these drivers, by the key (and its create
+        #: revision) just ahead of its own, for as long as it waits for it
+        self.behind: dict[tuple[bytes, int], weakref.ref[EtcdAttempt]] = {}
 
 
 #: by (event loop, cluster id, key prefix): the drivers of this process that
@@ -1005,9 +1011,27 @@ class EtcdDriver:
         assert recheck is not None
         if attempt.handoff:
             return  # handed the lock (see release) since the try: take it
-        await self._watch_for_change(
-            attempt, session, queue, target, whole_queue, with_puts, read_at, recheck, bound
-        )
+        behind = self._peers.behind
+        spot: tuple[bytes, int] | None = None
+        if (
+            target is not None
+            and target_revision
+            and attempt.listed is not None
+            and (target, target_revision) not in behind
+        ):
+            # Nothing can stand between ``target`` and our key (a new key is
+            # the newest): a release of ``target`` need only read our key.
+            spot = (target, target_revision)
+            behind[spot] = weakref.ref(attempt)
+        try:
+            await self._watch_for_change(
+                attempt, session, queue, target, whole_queue, with_puts, read_at, recheck, bound
+            )
+        finally:
+            if spot is not None:
+                ref = behind.get(spot)
+                if ref is not None and ref() is attempt:
+                    del behind[spot]
 
     async def _watch_for_change(
         self,
@@ -1123,9 +1147,20 @@ class EtcdDriver:
         # lease ended): a key that went is not found.
         queue = hold.queue
         success: list[DeleteOp | RangeOp] = [DeleteOp.of(hold.key)]
-        handing = bool(queue) and queue in self._peers.waiting
+        peers = self._peers
+        handing = bool(queue) and queue in peers.waiting
         if handing:
-            success.append(self._queue_reads(queue, 1, True)[0])
+            # The attempt waiting right behind this key, when one of this
+            # process does, is the next owner if its key is still there: a
+            # read of that one key is cheaper than of the head (which etcd
+            # finds by sorting the whole queue).
+            ref = peers.behind.get((hold.key, hold.revision))
+            follower = ref() if ref is not None else None
+            next_key = follower.listed if follower is not None else None
+            if next_key is not None:
+                success.append(RangeOp.of(next_key))
+            else:
+                success.append(self._queue_reads(queue, 1, True)[0])
         result = await self._client.txn(
             [Compare.create_revision(hold.key, "==", hold.revision)],
             success,
@@ -1140,7 +1175,7 @@ class EtcdDriver:
         return result.succeeded and not grant.lost
 
     def _hand_off(self, queue: bytes, result: TxnResult) -> None:
-        """Hand the lock to the attempt whose key the release found at the head, if it is ours.
+        """Hand the lock to the attempt whose key the release found (the new owner), if ours.
 
         "Ours": an attempt of a live etcd driver of this process on the same
         cluster and prefix, listed as waiting with that very key and create

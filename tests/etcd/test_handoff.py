@@ -93,6 +93,7 @@ def _clean(*drivers: EtcdDriver) -> None:
     for driver in drivers:
         assert driver._queued == {}
         assert driver._peers.waiting == {}
+        assert driver._peers.behind == {}
 
 
 async def _nothing() -> None:
@@ -100,7 +101,13 @@ async def _nothing() -> None:
 
 
 @pytest.mark.asyncio
-async def test_release_hands_the_lock_to_a_waiter_of_another_backend(url: str) -> None:
+@pytest.mark.parametrize("waiting", [True, False], ids=["watching", "tried-only"])
+async def test_release_hands_the_lock_to_a_waiter_of_another_backend(
+    url: str, waiting: bool
+) -> None:
+    """Watching, the waiter is known to stand right behind the released key:
+    the release reads its key alone. Having only tried (not waiting yet), it
+    is found by the release's read of the head of the queue."""
     options = parse_etcd_url(url)
     first, second = EtcdDriver(options), EtcdDriver(options)
     await first.open()
@@ -111,10 +118,20 @@ async def test_release_hands_the_lock_to_a_waiter_of_another_backend(url: str) -
         assert holder is not None
         waiter = second.begin(_request("waiter"))
         assert await second.try_once(waiter) is None
-        wait = asyncio.create_task(second.wait_for_change(waiter, PATIENCE))
-        async with asyncio.timeout(PATIENCE):
-            while waiter.woken is None:
-                await asyncio.sleep(0.005)
+        wait: asyncio.Task[None] | None = None
+        if waiting:
+            wait = asyncio.create_task(second.wait_for_change(waiter, PATIENCE))
+            async with asyncio.timeout(PATIENCE):
+                while waiter.woken is None:
+                    await asyncio.sleep(0.005)
+        released: list[object] = []
+        first_txn = first.client.txn
+
+        async def seen_txn(*args: Any, **kwargs: Any) -> Any:
+            released.append(args[1][1])  # the read after the delete
+            return await first_txn(*args, **kwargs)
+
+        first.client.txn = seen_txn  # type: ignore[method-assign]
         sent: list[object] = []
         txn = second.client.txn
 
@@ -124,8 +141,15 @@ async def test_release_hands_the_lock_to_a_waiter_of_another_backend(url: str) -
 
         second.client.txn = counting_txn  # type: ignore[method-assign]
         assert await first.release(holder[0])
-        async with asyncio.timeout(PATIENCE):
-            await wait
+        del first.client.txn
+        (read,) = released
+        assert isinstance(read, RangeOp)
+        if wait is not None:
+            assert read.key == waiter.keys[0] and not read.range_end  # that key alone
+            async with asyncio.timeout(PATIENCE):
+                await wait
+        else:
+            assert read.range_end  # the head of the queue
         assert waiter.handoff == waiter.revision
         grants = await second.try_once(waiter)
         second.finish(waiter)
