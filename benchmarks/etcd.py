@@ -21,7 +21,9 @@ Figures: uncontended cycle (median of per-round medians; rounds interleaved,
 A B C … then … C B A), requests per cycle counted on the server (gRPC
 messages received, ``/metrics``, in a pass that is not timed), contended
 holds per second (tasks on two clients hammering one name, 1 ms inside, a
-shared counter checking that no two holders overlap), and the drain of W
+shared counter checking that no two holders overlap; aiolocks's tasks
+alternate between two backends of the process, so each hand-off goes to a
+waiter of the other backend), and the drain of W
 waiters queued on one lock (time from the release until every waiter has
 held it, and the watchers and watch streams the server has while they wait).
 """

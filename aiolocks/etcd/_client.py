@@ -848,6 +848,7 @@ class EtcdClient:
         self._closed = False
         self._streams: set[LeaseKeepAlive | Watch] = set()
         self._hub: _WatchHub | None = None
+        self._cluster_id = 0
 
     # -- life cycle
 
@@ -860,6 +861,11 @@ class EtcdClient:
     def endpoint(self) -> str:
         """The endpoint the next request goes to."""
         return self._endpoints[self._current]
+
+    @property
+    def cluster_id(self) -> int:
+        """The id of the cluster that answered :meth:`connect` (0 before it did)."""
+        return self._cluster_id
 
     @property
     def request_timeout(self) -> float:
@@ -898,11 +904,12 @@ class EtcdClient:
             budget = remaining / (count - attempt)
             try:
                 stubs = self._stubs_for(endpoint)
-                await stubs.maintenance.Status(pb.StatusRequest(), timeout=budget)
+                status = await stubs.maintenance.Status(pb.StatusRequest(), timeout=budget)
             except grpc.aio.AioRpcError as exc:
                 errors.append(f"{endpoint}: {_code_name(exc)} {_details(exc)}")
                 continue
             self._current = index
+            self._cluster_id = int(status.header.cluster_id)
             return
         raise BackendUnavailableError(
             f"no etcd endpoint answered within {self._connect_timeout:g}s: " + "; ".join(errors)

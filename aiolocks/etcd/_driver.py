@@ -37,23 +37,41 @@ The recipe (etcd's concurrency package, with its known bugs closed)
   whose key exists already (a waiter's, after its wait) only reads: a
   transaction of reads is a linearizable read, with no write to etcd's log.
 * **Wait** = a watch on the one key to wait for (the last earlier key; for a
-  reader, the last earlier writer), from the revision of the read that saw
-  it, so a delete in between is not missed. A semaphore waiter first in line
-  watches the queue for deletes; one further back watches the key just
-  ahead of it, whose owner touches it (a put) when it gets its leases, so a
-  release wakes one waiter, never the whole queue. The next try reads its own key
-  again: a waiter whose key went with its lease starts over in a new session
-  rather than claiming the lock (the Go recipe could return a lock after its
-  lease had expired, and kept waiting on a dead session).
+  reader, the last earlier writer). The watch starts from *now*: etcd
+  serves a watch whose start revision is already in its history only from
+  a loop that runs every 100 ms, so a watch from the revision of our read
+  (in a busy queue, other keys are nearly always written in between) saw
+  the event it waited for up to 100 ms late. When the store moved on
+  between the read and the watch, one read (serializable, at a revision at
+  least the watch's) tells whether the key changed in between. A semaphore
+  waiter first in line watches the queue for deletes; one further back
+  watches the key just ahead of it, whose owner touches it (a put) when it
+  gets its leases, so a release wakes one waiter, never the whole queue.
+  The next try reads its own key again: a waiter whose key went with its
+  lease starts over in a new session rather than claiming the lock (the Go
+  recipe could return a lock after its lease had expired, and kept waiting
+  on a dead session).
 * **Release** deletes only if the create revision is still ours, so a
   stale, repeated release can never delete a newer holder's key.
-* **Direct handoff.** When a mutex waiter of this driver waits for the key
-  being released, the release transaction also reads the waiter's key: the
-  released key was the lowest, the waiter's the next (a new key is always
-  the newest), so if the delete went through and the waiter's key is still
-  there with its revision, the waiter owns the lock as of that revision and
-  takes it at once, without the watch event and without a transaction of
-  its own (its own key is still checked before it claims anything).
+* **Direct handoff, across the backends of a process.** The etcd drivers
+  of one event loop on one cluster (its id) and key prefix know each other
+  (a weak registry, ``_Peers``), and each lists its waiting exclusive
+  attempts by key. When some attempt of theirs waits in the queue of a key
+  being released, the release transaction also reads the head of the
+  queue after its delete (or, when one of them waits right behind the
+  released key, that attempt's key alone: nothing can stand between the
+  two, and etcd finds the head only by sorting the whole queue). The
+  released key was the owner (the lowest), so if the delete went through,
+  the key found is the owner as of that transaction; its name carries its
+  session's lease, which names the driver; if that driver lists an attempt with that key and create
+  revision, on the session it still considers live, the attempt takes the
+  lock at once, without the watch event and without a transaction of its
+  own (a key that went with its lease is not found: etcd's own recipe
+  could hand out such a lock). Anything else (a waiter of another process,
+  an attempt cancelled, started over or whose session ended) learns of the
+  release from its watch, as before; a watch event of the same delete that
+  arrives first is harmless (the attempt's own read then finds it owns the
+  lock).
 * **Prompt loss.** Each hold watches its own key from the revision after
   its creation, starting 50 ms after the grant (a delete in between is
   replayed, so nothing is missed, and a hold shorter than that never opens
@@ -69,9 +87,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import random
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -176,6 +196,7 @@ class EtcdAttempt(Attempt):
     """
 
     __slots__ = (
+        "__weakref__",
         "ahead",
         "attempt_id",
         "created",
@@ -183,6 +204,7 @@ class EtcdAttempt(Attempt):
         "handoff",
         "interleaved",
         "keys",
+        "listed",
         "revision",
         "revisions",
         "session",
@@ -210,11 +232,14 @@ class EtcdAttempt(Attempt):
         self.waited = False
         #: the write hold this read takes the place of (write -> read downgrade)
         self.downgrade: _Hold | None = None
-        #: the store revision at which a release of this driver handed the lock
-        #: to this waiting mutex attempt (0: none; see ``EtcdDriver.release``)
+        #: the create revision of our key when a release (of any etcd backend of
+        #: this process) handed the lock to this waiting attempt; 0: none
+        #: (see ``EtcdDriver.release``)
         self.handoff = 0
-        #: set when ``handoff`` is, to end the wait at once
+        #: the future that ends the current wait (a handoff sets it)
         self.woken: asyncio.Future[None] | None = None
+        #: the key under which the driver lists this attempt as waiting (see ``_list``)
+        self.listed: bytes | None = None
 
 
 def _kind(key: bytes) -> bytes:
@@ -243,6 +268,46 @@ def _position(kv: KeyValue) -> tuple[int, int, int, bytes]:
 
 def _ordered(kvs: tuple[KeyValue, ...]) -> list[KeyValue]:
     return sorted(kvs, key=_position)
+
+
+def _lease_of(key: bytes, queue: bytes) -> int | None:
+    """The session lease a queue key is named after (``<queue><lease hex>/<id>.<kind>``)."""
+    name = key[len(queue) :]
+    if len(name) < 18 or name[16:17] != b"/" or not key.startswith(queue):
+        return None
+    try:
+        return int(name[:16], 16)
+    except ValueError:
+        return None
+
+
+class _Peers:
+    """The live etcd drivers of this process on one event loop, cluster and key prefix.
+
+    A release hands the lock to the next waiter in line when that waiter is
+    an attempt of any of them (see ``EtcdDriver.release``). Drivers are held
+    weakly: the registry never keeps a backend alive.
+    """
+
+    __slots__ = ("__weakref__", "behind", "by_lease", "waiting")
+
+    def __init__(self) -> None:
+        #: each driver under the lease of its live session
+        self.by_lease: weakref.WeakValueDictionary[int, EtcdDriver] = (
+            weakref.WeakValueDictionary()
+        )
+        #: per queue, how many exclusive attempts of these drivers wait in it
+        self.waiting: dict[bytes, int] = {}
+        #: a waiting mutex attempt of these drivers, by the key (and its create
+        #: revision) just ahead of its own, for as long as it waits for it
+        self.behind: dict[tuple[bytes, int], weakref.ref[EtcdAttempt]] = {}
+
+
+#: by (event loop, cluster id, key prefix): the drivers of this process that
+#: may hand each other locks
+_PEERS: weakref.WeakValueDictionary[tuple[asyncio.AbstractEventLoop, int, bytes], _Peers] = (
+    weakref.WeakValueDictionary()
+)
 
 
 class EtcdDriver:
@@ -274,8 +339,10 @@ class EtcdDriver:
         self._closing = False
         self._timers: set[asyncio.TimerHandle] = set()
         self._reads: dict[tuple[bytes, int, bool], tuple[RangeOp, RangeOp | None]] = {}
-        #: waiting mutex attempts by the key they wait for (see ``release``)
-        self._waiting: dict[tuple[bytes, int], EtcdAttempt] = {}
+        #: this driver's waiting exclusive attempts, by their key (see ``_list``)
+        self._queued: dict[bytes, EtcdAttempt] = {}
+        #: the drivers of this process on the same cluster and prefix (set by ``open``)
+        self._peers = _Peers()
         #: per queue, attempt ids whose keys are gone for sure (see ``begin``)
         self._free_ids: dict[bytes, list[str]] = {}
         self._next_id = 0
@@ -342,6 +409,12 @@ class EtcdDriver:
         if tasks is not None and self._spawn_hook is None:
             self._spawn_hook = lambda coro, name: tasks.spawn(coro, name=name)
         await self._client.connect()
+        # Peers share the event loop too: a hand-off wakes the waiter's future.
+        group = (asyncio.get_running_loop(), self._client.cluster_id, self._root)
+        peers = _PEERS.get(group)
+        if peers is None:
+            peers = _PEERS[group] = _Peers()
+        self._peers = peers
         await self._live_session()
 
     async def close(self) -> None:
@@ -352,6 +425,8 @@ class EtcdDriver:
             timer.cancel()
         self._timers.clear()
         session, self._session = self._session, None
+        if session is not None:
+            self._unpeer(session)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -383,6 +458,7 @@ class EtcdDriver:
             session = _Session(grant.id, keeper)
             holder.append(session)
             self._session = session
+            self._peers.by_lease[grant.id] = self
             if not self._closing:
                 first = self._states.state is None
                 self._emit(ConnectionState.CONNECTED if first else ConnectionState.RECONNECTED)
@@ -410,6 +486,7 @@ class EtcdDriver:
         for waker in wakers:
             if not waker.done():
                 waker.set_result(None)
+        self._unpeer(session)
         if self._session is session:
             self._session = None
             if not self._closing:
@@ -418,6 +495,11 @@ class EtcdDriver:
         grants, session.grants = list(session.grants), set()
         for grant in grants:
             grant.mark_lost(f"the etcd session lease {session.lease_id:x} ended: {reason}")
+
+    def _unpeer(self, session: _Session) -> None:
+        """No release hands this driver a lock on ``session`` any more."""
+        if self._peers.by_lease.get(session.lease_id) is self:
+            del self._peers.by_lease[session.lease_id]
 
     async def _regrant(self) -> None:
         """After ``LOST``: grant a new session lease in the background, retrying until it works."""
@@ -490,6 +572,7 @@ class EtcdDriver:
         return attempt
 
     def _bind(self, attempt: EtcdAttempt, session: _Session) -> None:
+        self._unlist(attempt)
         request = attempt.request
         attempt.session = session
         kind = _KIND[request.mode]
@@ -509,8 +592,40 @@ class EtcdDriver:
         attempt.revisions = []
         attempt.created = 0
 
+    def _list(self, attempt: EtcdAttempt) -> None:
+        """List a waiting exclusive attempt, so that a release can hand it the lock.
+
+        Only once its key's create revision is known (a try was answered) and
+        while that key is its only one; ``_unlist`` takes it off before the key
+        changes or goes (grant, start over, abandon, finish).
+        """
+        key = attempt.keys[0]
+        if attempt.listed == key:
+            return
+        self._unlist(attempt)
+        attempt.listed = key
+        self._queued[key] = attempt
+        queue = self._queue(attempt.request)
+        waiting = self._peers.waiting
+        waiting[queue] = waiting.get(queue, 0) + 1
+
+    def _unlist(self, attempt: EtcdAttempt) -> None:
+        key, attempt.listed = attempt.listed, None
+        if key is None:
+            return
+        if self._queued.get(key) is attempt:
+            del self._queued[key]
+        queue = self._queue(attempt.request)
+        waiting = self._peers.waiting
+        left = waiting.get(queue, 0) - 1
+        if left > 0:
+            waiting[queue] = left
+        else:
+            waiting.pop(queue, None)
+
     async def _start_over(self, attempt: EtcdAttempt) -> None:
         """Drop what is left of the attempt's keys; the next try binds new ones."""
+        self._unlist(attempt)
         await self._drop_keys(attempt.keys)
         attempt.keys = []
         attempt.session = None
@@ -610,9 +725,17 @@ class EtcdDriver:
         request = attempt.request
         handed, attempt.handoff = attempt.handoff, 0
         session = attempt.session
-        if handed and session is not None and not session.lost.is_set() and attempt.keys:
-            # A release of this driver handed us the lock (our key was the
-            # next one, and the release's transaction read it: see release).
+        if (
+            handed
+            and handed == attempt.revision
+            and session is not None
+            and session is self._session
+            and not session.lost.is_set()
+            and attempt.keys
+        ):
+            # A release handed us the lock: its transaction found our key,
+            # of this very revision, at the head of the queue (see release).
+            attempt.revisions = [handed]
             return self._grant(attempt, session, self._queue(request))
         session = await self._live_session()
         if attempt.session is not session or not attempt.keys:
@@ -711,11 +834,14 @@ class EtcdDriver:
                     else (None, 0, result.revision)
                 )
         if not self._wins(request, keys, ranked.kvs):
+            if exclusive and not multi:
+                self._list(attempt)
             return None
         return self._grant(attempt, session, queue)
 
     def _grant(self, attempt: EtcdAttempt, session: _Session, queue: bytes) -> list[Grant]:
         """The attempt won: its keys become grants (no I/O, no await)."""
+        self._unlist(attempt)
         request = attempt.request
         keys = attempt.keys
         multi = request.count > 1
@@ -801,8 +927,12 @@ class EtcdDriver:
         queue = self._queue(request)
         target: bytes | None = None
         target_revision = 0
+        touched = 0
         whole_queue = False
         with_puts = False
+        #: a read that tells whether what we wait for changed since ``read_at``
+        #: (see ``_watch_for_change``), and the test of its answer
+        recheck: tuple[RangeOp, Callable[[RangeResult], bool]] | None = None
         if request.family is Family.READ_WRITE:
             seen = await self._client.range(RangeOp.of(queue, prefix=True, keys_only=True))
             read_at = seen.revision
@@ -815,7 +945,7 @@ class EtcdDriver:
             if request.mode is Mode.READ:
                 earlier = [kv for kv in earlier if _is_writer(kv.key)]
             if earlier:
-                target = earlier[-1].key
+                target, target_revision = earlier[-1].key, earlier[-1].create_revision
         elif request.mode is Mode.LEASE:
             seen = await self._client.range(
                 RangeOp.of(
@@ -833,8 +963,22 @@ class EtcdDriver:
                 return  # room now: try again
             if len(seen.kvs) <= request.max_leases:
                 whole_queue = True  # first in line: any release may let us in
+                ahead = len(seen.kvs)
+                recheck = (
+                    RangeOp.of(
+                        queue,
+                        prefix=True,
+                        keys_only=True,
+                        max_create_revision=attempt.revision - 1,
+                        serializable=True,
+                    ),
+                    # (``count_only`` would ignore ``max_create_revision``)
+                    lambda found: len(found.kvs) >= ahead,
+                )
             else:
                 target, with_puts = seen.kvs[0].key, True
+                target_revision = seen.kvs[0].create_revision
+                touched = seen.kvs[0].mod_revision
         else:
             known, attempt.ahead = attempt.ahead, None
             if known is not None:
@@ -857,31 +1001,37 @@ class EtcdDriver:
                 read_at = seen.revision
         if target is None and not whole_queue:
             return  # nothing to wait for any more: try again
+        if target is not None:
+            recheck = (
+                RangeOp.of(target, serializable=True),
+                lambda found: bool(found.kvs)
+                and found.kvs[0].create_revision == target_revision
+                and (not with_puts or found.kvs[0].mod_revision == touched),
+            )
+        assert recheck is not None
         if attempt.handoff:
-            return  # handed the lock while reading: take it
-        handoff_key: tuple[bytes, int] | None = None
+            return  # handed the lock (see release) since the try: take it
+        behind = self._peers.behind
+        spot: tuple[bytes, int] | None = None
         if (
             target is not None
             and target_revision
-            and request.family is not Family.READ_WRITE
-            and request.mode is not Mode.LEASE
-            and request.count == 1
-            and (target, target_revision) not in self._waiting
+            and attempt.listed is not None
+            and (target, target_revision) not in behind
         ):
-            # A release of this driver that deletes ``target`` (that very key,
-            # not a later one of the same name) hands us the lock.
-            handoff_key = (target, target_revision)
-            self._waiting[handoff_key] = attempt
-            attempt.woken = asyncio.get_running_loop().create_future()
+            # Nothing can stand between ``target`` and our key (a new key is
+            # the newest): a release of ``target`` need only read our key.
+            spot = (target, target_revision)
+            behind[spot] = weakref.ref(attempt)
         try:
             await self._watch_for_change(
-                attempt, session, queue, target, whole_queue, with_puts, read_at, bound
+                attempt, session, queue, target, whole_queue, with_puts, read_at, recheck, bound
             )
         finally:
-            if handoff_key is not None:
-                if self._waiting.get(handoff_key) is attempt:
-                    del self._waiting[handoff_key]
-                attempt.woken = None
+            if spot is not None:
+                ref = behind.get(spot)
+                if ref is not None and ref() is attempt:
+                    del behind[spot]
 
     async def _watch_for_change(
         self,
@@ -892,24 +1042,37 @@ class EtcdDriver:
         whole_queue: bool,
         with_puts: bool,
         read_at: int,
+        recheck: tuple[RangeOp, Callable[[RangeResult], bool]],
         bound: float | None,
     ) -> None:
+        # The watch starts from *now*, not from ``read_at + 1``: etcd serves a
+        # watch whose start revision is already in its history from a loop
+        # that catches such "unsynced" watches up only every 100 ms, so the
+        # event we wait for would come up to 100 ms late (in a busy queue,
+        # other keys are written between our read and the watch, nearly
+        # always). A watch from now is served at once, but sees only changes
+        # after the revision it was created at; if that is past ``read_at``,
+        # one read (at a revision at least that one) tells whether what we
+        # wait for already changed in between.
         if whole_queue:
-            watch = await self._client.watch(
-                queue, prefix=True, start_revision=read_at + 1, no_put=True
-            )
+            watch = await self._client.watch(queue, prefix=True, no_put=True)
         else:
             assert target is not None
-            watch = await self._client.watch(
-                target, start_revision=read_at + 1, no_put=not with_puts
-            )
+            watch = await self._client.watch(target, no_put=not with_puts)
         # One future ends the wait: set by the watch's next delivery (an event
         # or an error), by the session's loss, or by a handoff (``release``);
         # no task per wait, and no event-loop turns to wind tasks down after.
-        wake = attempt.woken
-        if wake is None:
-            wake = asyncio.get_running_loop().create_future()
+        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        attempt.woken = wake
         try:
+            if watch.created_revision > read_at and not attempt.handoff:
+                op, unchanged = recheck
+                found = await self._client.range(op)
+                if found.revision < watch.created_revision:
+                    # A member behind the one that created the watch answered.
+                    found = await self._client.range(dataclasses.replace(op, serializable=False))
+                if not unchanged(found):
+                    return  # it changed before the watch began: try again
             if attempt.handoff or session.lost.is_set():
                 return  # handed the lock, or the session went, while the watch was created
             watch._wake_on_delivery(wake)
@@ -919,6 +1082,7 @@ class EtcdDriver:
         except TimeoutError:
             pass
         finally:
+            attempt.woken = None
             session.wakers.discard(wake)
             await watch.aclose()
 
@@ -930,6 +1094,7 @@ class EtcdDriver:
         so nothing has to come back to remove it.
         """
         assert isinstance(attempt, EtcdAttempt)
+        self._unlist(attempt)  # no release may hand it the lock any more
         keys, session = attempt.keys, attempt.session
         if not keys or session is None:
             return
@@ -952,8 +1117,9 @@ class EtcdDriver:
         attempt.keys = []
 
     def finish(self, attempt: Attempt) -> None:
-        """Nothing local outlives a wait (each wait closes its watch)."""
+        """Take the attempt off the waiting list (each wait closed its own watch)."""
         assert isinstance(attempt, EtcdAttempt)
+        self._unlist(attempt)
         attempt.downgrade = None
 
     async def release(self, grant: Grant) -> bool:
@@ -969,56 +1135,78 @@ class EtcdDriver:
         if task is not None:
             task.cancel()
         hold.session.grants.discard(grant)
-        # Direct handoff: when a mutex attempt of this driver waits for this
-        # very key, the release also reads that attempt's key. The released
-        # key was the owner (the lowest of the queue) and the waiter's key the
-        # next one (no key can be created between them: every new key is the
-        # newest), so if the delete went through and the waiter's key is
-        # still there, with its revision, the waiter owns the lock as of this
-        # transaction: it takes it without waiting for the watch event and
-        # without a transaction of its own. The read of its key closes the
-        # hole of etcd's own recipe (a lock taken on a key whose lease ended).
-        successor = self._waiting.get((hold.key, hold.revision))
-        successor_key = successor.keys[0] if successor is not None and successor.keys else None
-        expected = successor.revision if successor is not None else 0
+        # Direct handoff: when an exclusive attempt of an etcd backend of this
+        # process waits in this queue, the release also reads the head of the
+        # queue after its delete. The released key was the owner (the lowest
+        # of the queue), so if the delete went through, the key the read
+        # finds is the owner as of this transaction: when it belongs to a
+        # waiting attempt of this process (its name carries its session's
+        # lease, see ``_hand_off``), that attempt takes the lock without the
+        # watch event and without a transaction of its own. The read of its
+        # key closes the hole of etcd's own recipe (a lock taken on a key whose
+        # lease ended): a key that went is not found.
+        queue = hold.queue
         success: list[DeleteOp | RangeOp] = [DeleteOp.of(hold.key)]
-        if successor_key is not None:
-            success.append(RangeOp.of(successor_key))
+        peers = self._peers
+        handing = bool(queue) and queue in peers.waiting
+        if handing:
+            # The attempt waiting right behind this key, when one of this
+            # process does, is the next owner if its key is still there: a
+            # read of that one key is cheaper than of the head (which etcd
+            # finds by sorting the whole queue).
+            ref = peers.behind.get((hold.key, hold.revision))
+            follower = ref() if ref is not None else None
+            next_key = follower.listed if follower is not None else None
+            if next_key is not None:
+                success.append(RangeOp.of(next_key))
+            else:
+                success.append(self._queue_reads(queue, 1, True)[0])
         result = await self._client.txn(
             [Compare.create_revision(hold.key, "==", hold.revision)],
             success,
             [],
             retry=True,
         )
-        if successor is not None and successor_key is not None and result.succeeded:
-            self._hand_off(successor, successor_key, expected, result)
+        if handing and result.succeeded:
+            self._hand_off(queue, result)
         slot, hold.slot = hold.slot, None
         if slot is not None:
-            self._give_back(hold.queue, slot)  # the key is gone (or was not ours)
+            self._give_back(queue, slot)  # the key is gone (or was not ours)
         return result.succeeded and not grant.lost
 
-    def _hand_off(
-        self, successor: EtcdAttempt, key: bytes, expected: int, result: TxnResult
-    ) -> None:
-        """Make ``successor`` the owner if the release's read found its key unchanged.
+    def _hand_off(self, queue: bytes, result: TxnResult) -> None:
+        """Hand the lock to the attempt whose key the release found (the new owner), if ours.
 
-        It may have stopped waiting meanwhile (the watch event of the same
-        delete can come first): its next try then takes the lock without a
-        transaction. Once it abandoned, started over or won on its own, its
-        keys are no longer that one and nothing is handed.
+        "Ours": an attempt of a live etcd driver of this process on the same
+        cluster and prefix, listed as waiting with that very key and create
+        revision, on the session the driver still considers live. Anything
+        else (a waiter of another process, an attempt that abandoned,
+        started over, won on its own or lost its session) is left to its
+        watch. The attempt may also have stopped waiting meanwhile (the
+        watch event of the same delete can come first): its next try then
+        takes the lock without a transaction, or its own read already did.
         """
-        if successor.keys != [key] or successor.revision != expected or not expected:
-            # It abandoned, started over, wrote its key again (a new place in
-            # the queue, maybe behind another key), or won meanwhile.
-            return
         found = result.responses[1] if len(result.responses) > 1 else None
         if not isinstance(found, RangeResult) or not found.kvs:
-            return  # its key is gone: it starts over on its own
-        if found.kvs[0].create_revision != expected:
+            return  # nobody left in the queue
+        head = found.kvs[0]
+        lease = _lease_of(head.key, queue)
+        if lease is None:
             return
-        successor.revisions = [successor.revision]
-        successor.handoff = result.revision
-        woken = successor.woken
+        driver = self._peers.by_lease.get(lease)
+        if driver is not None:
+            driver._handed(head.key, head.create_revision)
+
+    def _handed(self, key: bytes, revision: int) -> None:
+        """A release found ``key`` (created at ``revision``) at the head of its queue."""
+        attempt = self._queued.get(key)
+        if attempt is None or attempt.revision != revision or attempt.keys != [key]:
+            return
+        session = attempt.session
+        if session is None or session is not self._session or session.lost.is_set():
+            return  # the session went: the attempt starts over on its own
+        attempt.handoff = revision
+        woken = attempt.woken
         if woken is not None and not woken.done():
             woken.set_result(None)
 

@@ -7,13 +7,14 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from aiolocks._core.driver import Family, Grant, Mode, Request
 from aiolocks.etcd._client import EtcdClient, RangeOp, Watch
-from aiolocks.etcd._driver import EtcdDriver
+from aiolocks.etcd._driver import EtcdAttempt, EtcdDriver
 from aiolocks.etcd._url import parse_etcd_url
 from aiolocks.testing import EtcdServer
 
@@ -148,11 +149,11 @@ async def test_key_names_are_used_again_once_gone_never_shared_while_live(
     assert await _keys(url) == []
 
 
-async def _waiting_for(driver: EtcdDriver, holder: Grant) -> None:
-    """Until an attempt of ``driver`` waits for ``holder``'s key (to be handed the lock)."""
-    key = (holder.handle.key, holder.token)  # type: ignore[attr-defined]
+async def _waiting_for(driver: EtcdDriver, waiter: EtcdAttempt) -> None:
+    """Until ``waiter`` waits on its watch (listed since its try, to be handed the lock)."""
+    assert driver._queued.get(waiter.keys[0]) is waiter
     async with asyncio.timeout(PATIENCE):
-        while key not in driver._waiting:
+        while waiter.woken is None:
             await asyncio.sleep(0.005)
 
 
@@ -165,7 +166,7 @@ async def test_release_hands_the_lock_to_the_next_waiter_of_the_same_driver(
     waiter = driver.begin(_request("hand", who="next"))
     assert await driver.try_once(waiter) is None
     wait = asyncio.create_task(driver.wait_for_change(waiter, PATIENCE))
-    await _waiting_for(driver, holder)
+    await _waiting_for(driver, waiter)
     sent: list[object] = []
     txn = driver.client.txn
 
@@ -198,7 +199,7 @@ async def test_no_handoff_to_a_waiter_whose_key_went_behind_our_back(
     gone_key, gone_revision = waiter.keys[0], waiter.revision
     assert gone_revision > holder.token
     wait = asyncio.create_task(driver.wait_for_change(waiter, PATIENCE))
-    await _waiting_for(driver, holder)
+    await _waiting_for(driver, waiter)
     await driver.client.delete(gone_key)  # as a lease expiry or `etcdctl del` would
     assert await driver.release(holder)
     async with asyncio.timeout(PATIENCE):
@@ -342,3 +343,48 @@ async def _cancellations_leave_no_key(driver: EtcdDriver, url: str) -> None:
     async with asyncio.timeout(PATIENCE):  # tombstones go after their grace period
         while await _keys(url):
             await asyncio.sleep(0.2)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("holder_mode", "waiter_mode"),
+    [
+        (Mode.EXCLUSIVE, Mode.EXCLUSIVE),
+        (Mode.WRITE, Mode.WRITE),
+        (Mode.WRITE, Mode.READ),
+        (Mode.LEASE, Mode.LEASE),
+    ],
+    ids=["mutex", "writer", "reader", "semaphore"],
+)
+async def test_a_change_between_the_read_and_the_watch_is_not_missed(
+    driver: EtcdDriver, client: EtcdClient, holder_mode: Mode, waiter_mode: Mode, url: str
+) -> None:
+    """A waiter's watch starts from *now* (etcd serves a watch from a past revision
+    only every 100 ms); the key it waits for going before the watch exists is
+    still noticed (the read after the watch), so the wait ends instead of hanging."""
+    holder = await _acquire(driver, _request("gap", holder_mode, who="holder"), PATIENCE)
+    assert holder is not None
+    waiter = driver.begin(_request("gap", waiter_mode, who="waiter"))
+    assert await driver.try_once(waiter) is None
+    starts: list[object] = []
+    watch = driver.client.watch
+
+    async def late_watch(*args: Any, **kwargs: Any) -> Watch:
+        starts.append(kwargs.get("start_revision", 0))
+        # The holder's key goes between the waiter's read and its watch.
+        await client.delete(holder.handle.key)  # type: ignore[attr-defined]
+        return await watch(*args, **kwargs)
+
+    driver.client.watch = late_watch  # type: ignore[method-assign]
+    try:
+        async with asyncio.timeout(PATIENCE):
+            await driver.wait_for_change(waiter, None)  # returns: it never waits forever
+    finally:
+        del driver.client.watch
+    assert starts == [0]  # from now
+    grants = await driver.try_once(waiter)
+    assert grants is not None and grants[0].token > holder.token
+    driver.finish(waiter)
+    assert await driver.release(grants[0])
+    assert not await driver.release(holder)  # its key was deleted behind its back
+    assert await _keys(url) == []
