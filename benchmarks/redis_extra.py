@@ -10,6 +10,14 @@ runnable alone: ``python -m benchmarks.redis_extra``.
 * **Loss latency**: a held lock's key is deleted by another client; the time
   from that ``DEL`` returning to the body's ``LockLostError`` (a sample
   without one within 10 s counts as *missed*).
+
+``--contended N`` runs instead N interleaved rounds of the main report's
+contended closed loop (4 processes x 4 tasks, 1 ms inside, 5 ms think) for
+each library, and prints each round and the median ratio of holds/s against
+the last library: an A/B check in one sitting. ``--uncontended N`` runs N
+alternating rounds of 1000 uncontended cycles (``acquire()`` + ``release()``)
+of an aiolocks mutex and of redis-py's ``Lock`` on one server, and prints the
+median time per cycle of each and the median of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from aiolocks.testing.servers import RedisServer
 from ._peers import CONTENDERS
 from ._scenarios import contended_round, idle_redis_cpu
 
-__all__ = ["loss_latency", "main", "many_waiters"]
+__all__ = ["contended", "loss_latency", "main", "many_waiters", "uncontended"]
 
 FIELDS = (
     "holds_per_s",
@@ -79,6 +87,75 @@ def many_waiters(
     return rows
 
 
+def contended(
+    server: RedisServer, keys: list[str], rounds: int, duration_s: float
+) -> list[dict[str, object]]:
+    """``rounds`` interleaved contended closed-loop runs per library (4 x 4, 1 ms, 5 ms think)."""
+    contenders = [c for c in CONTENDERS if c.key in keys]
+    rows: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory() as workdir:
+        idle = idle_redis_cpu(server, 1.0)
+        for r in range(rounds):
+            order = contenders if r % 2 == 0 else contenders[::-1]
+            for contender in order:
+                result = contended_round(
+                    contender,
+                    server.url,
+                    processes=4,
+                    tasks=4,
+                    duration_s=duration_s,
+                    hold_s=0.001,
+                    think_s=0.005,
+                    workdir=Path(workdir),
+                    seed=r,
+                    redis_server=server,
+                    idle_cpu_us_per_s=idle,
+                )
+                row: dict[str, object] = {"library": contender.key, "round": r}
+                row.update({k: result[k] for k in FIELDS})
+                rows.append(row)
+    return rows
+
+
+async def uncontended(url: str, rounds: int, cycles: int = 1000) -> dict[str, object]:
+    """Alternating rounds of uncontended cycles: aiolocks mutex vs redis-py ``Lock`` (µs/cycle)."""
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        async with aiolocks.connect(url) as backend:
+            ours = backend.mutex("bench-uncontended")
+            theirs = client.lock("bench-uncontended-redis-py", timeout=30, sleep=0.1)
+
+            async def ours_cycle() -> None:
+                await ours.acquire()
+                await ours.release()
+
+            async def theirs_cycle() -> None:
+                await theirs.acquire()
+                await theirs.release()
+
+            both = [("aiolocks", ours_cycle), ("redis-py", theirs_cycle)]
+            for _, cycle in both:  # warm-up, not measured
+                for _ in range(cycles // 2):
+                    await cycle()
+            per: dict[str, list[float]] = {"aiolocks": [], "redis-py": []}
+            for r in range(rounds):
+                for name, cycle in both if r % 2 == 0 else both[::-1]:
+                    started = time.perf_counter()
+                    for _ in range(cycles):
+                        await cycle()
+                    per[name].append((time.perf_counter() - started) / cycles * 1e6)
+    finally:
+        await client.aclose()
+    ratios = [a / b for a, b in zip(per["aiolocks"], per["redis-py"], strict=True)]
+    return {
+        "aiolocks_us": statistics.median(per["aiolocks"]),
+        "redis_py_us": statistics.median(per["redis-py"]),
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+    }
+
+
 async def loss_latency(url: str, samples: int) -> dict[str, float]:
     """Delete a held lock's key ``samples`` times; p50/p99/max ms until the body's loss."""
     raw = redis.asyncio.Redis.from_url(url)
@@ -124,8 +201,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=1)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--loss-samples", type=int, default=40)
+    parser.add_argument("--contended", type=int, default=0, metavar="ROUNDS")
+    parser.add_argument("--uncontended", type=int, default=0, metavar="ROUNDS")
     args = parser.parse_args(argv)
     with RedisServer() as server:
+        if args.uncontended:
+            result = asyncio.run(uncontended(server.url, args.uncontended))
+            print(json.dumps({"scenario": "uncontended", **result}))
+            return 0
+        if args.contended:
+            libraries = args.libraries.split(",")
+            rows = contended(server, libraries, args.contended, args.duration)
+            by: dict[str, list[float]] = {k: [] for k in libraries}
+            for row in rows:
+                print(json.dumps({"scenario": "contended", **row}), flush=True)
+                by[str(row["library"])].append(float(str(row["holds_per_s"])))
+            base = by[libraries[-1]]
+            for key in libraries[:-1]:
+                ratios = [a / b for a, b in zip(by[key], base, strict=True) if b]
+                print(
+                    json.dumps(
+                        {
+                            "scenario": "contended-ratio",
+                            "library": key,
+                            "against": libraries[-1],
+                            "median": statistics.median(ratios) if ratios else None,
+                            "ratios": [round(x, 3) for x in ratios],
+                        }
+                    )
+                )
+            return 0
         for row in many_waiters(
             server,
             args.libraries.split(","),

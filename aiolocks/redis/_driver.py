@@ -17,6 +17,10 @@ RedissonFairLock ideas, re-derived; see ``docs/redis.md``):
 * ``release.lua`` is a compare-and-delete of our own fields plus PUBLISH on
   the lock's channel: naturally idempotent, so a retried release can never
   decrement twice or remove somebody else's hold.
+* An unfair mutex's hold is passed to another task of the same process
+  that waits for it with no command at all (same field, watchdog and
+  keyspace watch; the next fencing token of the block of 16 its grant from
+  Redis reserved): see ``RedisDriver._pass_on``.
 * Waiting: try; on failure subscribe (confirmed) to the channel; try again;
   wait for a message or the blocking hold's remaining TTL (expiry publishes
   nothing) or the deadline; repeat.
@@ -35,9 +39,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import math
-import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -98,6 +102,19 @@ HARMLESS_EVENTS = frozenset({"hset", "expire", "persist", "hincrby", "hincrbyflo
 #: waiter of its own process) before one goes to the queue head, so the
 #: waiters of other processes are not starved
 LOCAL_HANDOFFS = 16
+#: fencing tokens one exclusive grant from Redis reserves (its own and the
+#: next ``TOKEN_BLOCK - 1``): the process may pass the hold on to its own
+#: waiting tasks with no round trip, each with the next token of the block
+#: (``RedisDriver._pass_on``); the fence counter in Redis is advanced past
+#: the block, so the next grant from Redis is larger still. Mirrored in
+#: ``acquire.lua`` and ``release.lua``.
+TOKEN_BLOCK = 16
+#: how long a read of our field vouches for passing the hold on with no round
+#: trip (s): past it, the release goes to Redis (which checks the field and
+#: grants a fresh block). Keyspace events report a deletion sooner; this
+#: bounds what a pub/sub connection that dropped and came back unnoticed
+#: (redis-py reconnects by itself) could let through.
+PASS_TRUST = 0.1
 #: how long after a grant a hold starts listening to its key's events (s):
 #: shorter holds never subscribe (see ``RedisDriver._start_watch``)
 LOSS_WATCH_DELAY = 0.05
@@ -177,13 +194,52 @@ def validate_key_prefix(value: object) -> str:
 class RedisHold:
     """The driver handle of one grant (``Grant.handle``)."""
 
-    __slots__ = ("checking", "field", "keys", "lease", "on_stop", "recheck", "released", "watchdog")
+    __slots__ = (
+        "block_end",
+        "checking",
+        "field",
+        "grant",
+        "keys",
+        "lease",
+        "leave",
+        "on_change",
+        "on_stop",
+        "recheck",
+        "released",
+        "renewing",
+        "verified",
+        "verified_at",
+        "watchdog",
+        "watching",
+    )
 
     def __init__(self, keys: LockKeys, field: str, lease: float) -> None:
         self.keys = keys
         self.field = field
         self.lease = lease
         self.released = False
+        #: the grant that holds our field now: a hold passed on to another
+        #: task of this process (no round trip) keeps its field, watchdog and
+        #: loss watch, and gets the next grant (see ``RedisDriver._pass_on``)
+        self.grant: Grant | None = None
+        #: the last fencing token of the block the grant from Redis reserved
+        #: (its own token when it reserved none)
+        self.block_end = 0
+        #: queue members of ours this hold was passed to while they waited
+        #: in the lock's queue: their entries go with the release to Redis
+        self.leave: list[str] = []
+        #: the watchdog renews it (started with the keyspace watch, see
+        #: ``RedisDriver._start_watch``)
+        self.renewing = False
+        #: where we hear our key's events once watching, and what reacts
+        self.watching: tuple[PubSubHub, str] | None = None
+        self.on_change: Callable[[str | None], None] | None = None
+        #: our field was read after the key's event channel was confirmed,
+        #: and no event or reconnect came since: a deletion would reach us by
+        #: push. Only such a hold is passed on with no round trip.
+        self.verified = False
+        #: when that read was sent (``time.monotonic()``)
+        self.verified_at = 0.0
         self.watchdog: Renewal | None = None
         #: undoes the keyspace-event subscription (see ``RedisDriver._watch_key``)
         self.on_stop: Callable[[], None] | None = None
@@ -210,6 +266,7 @@ class RedisAttempt(Attempt):
         "fair",
         "fields",
         "granted",
+        "handed",
         "keys",
         "lease",
         "listening",
@@ -256,6 +313,8 @@ class RedisAttempt(Attempt):
         self.queue_timeout = min(lease, QUEUE_TIMEOUT)
         #: the fencing token of a hand-off (release.lua wrote our field), not taken yet
         self.granted: int | None = None
+        #: a hold of this process passed on to us (no round trip), not taken yet
+        self.handed: Grant | None = None
         #: when the last try was sent: a hand-off came after it ran
         self.sent = 0.0
         #: queued while our process's grant channel was not confirmed yet: a
@@ -527,15 +586,21 @@ class RedisNode:
         return int(await self.evalsha("release", keys.acquire_keys, args))
 
     async def release_to(
-        self, keys: LockKeys, field: str, successor: str, publish: bool
+        self,
+        keys: LockKeys,
+        field: str,
+        successor: str,
+        publish: bool,
+        leave: Sequence[str] = (),
     ) -> tuple[int, int | None]:
         """``release.lua`` for our ``field``, handing the lock to ``successor``
-        (a queue member of this process) if it is still queued and live.
+        (a queue member of this process) if it is still queued and live;
+        ``leave``: queue members of ours to take out of the queue first.
 
         Returns (holds and entries removed, the successor's fencing token or
         None when the lock went the usual way: the queue head, or nobody).
         """
-        args = [keys.channel if publish else "", "", 0, successor, field]
+        args = [keys.channel if publish else "", "", 0, successor, field, *leave]
         reply = await self.evalsha("release", keys.acquire_keys, args)
         if isinstance(reply, list):
             return int(reply[0]), int(_text(reply[1]))
@@ -743,6 +808,8 @@ class RedisDriver:
         self.key_prefix = validate_key_prefix(key_prefix)
         #: one uuid per backend: the first half of every field we write
         self.client_uuid = uuid.uuid4().hex
+        #: the second half of every field id we write (see ``begin``)
+        self._serial = itertools.count(1)
         self._holds: set[RedisHold] = set()
         self._closed = False
         self._tasks: TaskSet | None = None
@@ -752,6 +819,15 @@ class RedisDriver:
         self._queued: dict[str, RedisAttempt] = {}
         #: local hand-offs in a row, by holders key (absent: none)
         self._local_streak: dict[str, int] = {}
+        #: queue members of attempts that took a hold passed on while they
+        #: waited in the lock's queue: (keys, until when their entry may
+        #: linger there). Only if our hold was lost meanwhile can Redis hand
+        #: the lock to such an entry; ``_on_grant`` then gives it back.
+        self._left: dict[str, tuple[LockKeys, float]] = {}
+        #: our Redis hold of an unfair mutex that can be passed on, by holders
+        #: key: while there is one, a new waiter here waits in the process
+        #: (no try: the lock is busy, and the hold comes to it with no round trip)
+        self._owned: dict[str, RedisHold] = {}
         self.watchdog = Watchdog(
             node.renew_many, self._spawn, name=f"aiolocks-redis-watchdog:{node.describe}"
         )
@@ -785,6 +861,7 @@ class RedisDriver:
             # renewing and let their leases lapse rather than block close().
             hold.stop()
         self._holds.clear()
+        self._owned.clear()
         self.watchdog.close()
         await self.node.close()
 
@@ -802,7 +879,11 @@ class RedisDriver:
         """Mint the field ids (Curator's protected mode) and build the script arguments."""
         lease = self._lease(request)
         fair = bool(request.options.get("fair", False))
-        fields = [f"{self.client_uuid}:{secrets.token_hex(8)}" for _ in range(request.count)]
+        # <random backend uuid>:<serial>: unique, and no system call per acquire
+        if request.count == 1:
+            fields = [f"{self.client_uuid}:{next(self._serial):x}"]
+        else:
+            fields = [f"{self.client_uuid}:{next(self._serial):x}" for _ in range(request.count)]
         # An exclusive waiter queues up (fair: FIFO; unfair: only for its
         # wake-up), so a release wakes the queue head and nobody else.
         queues = fair or (request.mode is Mode.EXCLUSIVE and request.count == 1)
@@ -830,6 +911,14 @@ class RedisDriver:
         if self._closed:
             raise BackendUnavailableError(f"the Redis backend {self.describe()} is closed")
         a = cast(RedisAttempt, attempt)
+        if a.handed is not None:
+            # A task of ours passed its hold on to us: no I/O, no await.
+            handed, a.handed = a.handed, None
+            if not handed.lost:
+                return [handed]
+            # Lost on its way to us: its field is gone (or not to be
+            # trusted): send its release in the background, and try as usual.
+            self._spawn(self._drop(handed), f"aiolocks-redis-drop:{a.keys.holders}")
         if a.granted is not None:
             # A release handed us the lock (release.lua wrote our field) after
             # our last try ran: nothing to send. No await before the return.
@@ -915,7 +1004,13 @@ class RedisDriver:
         ):
             return False
         key = a.keys.holders
-        if not any(o is not a and self._in_queue(o, key) for o in self._queued.values()):
+        owned = self._owned.get(key)
+        if owned is not None:
+            self._watch_now(owned)
+        elif not any(
+            o is not a and (self._in_queue(o, key) or self._coming(o, key))
+            for o in self._queued.values()
+        ):
             return False
         a.local = True
         if a.wake is None:
@@ -940,6 +1035,16 @@ class RedisDriver:
             and not o.send_lost
         )
 
+    @staticmethod
+    def _coming(o: RedisAttempt, key: str) -> bool:
+        """``o`` was handed ``key``'s lock (by a release here or by Redis)
+        and has not taken it yet: our process is about to hold it."""
+        return (
+            o.keys.holders == key
+            and not o.ended
+            and (o.granted is not None or o.handed is not None)
+        )
+
     def _promote(self, key: str) -> None:
         """No attempt of ours is queued on ``key`` any more: one waiting
         locally looks (and joins the queue). No I/O.
@@ -948,10 +1053,18 @@ class RedisDriver:
         that queues keeps that place while the others are served here.
         """
         last: RedisAttempt | None = None
+        if key in self._owned:
+            return  # we hold it: it is passed on here, or a release promotes
         for o in self._queued.values():
-            if self._in_queue(o, key):
+            if self._in_queue(o, key) or self._coming(o, key):
                 return
-            if o.keys.holders == key and o.local and o.granted is None and not o.ended:
+            if (
+                o.keys.holders == key
+                and o.local
+                and o.granted is None
+                and o.handed is None
+                and not o.ended
+            ):
                 # (not one given up: ringing it would wake nobody, and the
                 # waiters behind it would sit out a whole bounded wait)
                 last = o
@@ -989,6 +1102,15 @@ class RedisDriver:
             return
         token, _, member = payload.partition(" ")
         a = self._queued.get(member)
+        if a is None and token.isdigit() and member in self._left:
+            # Handed to an entry of an attempt that took a hold passed on
+            # (ours was lost meanwhile): nobody waits for it, give it back.
+            keys, _ = self._left.pop(member)
+            field = member.partition("|")[0]
+            self._spawn(
+                self._give_back(keys, field, member), f"aiolocks-redis-give-back:{keys.holders}"
+            )
+            return
         if a is None or a.wake is None:
             return  # that attempt ended: its abandon gives the hold back
         if token.isdigit():
@@ -1034,6 +1156,8 @@ class RedisDriver:
             assert a.wake is not None
             if a.granted is not None:
                 return
+            if a.handed is not None:
+                return
             wait = a.queue_timeout / 3 if bound is None else min(bound, a.queue_timeout / 3)
             await _wait_for_ring(a.wake, wait)
             if not a.wake.is_set():
@@ -1052,7 +1176,7 @@ class RedisDriver:
                     a.unheard = False
                     if await self._handed_over_unheard(a):
                         return
-            if a.granted is not None:
+            if a.granted is not None or a.handed is not None:
                 return
         elif a.wake is None:
             # Shared modes: one unlock may let several in. On ``released``
@@ -1097,6 +1221,10 @@ class RedisDriver:
         if a.member and not a.ended:
             a.ended = True
             self._promote(a.keys.holders)  # a waiter here takes its place
+        handed, a.handed = a.handed, None
+        if handed is not None:
+            # Passed a hold it never took: on to the next waiter, or back to Redis.
+            await self._drop(handed)
         if self._closed:
             return
         await self.node.abandon(a)
@@ -1116,21 +1244,24 @@ class RedisDriver:
         tokens = [int(_text(x)) for x in reply[1:]]
         enabled = bool(request.options.get("watchdog", True))
         grants = []
+        block = TOKEN_BLOCK - 1 if request.mode is Mode.EXCLUSIVE and request.count == 1 else 0
         for field, token in zip(a.fields, tokens, strict=True):
             hold = RedisHold(a.keys, field, lease)
-            grant = Grant(request, token, hold)
+            grant = hold.grant = Grant(request, token, hold)
+            hold.block_end = token + block
             grant.valid_until = sent + lease  # moved on by each successful renewal
-            hold.watchdog = self.watchdog.watch(
-                Renewal(
-                    grant,
-                    hold,
-                    lease=lease,
-                    valid_until=sent + lease,
-                    enabled=enabled,
-                    owner=request.owner,
-                )
+            # scheduled by _start_watch (now, or with the keyspace watch)
+            hold.watchdog = Renewal(
+                grant,
+                hold,
+                lease=lease,
+                valid_until=sent + lease,
+                enabled=enabled,
+                owner=request.owner,
             )
             self._holds.add(hold)
+            if block and not a.fair and not self.node.min_replicas:
+                self._owned[a.keys.holders] = hold
             self._start_watch(hold)
             grants.append(grant)
         return grants
@@ -1146,20 +1277,66 @@ class RedisDriver:
         a hold released sooner (most holds of a busy lock) costs no pub/sub
         command and keeps them off the hand-off's critical path. Nothing is
         missed: a change in between is found by that read, well within a
-        second of it.
+        second of it. At once, though, when tasks of this process wait for
+        the lock: the hold can be passed to them with no round trip only
+        once it is watched and verified (see ``_pass_on``).
+
+        Also starts the hold's watchdog renewal: with the delayed watch, in
+        the same timer when the first renewal (or, with ``watchdog=False``,
+        the lease's end) is far enough away, so that a short hold costs one
+        timer, not two.
         """
-        if hold.watchdog is None or hold.released:
+        renewal = hold.watchdog
+        if renewal is None or hold.released:
             return
         where = self.node.keyspace_watch(hold.keys.holders)
         if where is None:
+            self._renew(hold)
+            return
+        key = hold.keys.holders
+        if self._queued and any(o.local and o.keys.holders == key for o in self._queued.values()):
+            self._late_start(hold)
             return
         if where[0].is_confirmed(where[1]):
+            self._renew(hold)
             self._watch_key(hold)
             return
-        timer = asyncio.get_running_loop().call_later(
-            LOSS_WATCH_DELAY, self._watch_key, hold, True
-        )
+        if renewal.lease <= 6 * LOSS_WATCH_DELAY:
+            self._renew(hold)
+        timer = asyncio.get_running_loop().call_later(LOSS_WATCH_DELAY, self._late_start, hold)
         hold.on_stop = timer.cancel
+
+    def _renew(self, hold: RedisHold) -> None:
+        """Start the hold's watchdog renewal (once)."""
+        if not hold.renewing and hold.watchdog is not None:
+            hold.renewing = True
+            self.watchdog.watch(hold.watchdog)
+
+    def _late_start(self, hold: RedisHold) -> None:
+        """Start renewing and watching (``LOSS_WATCH_DELAY`` after the grant, or sooner)."""
+        hold.on_stop = None
+        renewal = hold.watchdog
+        if renewal is None or hold.released or renewal.stopped:
+            return
+        self._renew(hold)
+        self._watch_key(hold, True)
+
+    def _watch_now(self, hold: RedisHold) -> None:
+        """A task here waits for ``hold``'s lock: make the hold passable soon. No I/O.
+
+        Not watched yet: start the watch now (its first read verifies the
+        hold). Watched but not verified: read our field now.
+        """
+        if hold.verified or hold.checking or hold.released:
+            return
+        if hold.on_change is not None:
+            watching = hold.watching
+            if watching is not None and watching[0].is_confirmed(watching[1]):
+                hold.on_change(None)  # (unconfirmed: the hub reads once it is)
+        elif hold.on_stop is not None:
+            on_stop, hold.on_stop = hold.on_stop, None
+            on_stop()  # the pending timer
+            self._late_start(hold)
 
     def _watch_key(self, hold: RedisHold, late: bool = False) -> None:
         """Check our field whenever the server reports a change of its key.
@@ -1188,6 +1365,7 @@ class RedisDriver:
             # those cannot take our field away, so they cost no check.
             if hold.released or event in HARMLESS_EVENTS:
                 return
+            hold.verified = False
             if hold.checking:
                 hold.recheck = True
                 return
@@ -1198,9 +1376,20 @@ class RedisDriver:
 
         confirmed = hub.is_confirmed(channel)
         hub.watch(channel, changed)  # an unconfirmed channel calls changed(None) once confirmed
-        hold.on_stop = functools.partial(hub.unwatch, channel, changed)
+        hold.watching = (hub, channel)
+        hold.on_change = changed
+        hold.on_stop = functools.partial(self._unwatch, hold, hub, channel, changed)
         if late and confirmed:
             changed(None)
+
+    @staticmethod
+    def _unwatch(
+        hold: RedisHold, hub: PubSubHub, channel: str, changed: Callable[[str | None], None]
+    ) -> None:
+        hold.watching = None
+        hold.on_change = None
+        hold.verified = False
+        hub.unwatch(channel, changed)
 
     async def _check_hold(self, hold: RedisHold, hub: PubSubHub | None = None) -> None:
         """Read our field; mark the grant lost if it is gone, lapsed or of another type.
@@ -1211,6 +1400,10 @@ class RedisDriver:
         try:
             while not hold.released:
                 hold.recheck = False
+                watching = hold.watching
+                # only a read sent once events reach us can vouch for the hold
+                listening = watching is not None and watching[0].is_confirmed(watching[1])
+                sent = time.monotonic()
                 try:
                     value = await self.node.client.hget(hold.keys.holders, hold.field)
                 except TRANSIENT:
@@ -1222,6 +1415,8 @@ class RedisDriver:
                     self._lose(hold, GONE)
                     return
                 if not hold.recheck:
+                    hold.verified = listening
+                    hold.verified_at = sent
                     break
         finally:
             hold.checking = False
@@ -1249,26 +1444,46 @@ class RedisDriver:
         hold = grant.handle
         if not isinstance(hold, RedisHold):
             return True
+        if hold.grant is not grant:
+            return True  # passed on to another task of ours: not this grant's any more
+        successor = self._local_successor(hold, grant.request)
+        if successor is not None and self._pass_on(hold, grant, successor):
+            return True
         # Stop the watchdog *before* sending the unlock (Redisson #7272).
         hold.stop()
         self._holds.discard(hold)
+        key = hold.keys.holders
+        if self._owned.get(key) is hold:
+            del self._owned[key]
         if self._closed:
             # Closing the backend released every hold first; a release after
             # close (the body of a hold the close ended, leaving its block)
             # must not reopen a connection on the closed client.
             return True
+        # An exclusive hold's waiters are all queued (handed the lock
+        # directly): nobody to tell on the lock's channel.
+        publish = grant.request.mode is not Mode.EXCLUSIVE
+        try:
+            return await self._release_to_redis(hold, grant, successor, publish)
+        finally:
+            # Waiters here that waited on our hold, with nobody of ours in
+            # the lock's queue: one of them takes that place now.
+            self._promote(key)
+
+    async def _release_to_redis(
+        self, hold: RedisHold, grant: Grant, successor: RedisAttempt | None, publish: bool
+    ) -> bool:
+        """``release.lua`` for our field (to ``successor``, a waiter of ours, if not None)."""
         backoff = Backoff(time.monotonic() + min(hold.lease, self.node.connect_timeout), cap=0.5)
         # After a connection error the script may have run: a later "nothing
         # to delete" then proves nothing, unless the server refused it unrun.
         ambiguous = False
-        # An exclusive hold's waiters are all queued (handed the lock
-        # directly): nobody to tell on the lock's channel.
-        publish = grant.request.mode is not Mode.EXCLUSIVE
-        successor = self._local_successor(hold, grant.request)
         while True:
             try:
                 if successor is None:
-                    removed = await self.node.release(hold.keys, "", [hold.field], 0, publish)
+                    removed = await self.node.release(
+                        hold.keys, "", [hold.field, *hold.leave], 0, publish
+                    )
                 else:
                     target = successor.member
                     if successor.local:
@@ -1280,7 +1495,7 @@ class RedisDriver:
                         successor.unanswered = True
                         successor.sent = time.monotonic()
                     removed, token = await self.node.release_to(
-                        hold.keys, hold.field, target, publish
+                        hold.keys, hold.field, target, publish, hold.leave
                     )
                     self._handed_locally(hold.keys.holders, successor, token)
             except TRANSIENT as exc:
@@ -1294,6 +1509,7 @@ class RedisDriver:
                         successor.wake.ring()
                     successor = None
                 if grant.lost:
+                    self._nudge(hold.keys.holders)
                     return True  # the lease lapses; nothing to report on a lost hold
                 if not await backoff.wait():
                     raise map_error(
@@ -1302,12 +1518,99 @@ class RedisDriver:
                 continue
             except RedisError as exc:
                 if grant.lost:
+                    self._nudge(hold.keys.holders)
                     return True
                 raise map_error(exc, f"releasing {grant.request.name!r}", self.describe()) from exc
             # An unambiguous "nothing to delete": the hold was gone before we
             # released it (a failover to a replica that never saw it, a key
             # deleted behind our back, a lease that lapsed).
+            if not removed:
+                self._nudge(hold.keys.holders)
             return bool(removed) or ambiguous
+
+    def _nudge(self, key: str) -> None:
+        """Our hold of ``key`` was gone when we released it, so nothing in
+        Redis handed the lock on: our waiters on it look now instead of at
+        the end of their bounded wait. No I/O."""
+        for a in self._queued.values():
+            if (
+                a.keys.holders == key
+                and not a.local
+                and not a.ended
+                and a.granted is None
+                and a.handed is None
+                and a.wake is not None
+            ):
+                a.wake.ring()
+        self._promote(key)
+
+    def _pass_on(self, hold: RedisHold, grant: Grant, successor: RedisAttempt) -> bool:
+        """Pass our Redis hold to a task of ours waiting in this process, with
+        no round trip: same field, watchdog and loss watch, the next fencing
+        token of the block the grant from Redis reserved. No I/O.
+
+        Only while the hold is sound (not lost, renewed, well inside its
+        lease) and the block has a token left, and only to a waiter asking
+        for the same lease with the watchdog on, as ours is (the hold goes
+        on under the same lease and renewals). False: release as usual.
+        """
+        renewal = hold.watchdog
+        request = successor.request
+        if (
+            grant.lost
+            or grant.token >= hold.block_end
+            or renewal is None
+            or renewal.stopped
+            or not renewal.enabled
+            or successor.lease != hold.lease
+            or not request.options.get("watchdog", True)
+            or renewal.valid_until - time.monotonic() < hold.lease / 2
+            or successor.unanswered
+            or not hold.verified
+            or hold.checking
+            or time.monotonic() - hold.verified_at > PASS_TRUST
+        ):
+            return False
+        if not successor.local:
+            # Waiting in the lock's queue: its entry stays there until this
+            # hold goes back to Redis, whose release takes it out (before
+            # any hand-off: nothing in Redis can hand the lock to it while
+            # we hold it).
+            hold.leave.append(successor.member)
+            now = time.monotonic()
+            if len(self._left) > 64:
+                self._left = {m: v for m, v in self._left.items() if v[1] > now}
+            self._left[successor.member] = (hold.keys, now + successor.queue_timeout)
+        handed = hold.grant = Grant(request, grant.token + 1, hold)
+        handed.valid_until = renewal.valid_until
+        renewal.grant = handed
+        renewal.owner = request.owner
+        key = hold.keys.holders
+        self._local_streak[key] = self._local_streak.get(key, 0) + 1
+        successor.handed = handed
+        assert successor.wake is not None
+        successor.wake.ring()
+        return True
+
+    async def _give_back(self, keys: LockKeys, field: str, member: str) -> None:
+        """Release a hold Redis handed to a queue entry nobody waits on any more."""
+        if not self._closed:
+            lease = self._lease_of(member)
+            await self.node.cleanup(keys, member, [field], lease, tombstone=False)
+
+    @staticmethod
+    def _lease_of(member: str) -> float:
+        """The lease (s) in a queue member ``<field>|<lease ms>|<participant>``."""
+        parts = member.split("|", 2)
+        return int(parts[1]) / 1000 if len(parts) > 1 and parts[1].isdigit() else DEFAULT_LEASE_TIME
+
+    async def _drop(self, grant: Grant) -> None:
+        """Release a hold passed on to an attempt that did not take it (it
+        ended, or the hold was lost on the way)."""
+        try:
+            await self.release(grant)
+        except LockError as exc:
+            logger.warning("releasing %s failed: %s", grant.request.name, exc)
 
     def _local_successor(self, hold: RedisHold, request: Request) -> RedisAttempt | None:
         """A waiter of this process to pass an unfair mutex to, or None. No I/O.
@@ -1337,6 +1640,7 @@ class RedisDriver:
                 or a.fair
                 or a.ended
                 or a.granted is not None
+                or a.handed is not None
                 or a.wake is None
             ):
                 continue

@@ -162,13 +162,14 @@ async def test_queued_waiters_take_the_lock_without_trying_again(
 
 
 async def test_local_handoff_passes_the_lock_within_the_process_without_a_message(
-    url: str, raw: redis.asyncio.Redis, prefix: str
+    url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A release passes an unfair mutex to a waiter of its own process in the
-    release script itself: no PUBLISH, no try by the waiter; a waiter of
+    """A release passes an unfair mutex to a waiter of its own process with
+    no round trip: no PUBLISH, no try by the waiter; a waiter of
     another process queued before it waits its turn, and gets the lock once
     the process has nobody waiting any more."""
     name = "local/x"
+    monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 60.0)  # a loaded machine
     async with aiolocks.connect(url) as here, aiolocks.connect(url) as there:
         holder = here.mutex(name)
         await holder.acquire()
@@ -199,21 +200,24 @@ async def test_local_handoff_passes_the_lock_within_the_process_without_a_messag
                 inside -= 1
 
         locals_ = [asyncio.create_task(local()) for _ in range(3)]
-        # one of them queues (the others see its try on the wire and wait here)
-        await _queued(raw, prefix, name, 2)
-        await _queued_here(here, 3, in_queue=1)
+        # none of them tries: the lock is their process's, so they wait
+        # in the process for it to be passed on
+        await _queued_here(here, 3, in_queue=0)
+        await _queued(raw, prefix, name, 1)
         await raw.config_resetstat()
         await holder.release()
         await asyncio.gather(*locals_)
         await remote_got.wait()
         calls = await command_calls(raw)
         done.set()
-        # three releases handed the lock on locally (the last one to the
-        # remote waiter, by message), one EVALSHA each; each waiter may look
-        # once more when its grant channel's subscription is confirmed
-        assert 4 <= calls["evalsha"] <= 4 + 3, calls
+        # the holder's Redis hold was passed on to the three local waiters
+        # with no round trip, each with the next token of the block its
+        # grant reserved; the last release went to Redis, which handed the
+        # lock to the remote waiter by message: one EVALSHA (each waiter may
+        # look once more when its grant channel's subscription is confirmed)
+        assert 1 <= calls["evalsha"] <= 1 + 3, calls
         assert calls.get("publish") == 1, calls
-        assert first is not None and tokens == sorted(tokens) and tokens[0] > first
+        assert first is not None and tokens == [first + 1, first + 2, first + 3]
         assert await remote > tokens[-1]
     assert await raw.keys(f"{prefix}*") == []
 
@@ -277,7 +281,11 @@ async def _queued_here(backend: aiolocks.Backend, n: int, in_queue: int | None =
         queued = backend._driver._queued.values()
         there = [a for a in queued if a.args[4] == "q" and not a.local]
         here = [a for a in queued if a.local]
-        return len(queued) == n and len(there) == in_queue and len(here) == n - in_queue
+        # a hold of the process is passed on only once verified
+        passable = all(h.verified for h in backend._driver._owned.values())
+        return (
+            len(queued) == n and len(there) == in_queue and len(here) == n - in_queue and passable
+        )
 
     await eventually(check, what=f"{n} local waiter(s) to know they are queued")
 
@@ -287,12 +295,13 @@ async def _truthy(value: bool) -> bool:
 
 
 async def test_one_waiter_per_process_in_the_queue_the_others_wait_locally(
-    url: str, raw: redis.asyncio.Redis, prefix: str
+    url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Five tasks of one process wait for a mutex: one is in the lock's queue,
-    four wait in the process and are handed the lock by its releases, with
-    no try of their own."""
+    """Five tasks of one process wait for a mutex their process holds: none
+    tries, all wait in the process and are passed the lock by its releases
+    with no round trip."""
     name = "local/only"
+    monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 60.0)  # a loaded machine
     async with aiolocks.connect(url) as here:
         holder = here.mutex(name)
         await holder.acquire()
@@ -308,20 +317,17 @@ async def test_one_waiter_per_process_in_the_queue_the_others_wait_locally(
                 await asyncio.sleep(0)
                 inside -= 1
 
-        tasks = [asyncio.create_task(local(0))]
-        await _queued_here(here, 1)
-        for i in range(1, 5):
+        tasks = []
+        for i in range(5):
             tasks.append(asyncio.create_task(local(i)))
-            await _queued_here(here, i + 1, in_queue=1)
-        await _queued(raw, prefix, name, 1)
+            await _queued_here(here, i + 1, in_queue=0)
         await raw.config_resetstat()
         await holder.release()
         await asyncio.gather(*tasks)
         calls = await command_calls(raw)
-        # six releases, each handing the lock on locally: no PUBLISH; the
-        # waiters do not try (the one in the queue may look once more when
-        # its grant channel's subscription is confirmed)
-        assert 6 <= calls["evalsha"] <= 6 + 1, calls
+        # five releases pass the hold on with no round trip; the last one
+        # is the one EVALSHA; no PUBLISH; the waiters do not try
+        assert calls["evalsha"] == 1, calls
         assert "publish" not in calls, calls
         assert sorted(order) == list(range(5))
     assert await raw.keys(f"{prefix}*") == []
@@ -331,10 +337,13 @@ async def test_one_waiter_per_process_in_the_queue_the_others_wait_locally(
 async def test_local_waiter_cancelled_around_a_local_handoff_leaves_nothing(
     url: str, raw: redis.asyncio.Redis, prefix: str, waiters: int
 ) -> None:
-    """The releasing task hands the lock to a local waiter (in the lock's
-    queue, or with ``waiters=2`` one waiting in the process only) that is
-    cancelled before, while or after the release script runs: the hold is
-    never leaked (another process gets the lock) and nothing is left."""
+    """The releasing task hands the lock to a local waiter (with
+    ``waiters=2``, the newer of two) that is cancelled before, while or
+    after the release script runs: the hold is never leaked (another
+    process gets the lock) and nothing is left. The waiters ask for another
+    lease than the holder's, so the hold cannot be passed on with no round
+    trip: ``release.lua`` hands it over (see ``test_token_blocks.py`` for
+    the pass)."""
     name = f"local/cancel{waiters}"
     async with aiolocks.connect(url) as here, aiolocks.connect(url) as probe:
         for yields in range(8):
@@ -349,15 +358,15 @@ async def test_local_waiter_cancelled_around_a_local_handoff_leaves_nothing(
             await got.wait()
 
             async def wait() -> None:
-                lock = here.mutex(name)
+                lock = here.mutex(name, lease_time=20)
                 if await lock.acquire():
                     await lock.release()  # won before the cancel landed
 
             others = []
             for n in range(1, waiters + 1):
                 others.append(asyncio.create_task(wait()))
-                await _queued_here(here, n, in_queue=1)
-            await _queued(raw, prefix, name, 1)
+                # the lock is their process's: they wait in the process
+                await _queued_here(here, n, in_queue=0)
             go.set()  # the holder releases, handing the lock to the last waiter
             for _ in range(yields):
                 await asyncio.sleep(0)

@@ -8,7 +8,8 @@
 -- hold, so a crashed client leaves nothing behind once its leases lapse.
 -- Two reserved kinds of field live in the same hash, so that the one
 -- HGETALL below reads everything a try needs:
---   '#'        the last fencing token handed out (the fence counter)
+--   '#'        the last fencing token handed out or reserved (the fence
+--              counter; an exclusive hold reserves a block of 16, see below)
 --   '!<field>' a tombstone: that attempt was given up while its script was
 --              on the wire (release.lua); value = expiry ms. Never granted.
 --
@@ -197,8 +198,14 @@ for i = 1, n do
   writes[#writes + 1] = exp_text .. '|' .. tok .. '|' .. mode .. '|' .. who
   res[#res + 1] = tok
 end
+-- One exclusive hold reserves a block of TOKEN_BLOCK tokens: its process may
+-- pass the hold on to its own waiting tasks without a round trip, each with
+-- the next token of the block (RedisDriver.release), and the next grant here
+-- still gets a larger token than any of them.
+local reserve = 0
+if mode == 'x' and n == 1 then reserve = 15 end  -- TOKEN_BLOCK - 1
 writes[#writes + 1] = '#'
-writes[#writes + 1] = string.format('%.0f', base + n - 1)
+writes[#writes + 1] = string.format('%.0f', base + n - 1 + reserve)
 for i = 1, #writes, 1000 do
   redis.call('HSET', holders, unpack(writes, i, math.min(i + 999, #writes)))
 end

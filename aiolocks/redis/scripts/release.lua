@@ -15,7 +15,10 @@
 --         before the queue head (a local hand-off: no PUBLISH, the process
 --         tells its waiter itself), or ''; '+<member>' for one that waits
 --         in its process only (not in the queue)
--- ARGV[5..] field ids
+-- ARGV[5..] field ids; then (not with a tombstone) queue members of the
+--         releasing process to take out of the queue: waiters that hold
+--         the lock since (it passed them this hold without a round trip)
+--         or left. Field ids never contain '|'; queue members always do.
 --
 -- When anything went and a live waiter heads the queue (queue members are
 -- "<field>|<lease ms>|<participant>", exclusive waiters), the lock is
@@ -46,21 +49,28 @@ if tombstone > 0 then
   if marked and redis.call('PTTL', KEYS[1]) < tombstone then
     redis.call('PEXPIRE', KEYS[1], tombstone)
   end
-elseif #ARGV >= 5 then
-  removed = redis.call('HDEL', KEYS[1], unpack(ARGV, 5))
 end
-local freed = removed
-if ARGV[2] ~= '' then
-  removed = removed + redis.call('LREM', KEYS[2], 0, ARGV[2])
-  redis.call('ZREM', KEYS[3], ARGV[2])
+-- Our fields are deleted below, only where the hash stays (an idle lock's
+-- hash is deleted whole): one HGETALL finds them and what else is there.
+local mine, gone = {}, {}
+if tombstone == 0 then
+  for i = 5, #ARGV do
+    if string.find(ARGV[i], '|', 1, true) then
+      redis.call('LREM', KEYS[2], 0, ARGV[i])
+      redis.call('ZREM', KEYS[3], ARGV[i])
+    else
+      mine[ARGV[i]] = true
+    end
+  end
 end
-if removed == 0 then return 0 end
 -- What is left: holds (busy), the fence counter, live tombstones.
 local busy, last, tomb_until, tombs = false, nil, 0, {}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local f = all[i]
-  if f == '#' then
+  if mine[f] then
+    gone[#gone + 1] = f
+  elseif f == '#' then
     last = tonumber(all[i + 1])
   elseif string.byte(f, 1) == 33 then
     local exp = tonumber(all[i + 1]) or 0
@@ -69,6 +79,16 @@ for i = 1, #all, 2 do
   else
     busy = true
   end
+end
+removed = removed + #gone
+local freed = removed
+if ARGV[2] ~= '' then
+  removed = removed + redis.call('LREM', KEYS[2], 0, ARGV[2])
+  redis.call('ZREM', KEYS[3], ARGV[2])
+end
+if removed == 0 then return 0 end
+local function drop_ours()
+  if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
 end
 -- The waiter to hand the lock to: the releasing process's own, if it can
 -- have it (one in the queue: still there and live, then taken out of the
@@ -103,6 +123,7 @@ if head then
   local prefix = string.match(KEYS[1], '^([^{]*)')
   local channel = prefix .. 'grant:' .. string.match(head, '^([^:]*)')
   local field, lease, who = string.match(head, '^([^|]+)|(%d+)|(.*)$')
+  drop_ours()
   if busy or not field then
     -- not free for it (a lapsed hold not reclaimed yet), or an entry we
     -- cannot grant: back to the head, and its waiter looks itself
@@ -116,8 +137,9 @@ if head then
     -- the fencing token exactly as acquire.lua mints it
     local base = now_us
     if last and last + 1 > base then base = last + 1 end
+    -- (and its block of 16 reserved: see acquire.lua)
     local tok = string.format('%.0f', base)
-    redis.call('HSET', KEYS[1], field, string.format('%.0f', now_ms + lease) .. '|' .. tok .. '|x|' .. who, '#', tok)
+    redis.call('HSET', KEYS[1], field, string.format('%.0f', now_ms + lease) .. '|' .. tok .. '|x|' .. who, '#', string.format('%.0f', base + 15))
     if tomb_until - now_ms > lease then lease = tomb_until - now_ms end
     redis.call('PEXPIRE', KEYS[1], lease)
     if here then return {removed, tok} end
@@ -136,10 +158,13 @@ if not busy then
   if last and last >= now_us then keep = math.floor((last - now_us) / 1000) + 2 end
   if tomb_until - now_ms > keep then keep = tomb_until - now_ms end
   if keep > 0 then
+    drop_ours()
     redis.call('PEXPIRE', KEYS[1], keep)
-  elseif last then
+  else
     redis.call('DEL', KEYS[1])
   end
+elseif not head then
+  drop_ours()
 end
 -- "released <holds freed>": a process rings at most that many of its
 -- one-lease waiters (the others of its waiters all look)

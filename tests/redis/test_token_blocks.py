@@ -1,0 +1,331 @@
+"""Token blocks: a process passes its Redis hold of an unfair mutex on to its
+own waiting tasks with no round trip, each with the next fencing token of
+the block its grant from Redis reserved.
+
+Adversarial cases on a real server: many tasks in several processes
+(backends) with random cancellations, the key deleted behind our back while
+a passed hold runs, a waiter cancelled after it was passed the hold and
+before it ran. Each asserts mutual exclusion, strictly increasing fencing
+tokens in the order the holds began, and that nothing is left in Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+
+import pytest
+import redis.asyncio
+
+import aiolocks
+from aiolocks.redis._driver import TOKEN_BLOCK
+
+from .conftest import eventually
+
+pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
+
+
+@pytest.fixture(autouse=True)
+def _trust_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verified hold stays passable for the whole test (a loaded machine
+    may take longer than ``PASS_TRUST`` between the read and the release);
+    ``test_stale_verification_goes_to_redis`` sets it back to 0."""
+    monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 60.0)
+
+
+def _key(prefix: str, name: str) -> str:
+    return f"{prefix}{{mutex:{name}}}"
+
+
+async def _truthy(value: bool) -> bool:
+    return value
+
+
+async def _waiting(backend: aiolocks.Backend, n: int) -> None:
+    """``n`` waiters in the process, and the process's hold (if any) passable:
+    watched, and its field read once its key's events reach us."""
+
+    async def check() -> bool:
+        driver = backend._driver
+        return len(driver._queued) == n and all(h.verified for h in driver._owned.values())
+
+    await eventually(check, what=f"{n} waiter(s) in the process")
+
+
+async def test_a_grant_reserves_a_block_and_passes_use_it(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """The fence counter moves past the block at the grant; tasks of the
+    process passed the hold get the next tokens of the block, in order, and
+    the next grant from Redis (another process) is larger still."""
+    name = "blocks/reserve"
+    async with aiolocks.connect(url) as here, aiolocks.connect(url) as there:
+        holder = here.mutex(name)
+        await holder.acquire()
+        first = holder.fencing_token
+        assert first is not None
+        counter = await raw.hget(_key(prefix, name), "#")
+        assert counter is not None and int(counter) == first + TOKEN_BLOCK - 1
+        tokens: list[int] = []
+
+        async def local() -> None:
+            async with here.mutex(name) as lock:
+                assert lock.fencing_token is not None
+                tokens.append(lock.fencing_token)
+
+        tasks = [asyncio.create_task(local()) for _ in range(3)]
+        await _waiting(here, 3)
+        await holder.release()
+        await asyncio.gather(*tasks)
+        assert tokens == [first + 1, first + 2, first + 3]
+        other = there.mutex(name)
+        assert await other.acquire(timeout=5)
+        assert other.fencing_token is not None and other.fencing_token >= first + TOKEN_BLOCK
+        await other.release()
+
+
+async def test_passes_stop_at_the_end_of_the_block(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """More local hand-offs than a block has tokens: the hold goes back to
+    Redis in between (a new grant, a new block), tokens still increase."""
+    name = "blocks/end"
+    async with aiolocks.connect(url) as here:
+        holder = here.mutex(name)
+        await holder.acquire()
+        tokens: list[int] = []
+        inside = 0
+
+        async def local() -> None:
+            nonlocal inside
+            async with here.mutex(name) as lock:
+                inside += 1
+                assert inside == 1
+                assert lock.fencing_token is not None
+                tokens.append(lock.fencing_token)
+                await asyncio.sleep(0)
+                inside -= 1
+
+        n = TOKEN_BLOCK + 4
+        tasks = [asyncio.create_task(local()) for _ in range(n)]
+        await _waiting(here, n)
+        await holder.release()
+        await asyncio.gather(*tasks)
+        assert len(tokens) == n and tokens == sorted(set(tokens))
+        # not all consecutive: some hold came from Redis again
+        assert tokens[-1] - tokens[0] > n - 1
+
+
+async def test_key_deleted_while_a_passed_hold_runs_reaches_that_task(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """The lock's key is deleted while the second task of a local streak
+    holds it: that task (not the one the grant came to) gets
+    ``LockLostError``; the task after it gets the lock again from Redis."""
+    name = "blocks/deleted"
+    async with aiolocks.connect(url) as here:
+        holder = here.mutex(name)
+        await holder.acquire()
+        first = holder.fencing_token
+        assert first is not None
+        inside = asyncio.Event()
+        outcomes: list[str] = []
+        tokens: list[int] = []
+
+        async def local() -> None:
+            try:
+                async with here.mutex(name) as lock:
+                    assert lock.fencing_token is not None
+                    tokens.append(lock.fencing_token)
+                    if len(tokens) == 2:
+                        inside.set()
+                        await asyncio.sleep(30)
+                outcomes.append("held")
+            except aiolocks.LockLostError:
+                outcomes.append("lost")
+
+        tasks = [asyncio.create_task(local()) for _ in range(3)]
+        await _waiting(here, 3)
+        await holder.release()
+        await inside.wait()
+        assert tokens == [first + 1, first + 2]  # passed twice, no round trip
+        await raw.delete(_key(prefix, name))
+        async with asyncio.timeout(20):
+            await asyncio.gather(*tasks)
+        assert sorted(outcomes) == ["held", "held", "lost"]
+        assert tokens == sorted(set(tokens)) and len(tokens) == 3
+
+
+@pytest.mark.parametrize("behind", [0, 1])
+async def test_waiter_cancelled_after_it_was_passed_the_hold(
+    url: str, raw: redis.asyncio.Redis, prefix: str, behind: int
+) -> None:
+    """The holder passes its hold to a local waiter and cancels it before it
+    runs: the hold goes to the next local waiter (``behind=1``) or back to
+    Redis and to another process; never leaked."""
+    name = f"blocks/cancel{behind}"
+    async with aiolocks.connect(url) as here, aiolocks.connect(url) as there:
+        holder = here.mutex(name)
+        await holder.acquire()
+        got: list[str] = []
+
+        async def local(tag: str) -> None:
+            async with here.mutex(name):
+                got.append(tag)
+
+        victim = asyncio.create_task(local("victim"))
+        await _waiting(here, 1)
+        rest = [asyncio.create_task(local(f"local{i}")) for i in range(behind)]
+        await _waiting(here, 1 + behind)
+        async def remote() -> bool:
+            lock = there.mutex(name)
+            if not await lock.acquire(timeout=20):
+                return False
+            await lock.release()
+            return True
+
+        remote_task = asyncio.create_task(remote())
+        await eventually(
+            lambda: _truthy(bool(there._driver._queued)),
+            what="the remote waiter queued",
+        )
+        await holder.release()  # passed to the victim, which has not run yet
+        victim.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await victim
+        async with asyncio.timeout(20):
+            await asyncio.gather(*rest)
+            assert await remote_task
+        assert got == [f"local{i}" for i in range(behind)]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_many_tasks_in_several_processes_with_cancellations(
+    url: str, raw: redis.asyncio.Redis, prefix: str, seed: int
+) -> None:
+    """Three backends x five tasks take one mutex again and again with short
+    bodies while a chaos task cancels random ones at random await points:
+    never two inside, tokens strictly increase in the order holds began,
+    and nothing is left in Redis."""
+    rng = random.Random(seed)
+    name = f"blocks/fuzz{seed}"
+    # a short lease: the tombstones of cancelled tries lapse sooner
+    short = f"{url}&lease_time=0.5"
+    async with (
+        aiolocks.connect(short) as a,
+        aiolocks.connect(short) as b,
+        aiolocks.connect(short) as c,
+    ):
+        inside = 0
+        overlaps = 0
+        tokens: list[int] = []
+        stop = asyncio.Event()
+
+        async def worker(backend: aiolocks.Backend) -> None:
+            nonlocal inside, overlaps
+            while not stop.is_set():
+                try:
+                    async with backend.mutex(name) as lock:
+                        inside += 1
+                        try:
+                            overlaps += inside > 1
+                            assert lock.fencing_token is not None
+                            tokens.append(lock.fencing_token)
+                            # long enough for the hold to be verified and passed on
+                            await asyncio.sleep(0.002)
+                        finally:
+                            inside -= 1
+                    await asyncio.sleep(0)
+                except asyncio.CancelledError:
+                    # the chaos only pokes at await points: go on
+                    task = asyncio.current_task()
+                    assert task is not None
+                    task.uncancel()
+
+        tasks = [asyncio.create_task(worker(x)) for x in (a, b, c) for _ in range(5)]
+        for _ in range(40):
+            await asyncio.sleep(rng.random() * 0.006)
+            rng.choice(tasks).cancel()
+        stop.set()
+        async with asyncio.timeout(30):
+            await asyncio.gather(*tasks)
+        assert overlaps == 0
+        assert len(tokens) > 20
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+        # some holds were passed on within a process (consecutive tokens)
+        assert any(y == x + 1 for x, y in itertools.pairwise(tokens))
+
+
+@pytest.mark.parametrize("yields", [0, 2, 6])
+async def test_key_deleted_around_the_pass_is_reported_once(
+    url: str, raw: redis.asyncio.Redis, prefix: str, yields: int
+) -> None:
+    """The key is deleted while the holder's hold is being watched and
+    verified for a pass: either the hold was not passable yet (the release
+    goes to ``release.lua``, which finds nothing: the holder gets
+    ``LockLostError`` and the waiter takes the lock afresh) or it was (the
+    deletion's event reaches the waiter, who holds it by then). Either way
+    the loss is reported exactly once and nothing is left."""
+    name = f"blocks/race{yields}"
+    async with aiolocks.connect(url) as here:
+        holder = here.mutex(name)
+        outcomes: list[str] = []
+        got = asyncio.Event()
+        go = asyncio.Event()
+
+        async def first() -> None:
+            try:
+                async with holder:
+                    got.set()
+                    await go.wait()
+                outcomes.append("held")
+            except aiolocks.LockLostError:
+                outcomes.append("lost")
+
+        async def second() -> None:
+            try:
+                async with here.mutex(name):
+                    await asyncio.sleep(0.2)
+                outcomes.append("held")
+            except aiolocks.LockLostError:
+                outcomes.append("lost")
+
+        one = asyncio.create_task(first())
+        await got.wait()
+        two = asyncio.create_task(second())
+        for _ in range(yields):
+            await asyncio.sleep(0)
+        await raw.delete(_key(prefix, name))
+        go.set()
+        async with asyncio.timeout(20):
+            await asyncio.gather(one, two)
+        assert sorted(outcomes) == ["held", "lost"]
+
+
+async def test_stale_verification_goes_to_redis(
+    url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hold whose last read of its field is older than ``PASS_TRUST`` is
+    not passed on with no round trip: the release goes to ``release.lua``
+    (which checks the field and hands over a fresh grant and block)."""
+    name = "blocks/stale"
+    async with aiolocks.connect(url) as here:
+        holder = here.mutex(name)
+        await holder.acquire()
+        first = holder.fencing_token
+        assert first is not None
+        tokens: list[int] = []
+
+        async def local() -> None:
+            async with here.mutex(name) as lock:
+                assert lock.fencing_token is not None
+                tokens.append(lock.fencing_token)
+
+        task = asyncio.create_task(local())
+        await _waiting(here, 1)
+        monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 0.0)
+        await holder.release()
+        await task
+        assert len(tokens) == 1 and tokens[0] >= first + TOKEN_BLOCK  # a grant from Redis
