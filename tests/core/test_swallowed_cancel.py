@@ -27,15 +27,12 @@ async def _swallow_once(swallowed: list[int], inside: asyncio.Event) -> None:
             swallowed.append(1)
 
 
-@pytest.mark.parametrize("step", ["try_once", "wait_for_change"])
-async def test_a_cancellation_swallowed_by_a_driver_step_still_cancels_the_acquire(
-    step: str,
+def _swallow_in(
+    backend: aiolocks.Backend, step: str, swallowed: list[int], inside: asyncio.Event
 ) -> None:
-    backend = await aiolocks.connect(f"memory://core-swallowed-cancel-{step}")
+    """Make the driver's ``step`` swallow the first cancellation that lands in it."""
     driver = backend._engine.driver
     real_try, real_wait = driver.try_once, driver.wait_for_change
-    inside = asyncio.Event()
-    swallowed: list[int] = []
 
     async def try_once(attempt: Attempt) -> list[Grant] | None:
         await _swallow_once(swallowed, inside)
@@ -47,12 +44,22 @@ async def test_a_cancellation_swallowed_by_a_driver_step_still_cancels_the_acqui
             return  # returning early is allowed; the engine tries again
         await real_wait(attempt, bound)
 
-    holder = backend.mutex("swallow")
-    assert await holder.acquire()
     if step == "try_once":
         driver.try_once = try_once  # type: ignore[method-assign]
     else:
         driver.wait_for_change = wait_for_change  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("step", ["try_once", "wait_for_change"])
+async def test_a_cancellation_swallowed_by_a_driver_step_still_cancels_the_acquire(
+    step: str,
+) -> None:
+    backend = await aiolocks.connect(f"memory://core-swallowed-cancel-{step}")
+    inside = asyncio.Event()
+    swallowed: list[int] = []
+    holder = backend.mutex("swallow")
+    assert await holder.acquire()
+    _swallow_in(backend, step, swallowed, inside)
     waiter = asyncio.create_task(backend.mutex("swallow").acquire())
     await inside.wait()
     waiter.cancel()
@@ -80,21 +87,8 @@ async def test_a_swallowed_cancellation_of_an_anyio_scope_ends_the_scope_only(st
     message-less error that would escape the scope and cancel the whole task.
     """
     backend = await aiolocks.connect(f"memory://core-swallowed-anyio-{step}")
-    driver = backend._engine.driver
-    real_try, real_wait = driver.try_once, driver.wait_for_change
     inside = asyncio.Event()
     swallowed: list[int] = []
-
-    async def try_once(attempt: Attempt) -> list[Grant] | None:
-        await _swallow_once(swallowed, inside)
-        return await real_try(attempt)
-
-    async def wait_for_change(attempt: Attempt, bound: float | None) -> None:
-        if not swallowed:
-            await _swallow_once(swallowed, inside)
-            return
-        await real_wait(attempt, bound)
-
     release = asyncio.Event()
     holding = asyncio.Event()
 
@@ -105,10 +99,7 @@ async def test_a_swallowed_cancellation_of_an_anyio_scope_ends_the_scope_only(st
 
     holder = asyncio.create_task(hold())
     await holding.wait()
-    if step == "try_once":
-        driver.try_once = try_once  # type: ignore[method-assign]
-    else:
-        driver.wait_for_change = wait_for_change  # type: ignore[method-assign]
+    _swallow_in(backend, step, swallowed, inside)
     acquired = False
     try:
         with anyio.move_on_after(0.05) as scope:

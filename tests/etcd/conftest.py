@@ -59,3 +59,10 @@ async def client(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
     """A connected client on the shared server."""
     async with EtcdClient(list(etcd.endpoints), request_timeout=5.0) as c:
         yield c
+
+
+@pytest_asyncio.fixture
+async def url(etcd: EtcdServer) -> str:
+    """An ``etcd://`` URL of the ``etcd`` server under a fresh prefix, with a short lease."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}"
+    return f"etcd://{','.join(etcd.endpoints)}/{prefix}?lease_ttl=5&request_timeout=2"

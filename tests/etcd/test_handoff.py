@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -26,17 +25,10 @@ from aiolocks._core.driver import Family, Grant, Mode, Request
 from aiolocks.etcd._client import DeleteOp, EtcdClient, RangeOp
 from aiolocks.etcd._driver import _PEERS, EtcdDriver
 from aiolocks.etcd._url import parse_etcd_url
-from aiolocks.testing import EtcdServer
 
 pytestmark = pytest.mark.etcd
 
 PATIENCE = 30.0
-
-
-@pytest_asyncio.fixture
-async def url(etcd: EtcdServer) -> str:
-    prefix = f"t-{uuid.uuid4().hex[:10]}"
-    return f"etcd://{','.join(etcd.endpoints)}/{prefix}?lease_ttl=5&request_timeout=2"
 
 
 @pytest_asyncio.fixture

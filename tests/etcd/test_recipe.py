@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,12 +20,6 @@ from aiolocks.testing import EtcdServer
 pytestmark = pytest.mark.etcd
 
 PATIENCE = 30.0
-
-
-@pytest_asyncio.fixture
-async def url(etcd: EtcdServer) -> str:
-    prefix = f"t-{uuid.uuid4().hex[:10]}"
-    return f"etcd://{','.join(etcd.endpoints)}/{prefix}?lease_ttl=5&request_timeout=2"
 
 
 @pytest_asyncio.fixture
