@@ -880,10 +880,7 @@ class RedisDriver:
         lease = self._lease(request)
         fair = bool(request.options.get("fair", False))
         # <random backend uuid>:<serial>: unique, and no system call per acquire
-        if request.count == 1:
-            fields = [f"{self.client_uuid}:{next(self._serial):x}"]
-        else:
-            fields = [f"{self.client_uuid}:{next(self._serial):x}" for _ in range(request.count)]
+        fields = [f"{self.client_uuid}:{next(self._serial):x}" for _ in range(request.count)]
         # An exclusive waiter queues up (fair: FIFO; unfair: only for its
         # wake-up), so a release wakes the queue head and nobody else.
         queues = fair or (request.mode is Mode.EXCLUSIVE and request.count == 1)
@@ -1556,6 +1553,7 @@ class RedisDriver:
         """
         renewal = hold.watchdog
         request = successor.request
+        now = time.monotonic()
         if (
             grant.lost
             or grant.token >= hold.block_end
@@ -1564,11 +1562,11 @@ class RedisDriver:
             or not renewal.enabled
             or successor.lease != hold.lease
             or not request.options.get("watchdog", True)
-            or renewal.valid_until - time.monotonic() < hold.lease / 2
+            or renewal.valid_until - now < hold.lease / 2
             or successor.unanswered
             or not hold.verified
             or hold.checking
-            or time.monotonic() - hold.verified_at > PASS_TRUST
+            or now - hold.verified_at > PASS_TRUST
         ):
             return False
         if not successor.local:
@@ -1577,7 +1575,6 @@ class RedisDriver:
             # any hand-off: nothing in Redis can hand the lock to it while
             # we hold it).
             hold.leave.append(successor.member)
-            now = time.monotonic()
             if len(self._left) > 64:
                 self._left = {m: v for m, v in self._left.items() if v[1] > now}
             self._left[successor.member] = (hold.keys, now + successor.queue_timeout)
