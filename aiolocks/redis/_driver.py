@@ -44,7 +44,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast, final
 
@@ -87,8 +87,16 @@ TOMBSTONE_MS = 2000
 #: waiter at the queue head can hold up the next one (live waiters refresh
 #: their entry at least three times per period)
 QUEUE_TIMEOUT = 5.0
+#: how long after one of our releases handed a lock to a waiter of another
+#: process our next waiter of that lock may join its queue with plain
+#: commands (``RedisNode.join``, no script), in s
+QUEUE_HINT = 1.0
+#: chances skipped between looks once plain joins of a lock keep missing
+JOIN_PROBE = 16
 #: ``acquire.lua``'s ARGV[5] (0-based 4): '0' no queue, '1' fair FIFO, 'q' waiter queue
 QUEUE_ARG = 4
+#: ``acquire.lua``'s ARGV[8] (0-based 7): the queue member
+MEMBER_ARG = 7
 #: the channel a release hands the lock over on: one per backend (process),
 #: ``<key prefix>grant:<client uuid>``; see ``release.lua``
 GRANT_CHANNEL = "{prefix}grant:{uuid}"
@@ -257,6 +265,31 @@ class RedisHold:
             on_stop()
 
 
+@final
+class JoinOdds:
+    """How often a plain queue join (``RedisDriver._join``) of one lock found
+    the queue, as a moving average: below one half, joins stop but for one
+    in ``JOIN_PROBE`` chances, which keeps the average current."""
+
+    __slots__ = ("hits", "skipped")
+
+    def __init__(self) -> None:
+        self.hits = 1.0
+        self.skipped = 0
+
+    def worth_it(self) -> bool:
+        """Whether to join with plain commands this time."""
+        if self.hits >= 0.5 or self.skipped >= JOIN_PROBE:
+            self.skipped = 0
+            return True
+        self.skipped += 1
+        return False
+
+    def note(self, found: bool) -> None:
+        """A join found the queue (``found``) or did not."""
+        self.hits = 0.75 * self.hits + (0.25 if found else 0.0)
+
+
 class RedisAttempt(Attempt):
     """One acquire: the ids it may own, its arguments, and what is on the wire."""
 
@@ -373,6 +406,11 @@ class RedisNode:
         #: on a cluster: one pub/sub hub per master that owns a held key
         #: (keyspace events are published on the key's node only), by node name
         self._keyspace_hubs: dict[str, PubSubHub] = {}
+        #: lock key -> (server time ms, ``time.monotonic()``) of our last
+        #: release there that handed the lock to the head of its queue
+        #: (``release.lua``'s ``{removed, -1, ms}``): the lock is busy and
+        #: its queue in use, so our next waiter may ``join`` it
+        self.handed_at: dict[str, tuple[int, float]] = {}
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -529,12 +567,19 @@ class RedisNode:
         """
         assert self.scripts is not None
         sha = getattr(self.scripts, script).sha
+        with self._on_the_wire():
+            try:
+                return await self.client.evalsha(sha, len(keys), *keys, *args)
+            except NoScriptError:
+                await self.client.script_load(source(script))
+                return await self.client.evalsha(sha, len(keys), *keys, *args)
+
+    @contextlib.contextmanager
+    def _on_the_wire(self) -> Iterator[None]:
+        """Count a command on the wire, so that ``close()`` lets it finish."""
         self._busy += 1
         try:
-            return await self.client.evalsha(sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await self.client.script_load(source(script))
-            return await self.client.evalsha(sha, len(keys), *keys, *args)
+            yield
         finally:
             self._busy -= 1
             if not self._busy and self._idle is not None:
@@ -583,7 +628,7 @@ class RedisNode:
         release with nobody queued publishes nothing.
         """
         args = [keys.channel if publish else "", member, tombstone_ms, "", *fields]
-        return int(await self.evalsha("release", keys.acquire_keys, args))
+        return self._released(keys, await self.evalsha("release", keys.acquire_keys, args))[0]
 
     async def release_to(
         self,
@@ -601,10 +646,39 @@ class RedisNode:
         None when the lock went the usual way: the queue head, or nobody).
         """
         args = [keys.channel if publish else "", "", 0, successor, field, *leave]
-        reply = await self.evalsha("release", keys.acquire_keys, args)
-        if isinstance(reply, list):
+        return self._released(keys, await self.evalsha("release", keys.acquire_keys, args))
+
+    def _released(self, keys: LockKeys, reply: Any) -> tuple[int, int | None]:
+        """(removed, the local successor's token) from a ``release.lua`` reply;
+        notes when the lock went to the head of its queue (``handed_at``)."""
+        if not isinstance(reply, list):
+            return int(reply), None
+        if int(reply[1]) != -1:
             return int(reply[0]), int(_text(reply[1]))
-        return int(reply), None
+        if len(self.handed_at) >= 256:
+            stale = time.monotonic() - QUEUE_HINT
+            self.handed_at = {k: v for k, v in self.handed_at.items() if v[1] > stale}
+        self.handed_at[keys.holders] = (int(_text(reply[2])), time.monotonic())
+        return int(reply[0]), None
+
+    async def join(self, keys: LockKeys, member: str) -> int:
+        """Queue ``member`` with plain commands, if the lock's queue exists:
+        ``RPUSHX`` (and the queue's TTL set to ``QUEUE_TIMEOUT``, which no
+        entry outlives), one round trip. Returns the queue's length after
+        the push; 0: there was no queue, nothing was written.
+
+        No atomic look at the lock is needed: a queue exists only while a
+        hold has waiters (a release that empties it deletes it), so each
+        release after the push sees the entry, and the hold it is queued
+        behind can only end in a release or a lapse (the waiter's bounded
+        wait covers a lapse). See ``scripts/queue.lua`` for its deadline.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpushx(keys.queue, member)
+        pipe.pexpire(keys.queue, int(QUEUE_TIMEOUT * 1000))
+        with self._on_the_wire():
+            length, _ = await pipe.execute()
+        return int(length)
 
     async def renew(self, keys: LockKeys, field: str, lease: float) -> bool:
         """Run ``renew.lua``; False when the field is gone."""
@@ -776,14 +850,20 @@ def parse_participants(reply: Sequence[Any]) -> list[Participant]:
     waiters: list[Participant] = []
     for raw in reply[2]:
         member = _text(raw)
-        expiry_ms = timeouts.get(member)
-        if expiry_ms is None or expiry_ms <= now:
-            continue
-        # "<field>|<lease ms>|<participant>" (an entry written by hand may lack the lease)
+        # "<field>|<lease ms>|<participant>|<deadline or 0>" (scripts/queue.lua;
+        # an entry written by hand may lack the lease or the deadline)
         field, _, who = member.partition("|")
         lease_ms, sep, rest = who.partition("|")
+        own = 0
         if sep and lease_ms.isdigit():
-            who = rest
+            who, sep, deadline = rest.rpartition("|")
+            if not sep or not deadline.isdigit():
+                who = rest
+            else:
+                own = int(deadline)
+        expiry_ms = max(timeouts.get(member, 0.0), float(own))
+        if expiry_ms <= now:
+            continue
         waiters.append(
             Participant(id=who, is_holder=False, node=field, ttl=(expiry_ms - now) / 1000)
         )
@@ -817,6 +897,10 @@ class RedisDriver:
         self.grant_channel = GRANT_CHANNEL.format(prefix=self.key_prefix, uuid=self.client_uuid)
         #: queued exclusive attempts by queue member: who a hand-off is for
         self._queued: dict[str, RedisAttempt] = {}
+        #: how plain queue joins have fared, by holders key (``_plain_join_member``)
+        self._join_odds: dict[str, JoinOdds] = {}
+        #: False once the server refused one (then every try is a script)
+        self._plain_joins = True
         #: local hand-offs in a row, by holders key (absent: none)
         self._local_streak: dict[str, int] = {}
         #: queue members of attempts that took a hold passed on while they
@@ -884,7 +968,8 @@ class RedisDriver:
         # An exclusive waiter queues up (fair: FIFO; unfair: only for its
         # wake-up), so a release wakes the queue head and nobody else.
         queues = fair or (request.mode is Mode.EXCLUSIVE and request.count == 1)
-        member = f"{fields[0]}|{int(lease * 1000)}|{request.participant}" if queues else ""
+        # (the trailing 0: no deadline of its own, see scripts/queue.lua)
+        member = f"{fields[0]}|{int(lease * 1000)}|{request.participant}|0" if queues else ""
         queue_ms = int(min(lease, QUEUE_TIMEOUT) * 1000)
         downgrade = ""
         if request.downgrade_of is not None and isinstance(request.downgrade_of.handle, RedisHold):
@@ -921,12 +1006,17 @@ class RedisDriver:
             # our last try ran: nothing to send. No await before the return.
             token, a.granted = a.granted, None
             return self._grants(a, [1, token], a.sent)
+        plain = False
         if a.member:
             if self._wait_locally(a):
                 return None
+            plain = self._plain_join_member(a)
             self._prepare_queued(a)
         if a.wake is not None:
             a.wake.clear()  # forget rings from before this try
+        if plain and await self._join(a):
+            a.wait_ms = -1
+            return None
         try:
             granted, reply, sent = await self._try(a)
         except (RedisError, OSError) as exc:
@@ -979,6 +1069,81 @@ class RedisDriver:
         if not granted and not a.queued and not a.send_lost:
             a.maybe_written = False  # a definite "no" wrote nothing, and nothing else is coming
         return granted, reply, sent
+
+    def _plain_join_member(self, a: RedisAttempt) -> bool:
+        """Whether ``a``'s first try joins the lock's queue with plain commands
+        (``_join``) instead of ``acquire.lua``; if so, give its queue member
+        its own deadline (``scripts/queue.lua``). No I/O.
+
+        Only right after one of our releases handed the lock to the head of
+        its queue (``QUEUE_HINT``): the lock is busy, and its queue is in
+        use unless that head was the last waiter. A lock whose queue keeps
+        running empty (two processes taking turns) stops being joined this
+        way, except for a look now and then (``JoinOdds``).
+        """
+        if (
+            a.fair
+            or a.args[QUEUE_ARG] != "Q"
+            or a.send_lost
+            or self.node.min_replicas
+            or not self._plain_joins
+        ):
+            return False
+        now = time.monotonic()
+        if a.deadline is not None and a.deadline <= now:
+            return False
+        key = a.keys.holders
+        seen = self.node.handed_at.get(key)
+        if seen is None or now - seen[1] > QUEUE_HINT:
+            return False
+        odds = self._join_odds.get(key)
+        if odds is None:
+            if len(self._join_odds) >= 256:
+                self._join_odds.clear()
+            odds = self._join_odds[key] = JoinOdds()
+        if not odds.worth_it():
+            return False
+        server_ms, at = seen
+        deadline = server_ms + int((now - at) * 1000) + int(a.queue_timeout * 1000)
+        member = f"{a.member.rpartition('|')[0]}|{deadline}"
+        if self._queued.get(a.member) is a:
+            del self._queued[a.member]
+        a.member = a.args[MEMBER_ARG] = member
+        return True
+
+    async def _join(self, a: RedisAttempt) -> bool:
+        """Queue ``a`` with plain commands (``RedisNode.join``); True if queued.
+
+        False: the queue was gone (nothing written), or the send failed
+        (then it may still arrive, so the attempt is treated as possibly
+        queued); either way the try goes on with ``acquire.lua``.
+        """
+        odds = self._join_odds.get(a.keys.holders)
+        a.maybe_written = True
+        a.unanswered = True
+        a.sent = time.monotonic()
+        try:
+            length = await self.node.join(a.keys, a.member)
+        except TRANSIENT:
+            a.send_lost = True  # the cleanup leaves a tombstone, which release.lua heeds
+            a.args[QUEUE_ARG] = "q"  # it may have queued us: acquire.lua looks first
+            return False
+        except RedisError as exc:
+            # Refused (an ACL without RPUSHX, say): the script's way works
+            # wherever the scripts do, so this backend stops joining this way.
+            logger.debug("plain queue joins off on %s: %s", self.describe(), exc)
+            self._plain_joins = False
+            a.unanswered = False
+            a.maybe_written = False
+            return False
+        a.unanswered = False
+        if odds is not None:
+            odds.note(length > 0)
+        if not length:
+            a.maybe_written = False
+            return False
+        a.args[QUEUE_ARG] = "q"
+        return True
 
     def _wait_locally(self, a: RedisAttempt) -> bool:
         """Wait in this process, without a try, if another attempt of ours is

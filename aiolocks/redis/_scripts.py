@@ -19,10 +19,18 @@ __all__ = ["SCRIPT_NAMES", "Scripts", "source"]
 SCRIPT_NAMES = ("acquire", "release", "renew", "inspect")
 
 
+#: scripts that work on the waiter queue: ``scripts/queue.lua`` (its entries
+#: and their deadlines) goes in front of each
+QUEUE_SCRIPTS = ("acquire", "release")
+
+
 @cache
 def source(name: str) -> str:
-    """The text of ``scripts/<name>.lua``."""
-    return resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text("utf-8")
+    """The text of ``scripts/<name>.lua`` (with ``queue.lua`` in front where it is used)."""
+    text = resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text("utf-8")
+    if name in QUEUE_SCRIPTS:
+        text = source("queue") + text
+    return text
 
 
 @final

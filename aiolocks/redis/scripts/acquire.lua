@@ -22,7 +22,8 @@
 --         (unfair mutex: the queue is only for hand-off); 'Q' the same, but
 --         this attempt has not queued yet (its first try)
 -- ARGV[6] queue entry timeout ms   ARGV[7] field of the write hold being downgraded, or ''
--- ARGV[8] queue member "<field>|<lease ms>|<participant>", or ''
+-- ARGV[8] queue member "<field>|<lease ms>|<participant>|<deadline ms or 0>"
+--         (queue.lua), or ''
 -- ARGV[9..] the field ids, one per hold asked for
 --
 -- A queued exclusive waiter is handed the lock by release.lua directly (its
@@ -65,7 +66,7 @@ for i = 1, #all, 2 do
       if exp > tomb_until then tomb_until = exp end
       if f == tomb_field then tombstoned = true end
     end
-  elseif f == ARGV[9] then
+  elseif f == ARGV[9] and v ~= '0' then  -- ('0': given back, see release.lua)
     resend = true
   else
     local exp, _, md = string.match(v, '^(%d+)|(%d+)|(%a)|')
@@ -123,13 +124,13 @@ if qmode == '1' and free then
   local dropped, hto = false, nil
   head = redis.call('LINDEX', queue, 0)
   while head and head ~= member do
-    local to = redis.call('ZSCORE', qtimeouts, head)
-    if to and tonumber(to) > now_ms then
-      hto = tonumber(to)
+    local to, scored = entry_deadline(head, now_ms, qtimeouts)
+    if to > now_ms then
+      hto = to
       break
     end
     redis.call('LPOP', queue)
-    redis.call('ZREM', qtimeouts, head)
+    if scored then redis.call('ZREM', qtimeouts, head) end
     dropped = true
     head = redis.call('LINDEX', queue, 0)
   end
@@ -151,9 +152,22 @@ if not free then
   -- wire (release.lua left a tombstone): never queue it.
   if qmode ~= '0' and not tombstoned then
     -- Join the queue (or refresh our entry's timeout): the next release
-    -- hands the lock to the head. O(1) whatever the queue's length.
-    if redis.call('ZADD', qtimeouts, now_ms + queue_timeout, member) == 1 then
-      redis.call('RPUSH', queue, member)
+    -- hands the lock to the head. O(1) whatever the queue's length for an
+    -- entry a script queued; one its client queued itself (queue.lua) is
+    -- looked for in the list when refreshed, and scored only near its own
+    -- deadline.
+    local own = own_deadline(member, now_ms)
+    if own == 0 then
+      if redis.call('ZADD', qtimeouts, now_ms + queue_timeout, member) == 1 then
+        redis.call('RPUSH', queue, member)
+      end
+    else
+      if qmode == 'Q' or not redis.call('LPOS', queue, member) then
+        redis.call('RPUSH', queue, member)
+      end
+      if not unscored(own, now_ms) then
+        redis.call('ZADD', qtimeouts, now_ms + queue_timeout, member)
+      end
     end
     -- Both keys outlive every live entry: each try leaves them at least half
     -- an entry's timeout, and a live waiter tries at least three times per
@@ -178,8 +192,16 @@ end
 if head == member then
   redis.call('LPOP', queue)
   redis.call('ZREM', qtimeouts, member)
-elseif qmode == 'q' and redis.call('ZREM', qtimeouts, member) == 1 then
-  redis.call('LREM', queue, 1, member)
+elseif qmode == 'q' then
+  local own = own_deadline(member, now_ms)
+  if own == 0 then
+    if redis.call('ZREM', qtimeouts, member) == 1 then
+      redis.call('LREM', queue, 1, member)
+    end
+  else
+    redis.call('LREM', queue, 1, member)
+    if not unscored(own, now_ms) then redis.call('ZREM', qtimeouts, member) end
+  end
 end
 
 -- Granted. Fencing token: the counter, but never below server time in

@@ -21,7 +21,8 @@
 --         or left. Field ids never contain '|'; queue members always do.
 --
 -- When anything went and a live waiter heads the queue (queue members are
--- "<field>|<lease ms>|<participant>", exclusive waiters), the lock is
+-- "<field>|<lease ms>|<participant>|<deadline>", exclusive waiters, see
+-- queue.lua; not one whose field has a live tombstone), the lock is
 -- handed to it right here: its field is written with its lease and a
 -- fencing token, and "<token> <member>" is published on its process's
 -- channel "<key prefix>grant:<client uuid>" (the first half of its field).
@@ -30,7 +31,10 @@
 -- queued, 'released <n>' goes out on ARGV[1] (shared modes, Redlock): n
 -- holds were given back.
 -- Returns the number of holds and queue entries removed; {removed, token}
--- when the lock went to ARGV[4].
+-- when the lock went to ARGV[4]; {removed, -1, server time ms} when it went
+-- to the head of the queue (a waiter of another process, or of another
+-- backend): the releasing process then knows the lock is busy and its
+-- queue is in use, and may queue its next waiter with plain commands.
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
@@ -39,9 +43,11 @@ local removed = 0
 if tombstone > 0 then
   local marked = false
   for i = 5, #ARGV do
-    local gone = redis.call('HDEL', KEYS[1], ARGV[i])
-    removed = removed + gone
-    if gone == 0 then
+    -- (a field marked given back, '0', is deleted but counts for nothing)
+    local was = redis.call('HGET', KEYS[1], ARGV[i])
+    if was then redis.call('HDEL', KEYS[1], ARGV[i]) end
+    if was and was ~= '0' then removed = removed + 1 end
+    if not was then
       redis.call('HSET', KEYS[1], '!' .. ARGV[i], now_ms + tombstone)
       marked = true
     end
@@ -52,12 +58,19 @@ if tombstone > 0 then
 end
 -- Our fields are deleted below, only where the hash stays (an idle lock's
 -- hash is deleted whole): one HGETALL finds them and what else is there.
-local mine, gone = {}, {}
+-- A hand-off does not delete them: it marks them given back ('0') in the
+-- HSET that writes the new holder's field, one command less per hand-off.
+-- Marks count as nothing (a retried release finds nothing to free) and go
+-- with the next HDEL, or once MARKS of them have gathered.
+local MARKS = 8
+local mine, gone, marks = {}, {}, {}
 if tombstone == 0 then
   for i = 5, #ARGV do
     if string.find(ARGV[i], '|', 1, true) then
       redis.call('LREM', KEYS[2], 0, ARGV[i])
-      redis.call('ZREM', KEYS[3], ARGV[i])
+      if not unscored(own_deadline(ARGV[i], now_ms), now_ms) then
+        redis.call('ZREM', KEYS[3], ARGV[i])
+      end
     else
       mine[ARGV[i]] = true
     end
@@ -68,7 +81,9 @@ local busy, last, tomb_until, tombs = false, nil, 0, {}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local f = all[i]
-  if mine[f] then
+  if all[i + 1] == '0' then
+    marks[#marks + 1] = f
+  elseif mine[f] then
     gone[#gone + 1] = f
   elseif f == '#' then
     last = tonumber(all[i + 1])
@@ -88,6 +103,7 @@ if ARGV[2] ~= '' then
 end
 if removed == 0 then return 0 end
 local function drop_ours()
+  for _, f in ipairs(marks) do gone[#gone + 1] = f end
   if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
 end
 -- The waiter to hand the lock to: the releasing process's own, if it can
@@ -96,26 +112,33 @@ end
 -- given up, no tombstone); else the queue head, after dropping heads whose
 -- waiters stopped refreshing their entries (they died): a dead waiter
 -- cannot hold up the queue.
-local head, here, queued = nil, false, true
+local head, here, queued, scored = nil, false, true, false
+-- a waiter that gave up (its cleanup left a tombstone for its field) is
+-- skipped even when its entry arrived after that cleanup
+local function given_up(m)
+  return tombs['!' .. string.match(m, '^([^|]*)')]
+end
 local prefer = ARGV[4]
 if prefer ~= '' and freed > 0 and not busy then
   if string.byte(prefer, 1) == 43 then  -- '+'
     local m = string.sub(prefer, 2)
-    if not tombs['!' .. string.match(m, '^([^|]*)')] then
+    if not given_up(m) then
       head, here, queued = m, true, false
     end
   else
-    local to = redis.call('ZSCORE', KEYS[3], prefer)
-    if to and tonumber(to) > now_ms and redis.call('LREM', KEYS[2], 1, prefer) == 1 then
+    local to
+    to, scored = entry_deadline(prefer, now_ms, KEYS[3])
+    if to > now_ms and redis.call('LREM', KEYS[2], 1, prefer) == 1 then
       head, here = prefer, true
     end
   end
 end
 if not head then head = redis.call('LPOP', KEYS[2]) end
 while head and not here do
-  local to = redis.call('ZSCORE', KEYS[3], head)
-  if to and tonumber(to) > now_ms then break end
-  redis.call('ZREM', KEYS[3], head)
+  local to
+  to, scored = entry_deadline(head, now_ms, KEYS[3])
+  if to > now_ms and not given_up(head) then break end
+  if scored then redis.call('ZREM', KEYS[3], head) end
   head = redis.call('LPOP', KEYS[2])
 end
 
@@ -123,8 +146,9 @@ if head then
   local prefix = string.match(KEYS[1], '^([^{]*)')
   local channel = prefix .. 'grant:' .. string.match(head, '^([^:]*)')
   local field, lease, who = string.match(head, '^([^|]+)|(%d+)|(.*)$')
-  drop_ours()
+  if who then who = string.match(who, '^(.*)|%d+$') or who end
   if busy or not field then
+    drop_ours()
     -- not free for it (a lapsed hold not reclaimed yet), or an entry we
     -- cannot grant: back to the head, and its waiter looks itself
     redis.call('LPUSH', KEYS[2], head)
@@ -132,19 +156,31 @@ if head then
     if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
     redis.call('PUBLISH', channel, '- ' .. head)
   else
-    if queued then redis.call('ZREM', KEYS[3], head) end
+    if queued and scored then redis.call('ZREM', KEYS[3], head) end
     lease = tonumber(lease)
     -- the fencing token exactly as acquire.lua mints it
     local base = now_us
     if last and last + 1 > base then base = last + 1 end
     -- (and its block of 16 reserved: see acquire.lua)
     local tok = string.format('%.0f', base)
-    redis.call('HSET', KEYS[1], field, string.format('%.0f', now_ms + lease) .. '|' .. tok .. '|x|' .. who, '#', string.format('%.0f', base + 15))
+    local writes = {
+      field, string.format('%.0f', now_ms + lease) .. '|' .. tok .. '|x|' .. who,
+      '#', string.format('%.0f', base + 15),
+    }
+    if #marks + #gone >= MARKS then
+      drop_ours()
+    else
+      for _, f in ipairs(gone) do
+        writes[#writes + 1] = f
+        writes[#writes + 1] = '0'
+      end
+    end
+    redis.call('HSET', KEYS[1], unpack(writes))
     if tomb_until - now_ms > lease then lease = tomb_until - now_ms end
     redis.call('PEXPIRE', KEYS[1], lease)
     if here then return {removed, tok} end
     redis.call('PUBLISH', channel, tok .. ' ' .. head)
-    return removed
+    return {removed, -1, string.format('%.0f', now_ms)}
   end
 end
 
