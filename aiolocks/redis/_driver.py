@@ -1264,9 +1264,10 @@ class RedisDriver:
             return
         token, _, member = payload.partition(" ")
         a = self._queued.get(member)
-        if a is None and token.isdigit() and member in self._left:
+        if (a is None or a.ended) and token.isdigit() and member in self._left:
             # Handed to an entry of an attempt that took a hold passed on
-            # (ours was lost meanwhile): nobody waits for it, give it back.
+            # (ours was lost meanwhile), or that gave up while its entry was
+            # on the wire (see ``abandon``): nobody waits for it, give it back.
             keys, _ = self._left.pop(member)
             field = member.partition("|")[0]
             self._spawn(
@@ -1383,6 +1384,14 @@ class RedisDriver:
         if a.member and not a.ended:
             a.ended = True
             self._promote(a.keys.holders)  # a waiter here takes its place
+        if a.member and (a.unanswered or a.send_lost):
+            # Its queue entry may reach Redis after this cleanup (a plain
+            # join's RPUSHX on another connection), and be handed the lock
+            # once the cleanup's tombstone has lapsed: such a grant is given
+            # back (``_on_grant``, so we listen) until the entry's own deadline.
+            self._remember_left(a.member, a.keys, time.monotonic() + a.queue_timeout + 1.0)
+            if self.node.hub is not None and not self._closed:
+                self.node.hub.watch(self.grant_channel, self._on_grant)
         handed, a.handed = a.handed, None
         if handed is not None:
             # Passed a hold it never took: on to the next waiter, or back to Redis.
@@ -1740,9 +1749,7 @@ class RedisDriver:
             # any hand-off: nothing in Redis can hand the lock to it while
             # we hold it).
             hold.leave.append(successor.member)
-            if len(self._left) > 64:
-                self._left = {m: v for m, v in self._left.items() if v[1] > now}
-            self._left[successor.member] = (hold.keys, now + successor.queue_timeout)
+            self._remember_left(successor.member, hold.keys, now + successor.queue_timeout)
         handed = hold.grant = Grant(request, grant.token + 1, hold)
         handed.valid_until = renewal.valid_until
         renewal.grant = handed
@@ -1753,6 +1760,13 @@ class RedisDriver:
         assert successor.wake is not None
         successor.wake.ring()
         return True
+
+    def _remember_left(self, member: str, keys: LockKeys, until: float) -> None:
+        """A grant to ``member`` before ``until`` (monotonic) is given back. No I/O."""
+        if len(self._left) > 64:
+            now = time.monotonic()
+            self._left = {m: v for m, v in self._left.items() if v[1] > now}
+        self._left[member] = (keys, until)
 
     async def _give_back(self, keys: LockKeys, field: str, member: str) -> None:
         """Release a hold Redis handed to a queue entry nobody waits on any more."""

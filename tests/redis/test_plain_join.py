@@ -177,14 +177,23 @@ async def test_a_plain_join_that_finds_no_queue_tries_with_the_script(
         assert [odds.worth_it() for _ in range(17)].count(True) == 1
 
 
-async def test_a_plain_join_cancelled_on_the_wire_is_never_granted(
-    url: str, raw: redis.asyncio.Redis, prefix: str
+@pytest.mark.parametrize("tombstone", ["live", "lapsed"])
+async def test_a_plain_join_cancelled_on_the_wire_is_never_kept(
+    url: str,
+    raw: redis.asyncio.Redis,
+    prefix: str,
+    tombstone: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A's RPUSHX reaches Redis only after A gave up and its cleanup ran (it
-    left a tombstone): the next release skips that entry, C is served, and
-    nothing of A's is left."""
-    name = "plain/late"
+    left a tombstone). While the tombstone lives, the next release skips
+    that entry; once it has lapsed (the entry waited longer), the entry is
+    handed the lock and A's process gives that grant straight back. Either
+    way C is served, the lock ends free and nothing of A's is left."""
+    name = f"plain/late/{tombstone}"
     key = _key(prefix, name)
+    if tombstone == "lapsed":
+        monkeypatch.setattr("aiolocks.redis._driver.TOMBSTONE_MS", 200)
     async with (
         aiolocks.connect(url) as a,
         aiolocks.connect(url) as b,
@@ -223,12 +232,24 @@ async def test_a_plain_join_cancelled_on_the_wire_is_never_granted(
             await a_task
         assert await late[0] == 2  # the entry landed behind C's
         field = sent[0].partition("|")[0]
-        assert await raw.hget(key, f"!{field}") is not None  # the tombstone
+        until = int(await raw.hget(key, f"!{field}") or 0)  # the tombstone's end, server ms
+        if tombstone == "lapsed":
+            await asyncio.sleep(0.3)
+        assert (until > await _server_ms(raw)) is (tombstone == "live")
         leave.set()
         await asyncio.wait_for(asyncio.gather(b_task, c_task), 10)
         assert len(done) == 2 and done == sorted(done)
+        # the lock ends free: well before A's entry's lease (30 s) could lapse
+        probe = b.mutex(name)
+        assert await probe.acquire(timeout=5)
+        await probe.release()
         assert await raw.hget(key, field) is None
         assert await raw.exists(f"{key}:queue") == 0
+
+
+async def _server_ms(raw: redis.asyncio.Redis) -> int:
+    seconds, micros = await raw.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 async def _after(delay: float, coro: Any) -> Any:
