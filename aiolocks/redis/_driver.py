@@ -300,6 +300,7 @@ class RedisAttempt(Attempt):
         "fields",
         "granted",
         "handed",
+        "join_unsure",
         "keys",
         "lease",
         "listening",
@@ -348,6 +349,8 @@ class RedisAttempt(Attempt):
         self.granted: int | None = None
         #: a hold of this process passed on to us (no round trip), not taken yet
         self.handed: Grant | None = None
+        #: a plain queue join (``RedisDriver._join``) was sent, its reply not read
+        self.join_unsure = False
         #: when the last try was sent: a hand-off came after it ran
         self.sent = 0.0
         #: queued while our process's grant channel was not confirmed yet: a
@@ -1121,6 +1124,7 @@ class RedisDriver:
         odds = self._join_odds.get(a.keys.holders)
         a.maybe_written = True
         a.unanswered = True
+        a.join_unsure = True
         a.sent = time.monotonic()
         try:
             length = await self.node.join(a.keys, a.member)
@@ -1134,9 +1138,11 @@ class RedisDriver:
             logger.debug("plain queue joins off on %s: %s", self.describe(), exc)
             self._plain_joins = False
             a.unanswered = False
+            a.join_unsure = False
             a.maybe_written = False
             return False
         a.unanswered = False
+        a.join_unsure = False
         if odds is not None:
             odds.note(length > 0)
         if not length:
@@ -1384,14 +1390,7 @@ class RedisDriver:
         if a.member and not a.ended:
             a.ended = True
             self._promote(a.keys.holders)  # a waiter here takes its place
-        if a.member and (a.unanswered or a.send_lost):
-            # Its queue entry may reach Redis after this cleanup (a plain
-            # join's RPUSHX on another connection), and be handed the lock
-            # once the cleanup's tombstone has lapsed: such a grant is given
-            # back (``_on_grant``, so we listen) until the entry's own deadline.
-            self._remember_left(a.member, a.keys, time.monotonic() + a.queue_timeout + 1.0)
-            if self.node.hub is not None and not self._closed:
-                self.node.hub.watch(self.grant_channel, self._on_grant)
+        self._mind_late_join(a)
         handed, a.handed = a.handed, None
         if handed is not None:
             # Passed a hold it never took: on to the next waiter, or back to Redis.
@@ -1400,9 +1399,24 @@ class RedisDriver:
             return
         await self.node.abandon(a)
 
+    def _mind_late_join(self, a: RedisAttempt) -> None:
+        """``a`` ends with a plain join whose fate is unknown (cancelled or
+        lost on the wire): its entry may reach Redis after the attempt's
+        cleanup, or after ``acquire.lua`` queued it again, and be handed the
+        lock once nothing else stops it (the cleanup's tombstone lapses
+        first). Such a grant is given back (``_on_grant``, so we listen)
+        until the entry's own deadline. No I/O."""
+        if not a.join_unsure:
+            return
+        a.join_unsure = False
+        self._remember_left(a.member, a.keys, time.monotonic() + a.queue_timeout + 1.0)
+        if self.node.hub is not None and not self._closed:
+            self.node.hub.watch(self.grant_channel, self._on_grant)
+
     def finish(self, attempt: Attempt) -> None:
         """Unsubscribe (a waiter leaving without the lock passes its turn on)."""
         a = cast(RedisAttempt, attempt)
+        self._mind_late_join(a)
         if a.member and self._queued.get(a.member) is a:
             del self._queued[a.member]
             self._promote(a.keys.holders)

@@ -247,6 +247,66 @@ async def test_a_plain_join_cancelled_on_the_wire_is_never_kept(
         assert await raw.exists(f"{key}:queue") == 0
 
 
+async def test_a_plain_join_lost_on_the_wire_and_landing_late_is_given_back(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
+    """A's RPUSHX fails on the connection (it may still arrive): A queues with
+    acquire.lua, is served and is done. Then the lost RPUSHX lands in the
+    queue of a later round, and another process's release hands the lock to
+    that stray entry: A's process gives it straight back, the lock ends free."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    name = "plain/lost"
+    key = _key(prefix, name)
+
+    async def b_round(b: aiolocks.Backend, b2: aiolocks.Backend) -> tuple[asyncio.Event, Any]:
+        """B holds (until the event is set), B2 queued behind it."""
+        holding, leave = asyncio.Event(), asyncio.Event()
+        b_task = asyncio.create_task(_hold_until(b.mutex(name), done, leave, holding))
+        await holding.wait()
+        b2_task = asyncio.create_task(_hold(b2.mutex(name), done))
+        await _queue(raw, prefix, name, 1)
+        return leave, asyncio.gather(b_task, b2_task)
+
+    done: list[int] = []
+    async with (
+        aiolocks.connect(url) as a,
+        aiolocks.connect(url) as b,
+        aiolocks.connect(url) as b2,
+    ):
+        leave, both = await b_round(b, b2)
+        node = _driver(a).node
+        node.handed_at[key] = (await _server_ms(raw), time.monotonic())
+        real_join = node.join
+        land = asyncio.Event()
+        late: list[asyncio.Task[int]] = []
+
+        async def landing(keys: Any, member: str) -> int:
+            await land.wait()
+            return await real_join(keys, member)
+
+        async def lost_join(keys: Any, member: str) -> int:
+            late.append(asyncio.create_task(landing(keys, member)))
+            raise RedisConnectionError("connection lost while sending")
+
+        node.join = lost_join  # type: ignore[method-assign]
+        a_task = asyncio.create_task(_hold(a.mutex(name), done))
+        await _queue(raw, prefix, name, 2)  # B2's entry, A's from acquire.lua
+        leave.set()
+        await asyncio.wait_for(asyncio.gather(both, a_task), 10)
+        # a later round: the lost RPUSHX lands behind B2
+        leave, both = await b_round(b, b2)
+        land.set()
+        assert await late[0] == 2
+        leave.set()
+        await asyncio.wait_for(both, 10)
+        assert len(done) == 5 and done == sorted(done)
+        probe = b.mutex(name)
+        assert await probe.acquire(timeout=5)  # (the stray grant: a 30 s lease)
+        await probe.release()
+        assert await raw.exists(f"{key}:queue") == 0
+
+
 async def _server_ms(raw: redis.asyncio.Redis) -> int:
     seconds, micros = await raw.time()
     return int(seconds) * 1000 + int(micros) // 1000
