@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 import redis.asyncio
 
+import aiolocks
 from aiolocks.testing.servers import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -77,3 +78,22 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+class Alone:
+    """Tasks taking one mutex: checks that only one is inside at a time and
+    records the fencing tokens in the order the holds began."""
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self.tokens: list[int] = []
+
+    async def hold(self, lock: aiolocks.Mutex, pause: float = 0.0) -> None:
+        """Hold ``lock`` for ``pause`` s (at least one event-loop step), alone."""
+        async with lock:
+            self.inside += 1
+            assert self.inside == 1
+            assert lock.fencing_token is not None
+            self.tokens.append(lock.fencing_token)
+            await asyncio.sleep(pause)
+            self.inside -= 1

@@ -15,7 +15,7 @@ import redis.asyncio
 
 import aiolocks
 
-from .conftest import command_calls, eventually
+from .conftest import Alone, command_calls, eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
@@ -186,20 +186,9 @@ async def test_local_handoff_passes_the_lock_within_the_process_without_a_messag
 
         remote = asyncio.create_task(remote_waiter())
         await _queued(raw, prefix, name, 1)
-        tokens: list[int] = []
-        inside = 0
-
-        async def local() -> None:
-            nonlocal inside
-            async with here.mutex(name) as lock:
-                inside += 1
-                assert inside == 1
-                assert lock.fencing_token is not None
-                tokens.append(lock.fencing_token)
-                await asyncio.sleep(0.01)
-                inside -= 1
-
-        locals_ = [asyncio.create_task(local()) for _ in range(3)]
+        alone = Alone()
+        tokens = alone.tokens
+        locals_ = [asyncio.create_task(alone.hold(here.mutex(name), 0.01)) for _ in range(3)]
         # none of them tries: the lock is their process's, so they wait
         # in the process for it to be passed on
         await _queued_here(here, 3, in_queue=0)

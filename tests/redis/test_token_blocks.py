@@ -22,7 +22,7 @@ import redis.asyncio
 import aiolocks
 from aiolocks.redis._driver import TOKEN_BLOCK
 
-from .conftest import eventually
+from .conftest import Alone, eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
@@ -95,21 +95,10 @@ async def test_passes_stop_at_the_end_of_the_block(
     async with aiolocks.connect(url) as here:
         holder = here.mutex(name)
         await holder.acquire()
-        tokens: list[int] = []
-        inside = 0
-
-        async def local() -> None:
-            nonlocal inside
-            async with here.mutex(name) as lock:
-                inside += 1
-                assert inside == 1
-                assert lock.fencing_token is not None
-                tokens.append(lock.fencing_token)
-                await asyncio.sleep(0)
-                inside -= 1
-
+        alone = Alone()
+        tokens = alone.tokens
         n = TOKEN_BLOCK + 4
-        tasks = [asyncio.create_task(local()) for _ in range(n)]
+        tasks = [asyncio.create_task(alone.hold(here.mutex(name))) for _ in range(n)]
         await _waiting(here, n)
         await holder.release()
         await asyncio.gather(*tasks)
