@@ -119,7 +119,8 @@ LOCAL_HANDOFFS = 16
 TOKEN_BLOCK = 16
 #: how long a read of our field vouches for passing the hold on with no round
 #: trip (s): past it, the release goes to Redis (which checks the field and
-#: grants a fresh block). Keyspace events report a deletion sooner; this
+#: grants a fresh block). A grant vouches for itself for ``LOSS_WATCH_DELAY``
+#: (see ``RedisDriver._pass_on``). Keyspace events report a deletion sooner; this
 #: bounds what a pub/sub connection that dropped and came back unnoticed
 #: (redis-py reconnects by itself) could let through.
 PASS_TRUST = 0.1
@@ -206,12 +207,14 @@ class RedisHold:
         "block_end",
         "checking",
         "field",
+        "fresh_until",
         "grant",
         "keys",
         "lease",
         "leave",
         "on_change",
         "on_stop",
+        "recall",
         "recheck",
         "released",
         "renewing",
@@ -248,6 +251,13 @@ class RedisHold:
         self.verified = False
         #: when that read was sent (``time.monotonic()``)
         self.verified_at = 0.0
+        #: until when (``time.monotonic()``) the grant itself vouches for
+        #: passing the hold on, before any watch or read: Redis wrote our
+        #: field just now (see ``RedisDriver._pass_on``)
+        self.fresh_until = 0.0
+        #: a look for a local waiter is due when the grant stops vouching
+        #: (see ``RedisDriver._watch_now``)
+        self.recall = False
         self.watchdog: Renewal | None = None
         #: undoes the keyspace-event subscription (see ``RedisDriver._watch_key``)
         self.on_stop: Callable[[], None] | None = None
@@ -1434,6 +1444,7 @@ class RedisDriver:
             hold = RedisHold(a.keys, field, lease)
             grant = hold.grant = Grant(request, token, hold)
             hold.block_end = token + block
+            hold.fresh_until = time.monotonic() + LOSS_WATCH_DELAY
             grant.valid_until = sent + lease  # moved on by each successful renewal
             # scheduled by _start_watch (now, or with the keyspace watch)
             hold.watchdog = Renewal(
@@ -1462,9 +1473,12 @@ class RedisDriver:
         a hold released sooner (most holds of a busy lock) costs no pub/sub
         command and keeps them off the hand-off's critical path. Nothing is
         missed: a change in between is found by that read, well within a
-        second of it. At once, though, when tasks of this process wait for
-        the lock: the hold can be passed to them with no round trip only
-        once it is watched and verified (see ``_pass_on``).
+        second of it. Tasks of this process waiting for the lock change
+        nothing here: within ``LOSS_WATCH_DELAY`` the grant vouches for
+        passing the hold to them, after it the read does (see ``_pass_on``).
+        Starting the watch at once for them would make its SUBSCRIBE and
+        read answer in the middle of the first hold after every grant from
+        Redis, and wake the event loop there.
 
         Also starts the hold's watchdog renewal: with the delayed watch, in
         the same timer when the first renewal (or, with ``watchdog=False``,
@@ -1477,10 +1491,6 @@ class RedisDriver:
         where = self.node.keyspace_watch(hold.keys.holders)
         if where is None:
             self._renew(hold)
-            return
-        key = hold.keys.holders
-        if self._queued and any(o.local and o.keys.holders == key for o in self._queued.values()):
-            self._late_start(hold)
             return
         if where[0].is_confirmed(where[1]):
             self._renew(hold)
@@ -1510,9 +1520,17 @@ class RedisDriver:
         """A task here waits for ``hold``'s lock: make the hold passable soon. No I/O.
 
         Not watched yet: start the watch now (its first read verifies the
-        hold). Watched but not verified: read our field now.
+        hold). Watched but not verified: read our field now. Either waits
+        while the grant still vouches for a pass (``RedisHold.fresh_until``):
+        the pending timer starts the watch then, or this look runs again.
         """
         if hold.verified or hold.checking or hold.released:
+            return
+        now = time.monotonic()
+        if now < hold.fresh_until:
+            if hold.on_change is not None and not hold.recall:
+                hold.recall = True
+                asyncio.get_running_loop().call_later(hold.fresh_until - now, self._recall, hold)
             return
         if hold.on_change is not None:
             watching = hold.watching
@@ -1522,6 +1540,10 @@ class RedisDriver:
             on_stop, hold.on_stop = hold.on_stop, None
             on_stop()  # the pending timer
             self._late_start(hold)
+
+    def _recall(self, hold: RedisHold) -> None:
+        hold.recall = False
+        self._watch_now(hold)
 
     def _watch_key(self, hold: RedisHold, late: bool = False) -> None:
         """Check our field whenever the server reports a change of its key.
@@ -1738,6 +1760,17 @@ class RedisDriver:
         lease) and the block has a token left, and only to a waiter asking
         for the same lease with the watchdog on, as ours is (the hold goes
         on under the same lease and renewals). False: release as usual.
+
+        Sound also means vouched for, by one of:
+
+        * the grant itself, for ``LOSS_WATCH_DELAY`` after it: Redis wrote
+          our field just now. A change since is found by the read that
+          follows the watch starting then, and loses the hold for whichever
+          task has it by then, as it would for the first;
+        * a read of our field sent once the key's events reach us, less
+          than ``PASS_TRUST`` ago, with no event since.
+
+        A check on the wire (an event came) vouches for nothing.
         """
         renewal = hold.watchdog
         request = successor.request
@@ -1752,9 +1785,11 @@ class RedisDriver:
             or not request.options.get("watchdog", True)
             or renewal.valid_until - now < hold.lease / 2
             or successor.unanswered
-            or not hold.verified
             or hold.checking
-            or now - hold.verified_at > PASS_TRUST
+            or (
+                now >= hold.fresh_until
+                and (not hold.verified or now - hold.verified_at > PASS_TRUST)
+            )
         ):
             return False
         if not successor.local:

@@ -43,6 +43,46 @@ async def _truthy(value: bool) -> bool:
     return value
 
 
+async def _take(backend: aiolocks.Backend, name: str) -> tuple[aiolocks.Mutex, int]:
+    """Acquire the mutex ``name``; the mutex and its fencing token."""
+    holder = backend.mutex(name)
+    await holder.acquire()
+    assert holder.fencing_token is not None
+    return holder, holder.fencing_token
+
+
+async def _take_once(backend: aiolocks.Backend, name: str, tokens: list[int]) -> None:
+    """Take the mutex ``name`` once, noting its fencing token."""
+    async with backend.mutex(name) as lock:
+        assert lock.fencing_token is not None
+        tokens.append(lock.fencing_token)
+
+
+async def _hold_once(
+    backend: aiolocks.Backend,
+    name: str,
+    tokens: list[int],
+    outcomes: list[str],
+    *,
+    stay_at: int,
+    inside: asyncio.Event | None = None,
+) -> None:
+    """Take the mutex ``name`` once, noting its fencing token, then ``held``
+    or ``lost``. The ``stay_at``-th holder stays inside (``inside`` set) until
+    its hold is lost, or 30 s."""
+    try:
+        async with backend.mutex(name) as lock:
+            assert lock.fencing_token is not None
+            tokens.append(lock.fencing_token)
+            if len(tokens) == stay_at:
+                if inside is not None:
+                    inside.set()
+                await asyncio.sleep(30)
+        outcomes.append("held")
+    except aiolocks.LockLostError:
+        outcomes.append("lost")
+
+
 async def _waiting(backend: aiolocks.Backend, n: int) -> None:
     """``n`` waiters in the process, and the process's hold (if any) passable:
     watched, and its field read once its key's events reach us."""
@@ -62,20 +102,12 @@ async def test_a_grant_reserves_a_block_and_passes_use_it(
     the next grant from Redis (another process) is larger still."""
     name = "blocks/reserve"
     async with aiolocks.connect(url) as here, aiolocks.connect(url) as there:
-        holder = here.mutex(name)
-        await holder.acquire()
-        first = holder.fencing_token
-        assert first is not None
+        holder, first = await _take(here, name)
         counter = await raw.hget(_key(prefix, name), "#")
         assert counter is not None and int(counter) == first + TOKEN_BLOCK - 1
         tokens: list[int] = []
 
-        async def local() -> None:
-            async with here.mutex(name) as lock:
-                assert lock.fencing_token is not None
-                tokens.append(lock.fencing_token)
-
-        tasks = [asyncio.create_task(local()) for _ in range(3)]
+        tasks = [asyncio.create_task(_take_once(here, name, tokens)) for _ in range(3)]
         await _waiting(here, 3)
         await holder.release()
         await asyncio.gather(*tasks)
@@ -115,27 +147,15 @@ async def test_key_deleted_while_a_passed_hold_runs_reaches_that_task(
     ``LockLostError``; the task after it gets the lock again from Redis."""
     name = "blocks/deleted"
     async with aiolocks.connect(url) as here:
-        holder = here.mutex(name)
-        await holder.acquire()
-        first = holder.fencing_token
-        assert first is not None
+        holder, first = await _take(here, name)
         inside = asyncio.Event()
         outcomes: list[str] = []
         tokens: list[int] = []
 
-        async def local() -> None:
-            try:
-                async with here.mutex(name) as lock:
-                    assert lock.fencing_token is not None
-                    tokens.append(lock.fencing_token)
-                    if len(tokens) == 2:
-                        inside.set()
-                        await asyncio.sleep(30)
-                outcomes.append("held")
-            except aiolocks.LockLostError:
-                outcomes.append("lost")
-
-        tasks = [asyncio.create_task(local()) for _ in range(3)]
+        tasks = [
+            asyncio.create_task(_hold_once(here, name, tokens, outcomes, stay_at=2, inside=inside))
+            for _ in range(3)
+        ]
         await _waiting(here, 3)
         await holder.release()
         await inside.wait()
@@ -168,6 +188,7 @@ async def test_waiter_cancelled_after_it_was_passed_the_hold(
         await _waiting(here, 1)
         rest = [asyncio.create_task(local(f"local{i}")) for i in range(behind)]
         await _waiting(here, 1 + behind)
+
         async def remote() -> bool:
             lock = there.mutex(name)
             if not await lock.acquire(timeout=20):
@@ -301,20 +322,81 @@ async def test_stale_verification_goes_to_redis(
     (which checks the field and hands over a fresh grant and block)."""
     name = "blocks/stale"
     async with aiolocks.connect(url) as here:
-        holder = here.mutex(name)
-        await holder.acquire()
-        first = holder.fencing_token
-        assert first is not None
+        holder, first = await _take(here, name)
         tokens: list[int] = []
 
-        async def local() -> None:
-            async with here.mutex(name) as lock:
-                assert lock.fencing_token is not None
-                tokens.append(lock.fencing_token)
-
-        task = asyncio.create_task(local())
+        task = asyncio.create_task(_take_once(here, name, tokens))
         await _waiting(here, 1)
         monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 0.0)
         await holder.release()
         await task
         assert len(tokens) == 1 and tokens[0] >= first + TOKEN_BLOCK  # a grant from Redis
+
+
+async def _pubsub_and_reads(raw: redis.asyncio.Redis) -> tuple[int, int]:
+    """How many SUBSCRIBE and HGET calls the server has run so far."""
+    stats = await raw.info("commandstats")
+
+    def calls(command: str) -> int:
+        entry = stats.get(f"cmdstat_{command}")
+        return int(entry["calls"]) if entry else 0
+
+    return calls("subscribe"), calls("hget")
+
+
+async def test_a_fresh_grant_from_redis_is_passed_on_with_no_watch_and_no_read(
+    url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's release hands the lock to ours, where two tasks
+    wait: the first passes it to the second with no round trip, before the
+    key is watched or our field read (the grant vouches for itself within
+    ``LOSS_WATCH_DELAY``, long here so a slow machine stays inside it). No
+    SUBSCRIBE and no HGET reach the server for that first hold."""
+    monkeypatch.setattr("aiolocks.redis._driver.LOSS_WATCH_DELAY", 5.0)
+    name = "blocks/fresh"
+    async with aiolocks.connect(url) as here, aiolocks.connect(url) as there:
+        other = there.mutex(name)
+        await other.acquire()
+        tokens: list[int] = []
+
+        tasks = [asyncio.create_task(_take_once(here, name, tokens)) for _ in range(2)]
+        driver = here._driver
+
+        async def queued() -> bool:
+            waiting = list(driver._queued.values())
+            return len(waiting) == 2 and sum(a.local for a in waiting) == 1
+
+        await eventually(queued, what="one waiter in the queue and one in the process")
+        before = await _pubsub_and_reads(raw)
+        await other.release()
+        async with asyncio.timeout(10):
+            await asyncio.gather(*tasks)
+        assert len(tokens) == 2 and tokens[1] == tokens[0] + 1  # passed, no round trip
+        assert await _pubsub_and_reads(raw) == before
+
+
+async def test_a_key_deleted_while_the_grant_is_fresh_is_lost_by_the_task_passed_to(
+    url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key is deleted before the holder's fresh grant is passed on: the
+    pass still happens (nothing has been read yet), and the read that
+    follows the watch at the end of ``LOSS_WATCH_DELAY`` cancels the task
+    it was passed to with ``LockLostError``. Nothing is left in Redis."""
+    monkeypatch.setattr("aiolocks.redis._driver.LOSS_WATCH_DELAY", 1.0)
+    name = "blocks/fresh-deleted"
+    async with aiolocks.connect(url) as here:
+        holder, first = await _take(here, name)
+        outcomes: list[str] = []
+        tokens: list[int] = []
+
+        task = asyncio.create_task(_hold_once(here, name, tokens, outcomes, stay_at=1))
+        await eventually(
+            lambda: _truthy(len(here._driver._queued) == 1), what="a waiter in the process"
+        )
+        await raw.delete(_key(prefix, name))
+        await holder.release()  # passed on: the grant vouches for it
+        async with asyncio.timeout(10):
+            await task
+        assert tokens == [first + 1]
+        assert outcomes == ["lost"]
+        assert await raw.keys(f"{prefix}*") == []
