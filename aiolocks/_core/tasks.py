@@ -100,9 +100,18 @@ class TaskSet:
         return len(self._tasks)
 
     async def drain(self, *, cancel: bool) -> None:
-        """Wait for every task (cancelling them first when ``cancel``), even if cancelled."""
-        while self._tasks:
-            pending = list(self._tasks)
+        """Wait for every task (cancelling them first when ``cancel``), even if cancelled.
+
+        Only tasks not done yet are waited for: a done task whose done
+        callback (which takes it out of the set) has not run yet needs
+        nothing more. Waiting for it would also spin: since Python 3.12,
+        ``asyncio.gather`` of done tasks returns a finished future, so no
+        await would ever let the event loop run that callback.
+        """
+        while True:
+            pending = [task for task in self._tasks if not task.done()]
+            if not pending:
+                return
             if cancel:
                 for task in pending:
                     task.cancel()
