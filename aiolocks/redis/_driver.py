@@ -120,7 +120,7 @@ TOKEN_BLOCK = 16
 #: how long a read of our field vouches for passing the hold on with no round
 #: trip (s): past it, the release goes to Redis (which checks the field and
 #: grants a fresh block). A grant vouches for itself for ``LOSS_WATCH_DELAY``
-#: (see ``RedisDriver._pass_on``). Keyspace events report a deletion sooner; this
+#: (see ``RedisHold.vouched``). Keyspace events report a deletion sooner; this
 #: bounds what a pub/sub connection that dropped and came back unnoticed
 #: (redis-py reconnects by itself) could let through.
 PASS_TRUST = 0.1
@@ -253,7 +253,7 @@ class RedisHold:
         self.verified_at = 0.0
         #: until when (``time.monotonic()``) the grant itself vouches for
         #: passing the hold on, before any watch or read: Redis wrote our
-        #: field just now (see ``RedisDriver._pass_on``)
+        #: field just now (see ``vouched``)
         self.fresh_until = 0.0
         #: a look for a local waiter is due when the grant stops vouching
         #: (see ``RedisDriver._watch_now``)
@@ -264,6 +264,23 @@ class RedisHold:
         #: a check of our field is on the wire / another event came meanwhile
         self.checking = False
         self.recheck = False
+
+    def vouched(self, now: float) -> bool:
+        """Something vouches for our field being there, so that the hold may
+        be passed on with no round trip (``now``: ``time.monotonic()``). One of:
+
+        * the grant itself, for ``LOSS_WATCH_DELAY`` after it: Redis wrote
+          our field just now. A change since is found by the read that
+          follows the watch starting then, and loses the hold for whichever
+          task has it by then, as it would for the first;
+        * a read of our field sent once the key's events reach us, less
+          than ``PASS_TRUST`` ago, with no event since.
+
+        A check on the wire (an event came) vouches for nothing.
+        """
+        if self.checking:
+            return False
+        return now < self.fresh_until or (self.verified and now - self.verified_at <= PASS_TRUST)
 
     def stop(self) -> None:
         """Mark released and stop renewing, synchronously (before any unlock is sent)."""
@@ -1759,18 +1776,8 @@ class RedisDriver:
         Only while the hold is sound (not lost, renewed, well inside its
         lease) and the block has a token left, and only to a waiter asking
         for the same lease with the watchdog on, as ours is (the hold goes
-        on under the same lease and renewals). False: release as usual.
-
-        Sound also means vouched for, by one of:
-
-        * the grant itself, for ``LOSS_WATCH_DELAY`` after it: Redis wrote
-          our field just now. A change since is found by the read that
-          follows the watch starting then, and loses the hold for whichever
-          task has it by then, as it would for the first;
-        * a read of our field sent once the key's events reach us, less
-          than ``PASS_TRUST`` ago, with no event since.
-
-        A check on the wire (an event came) vouches for nothing.
+        on under the same lease and renewals), and while the hold is
+        vouched for (:meth:`RedisHold.vouched`). False: release as usual.
         """
         renewal = hold.watchdog
         request = successor.request
@@ -1785,11 +1792,7 @@ class RedisDriver:
             or not request.options.get("watchdog", True)
             or renewal.valid_until - now < hold.lease / 2
             or successor.unanswered
-            or hold.checking
-            or (
-                now >= hold.fresh_until
-                and (not hold.verified or now - hold.verified_at > PASS_TRUST)
-            )
+            or not hold.vouched(now)
         ):
             return False
         if not successor.local:
