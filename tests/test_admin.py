@@ -16,7 +16,7 @@ from aiolocks import LockLostError
 from aiolocks.memory import MemoryBackend
 from aiolocks.testing import RedisServer, ZooKeeperServer
 from aiolocks.zookeeper._admin import unescape
-from aiolocks.zookeeper._driver import _escape
+from aiolocks.zookeeper._layout import escape as _escape
 from tests.admin_helpers import cli_holder, list_and_kinds, run_cli, standoff, unique
 
 

@@ -137,8 +137,16 @@ class Engine:
         return self.driver.lock_options(family, options)
 
     def validate_name(self, name: object) -> str:
-        """The canonical lock name, or :class:`InvalidLockNameError`."""
-        return validate_name(name)
+        """The canonical lock name, or :class:`InvalidLockNameError`.
+
+        A driver may refuse more names (``check_name(name)``, optional): the
+        ones its server cannot hold as they are.
+        """
+        canonical = validate_name(name)
+        check = getattr(self.driver, "check_name", None)
+        if check is not None:
+            check(canonical)
+        return canonical
 
     def participant_id(self, task: asyncio.Task[object] | None) -> str:
         """``<client-id>/<task name>``, or the client id alone for object-owned holds."""

@@ -31,6 +31,7 @@ from .._core.backend import Backend
 from .._core.names import has_control_character
 from .._core.urls import parse_bool, parse_positive_float, parse_url
 from ._driver import ZooKeeperDriver, lock_path
+from ._layout import DEFAULT_LAYOUT, parse_layout
 from ._session import ConnectionState
 
 __all__ = [
@@ -49,6 +50,7 @@ _URL_OPTIONS: Final = {
     "session_timeout": parse_positive_float,
     "connect_timeout": parse_positive_float,
     "suspended_is_lost": parse_bool,
+    "layout": lambda _name, text: parse_layout(text),
 }
 
 
@@ -166,7 +168,9 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
     Options (in the query or as keywords; keywords win): ``session_timeout``
     (seconds, default 10; the server clamps it to its min/max),
     ``connect_timeout`` (seconds, default 10), ``suspended_is_lost`` (bool,
-    default false).
+    default false), ``layout`` (``aiolocks``, the default: names below
+    ``/aiolocks/<family>/``; ``curator``: a name is the ZooKeeper path
+    Apache Curator uses, see ``docs/zookeeper.md``).
 
     :raises ValueError: naming the bad part (scheme, host, port, chroot,
         credentials, unknown option or bad value).
@@ -203,6 +207,7 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
         "connect_timeout", values.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
     )
     suspended_is_lost = _check_bool("suspended_is_lost", values.get("suspended_is_lost", False))
+    layout = parse_layout(values.get("layout", DEFAULT_LAYOUT))
     servers = ",".join(str(h) for h in parsed.hosts)
     driver = ZooKeeperDriver(
         client=None,
@@ -212,5 +217,6 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
         connect_timeout=connect_timeout,
         suspended_is_lost=suspended_is_lost,
         description=f"zk://{servers}{chroot}",
+        layout=layout,
     )
     return ZooKeeperBackend._around(driver)

@@ -15,8 +15,9 @@ from aiozk import exc as zk_exc
 from aiozk import protocol
 
 from .._core.driver import Family
-from ._driver import ROOT, _escape
 from ._internals import parse_node
+from ._layout import ROOT
+from ._layout import escape as _escape
 
 if TYPE_CHECKING:
     from ._driver import ZooKeeperDriver
@@ -25,6 +26,8 @@ __all__ = ["ZooKeeperAdmin", "unescape"]
 
 #: the children of a semaphore's path that hold its nodes
 _SEMAPHORE_DIRS = ("leases", "locks")
+#: the families laid out as a semaphore (a semaphore mutex is one with one lease)
+_LEASED = (Family.SEMAPHORE, Family.SEMAPHORE_MUTEX)
 
 
 def unescape(escaped: str) -> str:
@@ -74,7 +77,7 @@ class ZooKeeperAdmin:
         deadline = time.monotonic() + self._timeout
         children = await internals.list_children(path, deadline)
         if name and name.startswith(wanted):
-            if family is Family.SEMAPHORE:
+            if family in _LEASED:
                 holds = False
                 for sub in _SEMAPHORE_DIRS:
                     if sub in children:
@@ -87,7 +90,7 @@ class ZooKeeperAdmin:
         for child in children:
             if parse_node(path, child) is not None:
                 continue
-            if family is Family.SEMAPHORE and child in _SEMAPHORE_DIRS and name:
+            if family in _LEASED and child in _SEMAPHORE_DIRS and name:
                 continue
             candidate = f"{name}/{child}" if name else child
             if candidate.startswith(wanted) or wanted.startswith(candidate):

@@ -1,15 +1,19 @@
 """The ZooKeeper driver: families mapped to node layouts over :mod:`._internals`.
 
-Layout (below the client's chroot; every parent is a container node)::
+Layout (below the client's chroot; every parent is a container node; the
+names and ordering are Curator 5.x's, see :mod:`._layout`)::
 
-    /aiolocks/mutex/<name>/_c_<uuid>-lock-<seq>            Mutex (InterProcessMutex)
-    /aiolocks/semaphore-mutex/<name>/_c_<uuid>-lock-<seq>  SemaphoreMutex
-    /aiolocks/rwlock/<name>/_c_<uuid>-read-<seq>           ReadWriteLock: one queue,
-    /aiolocks/rwlock/<name>/_c_<uuid>-write-<seq>            read and write nodes
-    /aiolocks/rwlock/<name>/_c_<uuid>-read@<wseq>-<seq>      downgrade read (CURATOR-621)
-    /aiolocks/semaphore/<name>/locks/_c_<uuid>-lock-<seq>  Semaphore turnstile
+    /aiolocks/mutex/<name>/_c_<uuid>-lock-<seq>              Mutex (InterProcessMutex)
+    /aiolocks/semaphore-mutex/<name>/locks/..., /leases/...  SemaphoreMutex (a semaphore
+                                                             with one lease, as in Curator)
+    /aiolocks/rwlock/<name>/_c_<uuid>-__READ__<seq>          ReadWriteLock: one queue,
+    /aiolocks/rwlock/<name>/_c_<uuid>-__WRIT__<seq>            read and write nodes
+    /aiolocks/rwlock/<name>/_c_<uuid>-__READ__<wseq>-<seq>     downgrade read (CURATOR-621)
+    /aiolocks/semaphore/<name>/locks/_c_<uuid>-lock-<seq>    Semaphore turnstile
     /aiolocks/semaphore/<name>/leases/_c_<uuid>-lease-<seq>  the leases
-    /aiolocks/leader/<name>/_c_<uuid>-latch-<seq>          LeaderLatch
+    /aiolocks/leader/<name>/_c_<uuid>-latch-<seq>            LeaderLatch
+
+With ``layout=curator`` the folder is ``/<name>`` itself, as in Curator.
 
 Each node's data is the participant id (UTF-8). Fencing token = ``czxid`` of
 the node (a global, strictly increasing transaction id).
@@ -51,6 +55,7 @@ from ._internals import (
     read_predicate,
     sort_nodes,
 )
+from ._layout import DEFAULT_LAYOUT, ROOT, check_curator_name, lock_path
 from ._session import ConnectionState, SessionChanged, SessionMonitor, wait_own
 
 if TYPE_CHECKING:
@@ -65,52 +70,13 @@ logger = logging.getLogger("aiolocks.zookeeper")
 #: expires a session that was silent for the whole timeout.
 STALL_FRACTION: Final = 0.8
 
-ROOT: Final = "/aiolocks"
-
 _KIND: Final = {
     Family.MUTEX: "lock",
-    Family.SEMAPHORE_MUTEX: "lock",
     Family.LEADER: "latch",
 }
 
-# ZooKeeper refuses these code points in paths (PathUtils.validatePath).
-_FORBIDDEN_RANGES: Final = ((0xD800, 0xF8FF), (0xFFF0, 0xFFFF))
-
-
-def _escape(name: str) -> str:
-    """Map a lock name to path characters ZooKeeper accepts; injective.
-
-    ``%`` becomes ``%25``, code points ZooKeeper refuses become ``%uXXXX``
-    and those above U+FFFF (surrogate pairs in Java, also refused)
-    ``%UXXXXXX``; everything else (including ``/``) is kept, so paths stay
-    readable.
-    """
-    if "%" not in name and not any(_forbidden(ch) for ch in name):
-        return name
-    out = []
-    for ch in name:
-        code = ord(ch)
-        if ch == "%":
-            out.append("%25")
-        elif code > 0xFFFF:
-            out.append(f"%U{code:06X}")
-        elif _forbidden(ch):
-            out.append(f"%u{code:04X}")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def _forbidden(ch: str) -> bool:
-    code = ord(ch)
-    # Above U+FFFF: Java (the server) sees a surrogate pair, which it refuses.
-    return code > 0xFFFF or any(lo <= code <= hi for lo, hi in _FORBIDDEN_RANGES)
-
-
-@functools.lru_cache(maxsize=4096)
-def lock_path(family: Family, name: str) -> str:
-    """The container node under which the nodes of lock ``name`` live (below the chroot)."""
-    return f"{ROOT}/{family.value}/{_escape(name)}"
+#: the families kept as Curator's InterProcessSemaphoreV2 (turnstile + leases)
+_LEASED: Final = (Family.SEMAPHORE, Family.SEMAPHORE_MUTEX)
 
 
 class ZooKeeperDriver:
@@ -128,6 +94,7 @@ class ZooKeeperDriver:
         connect_timeout: float,
         suspended_is_lost: bool,
         description: str,
+        layout: str = DEFAULT_LAYOUT,
     ) -> None:
         #: an ``aiozk.ZKClient`` the application gave us (configuration only)
         self._given = client
@@ -139,6 +106,8 @@ class ZooKeeperDriver:
         self._connect_timeout = connect_timeout
         self._suspended_is_lost = suspended_is_lost
         self._description = description
+        #: where names map to paths (see :mod:`._layout`)
+        self._layout = layout
         #: the engine's owned task set (given to open())
         self._tasks = TaskSet()
         #: held grants and the watch that reports their node's deletion
@@ -161,6 +130,19 @@ class ZooKeeperDriver:
         them), but code written for Redis runs unchanged here.
         """
         return check_portable_options(family, options, "zk://")
+
+    def check_name(self, name: str) -> None:
+        """Refuse, before any I/O, a name the layout cannot map to a path.
+
+        :raises InvalidLockNameError: on ``layout=curator``, a name ZooKeeper
+            cannot hold as a path (the default layout escapes instead)
+        """
+        if self._layout == "curator":
+            check_curator_name(name)
+
+    def path_of(self, family: Family, name: str) -> str:
+        """The folder of lock ``name`` in this backend's layout (below the chroot)."""
+        return lock_path(family, name, self._layout)
 
     @property
     def client(self) -> Any:
@@ -299,8 +281,8 @@ class ZooKeeperDriver:
     def begin(self, request: Request) -> Attempt:
         """A queue entry with a fresh uid (Curator's protected mode); no I/O."""
         data = request.participant.encode("utf-8", "surrogatepass")
-        parent = lock_path(request.family, request.name)
-        if request.family is Family.SEMAPHORE:
+        parent = self.path_of(request.family, request.name)
+        if request.family in _LEASED:
             entry = QueueEntry(f"{parent}/locks", "lock", data, exclusive_predicate)
             return _ZkAttempt(request, entry, leases_dir=f"{parent}/leases", data=data)
         if request.family is Family.READ_WRITE:
@@ -345,8 +327,10 @@ class ZooKeeperDriver:
         assert turnstile is not None
         request = a.request
         try:
+            # InterProcessSemaphoreMutex is InterProcessSemaphoreV2 with one lease.
+            max_leases = 1 if request.family is Family.SEMAPHORE_MUTEX else request.max_leases
             while len(a.leases) < request.count:
-                if not await self._room(a, request.max_leases):
+                if not await self._room(a, max_leases):
                     return None
                 pending = a.pending = QueueEntry(a.leases_dir, "lease", a.data, exclusive_predicate)
                 node, _ = await internals.create_entry(
@@ -499,9 +483,9 @@ class ZooKeeperDriver:
     async def participants(self, name: str, family: Family) -> list[Participant]:
         """Holders first, then waiters in queue order, each with its node's data."""
         internals = self.internals
-        parent = lock_path(family, name)
+        parent = self.path_of(family, name)
         deadline = time.monotonic() + self._connect_timeout
-        if family is Family.SEMAPHORE:
+        if family in _LEASED:
             leases = sort_nodes(
                 f"{parent}/leases", await internals.list_children(f"{parent}/leases", deadline)
             )
@@ -524,6 +508,8 @@ class ZooKeeperDriver:
             data, stat = found
             if family is Family.SEMAPHORE:
                 mode = "lease"  # holders and turnstile waiters alike
+            elif family is Family.SEMAPHORE_MUTEX:
+                mode = "exclusive"
             else:
                 mode = {"read": "read", "write": "write"}.get(node.kind, "exclusive")
             result.append(

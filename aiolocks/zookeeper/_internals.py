@@ -48,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
@@ -60,6 +59,7 @@ from aiozk import protocol
 
 from .._core.driver import Grant
 from .._core.errors import BackendUnavailableError
+from ._layout import match_node, node_prefix
 from ._protocol import CreateContainerRequest
 from ._session import AmbiguousResult, SessionChanged, SessionMonitor, wait_future, wait_own
 
@@ -76,14 +76,6 @@ __all__ = [
 logger = logging.getLogger("aiolocks.zookeeper")
 
 _EPHEMERAL_SEQUENTIAL: Final = 1 | 2
-
-#: ``_c_<uuid>-<kind>[@<anchor>]-<sequence>``: Curator's protected prefix
-#: ``_c_<uuid>-`` and a 10-digit server sequence.
-_NODE_RE: Final = re.compile(
-    r"^_c_(?P<uid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
-    r"-(?P<kind>lock|read|write|lease|latch)(?:@(?P<anchor>\d{10}))?-(?P<seq>\d{10})$"
-)
-
 
 @dataclass(frozen=True, slots=True)
 class Node:
@@ -114,18 +106,11 @@ class Node:
 @functools.lru_cache(maxsize=8192)
 def parse_node(parent: str, name: str) -> Node | None:
     """Parse a child name; ``None`` for a foreign child (ignored, Curator does too)."""
-    m = _NODE_RE.match(name)
-    if m is None:
+    found = match_node(name)
+    if found is None:
         return None
-    anchor = m.group("anchor")
-    return Node(
-        parent=parent,
-        name=name,
-        kind=m.group("kind"),
-        uid=m.group("uid"),
-        seq=int(m.group("seq")),
-        anchor=int(anchor) if anchor is not None else None,
-    )
+    kind, uid, seq, anchor = found
+    return Node(parent=parent, name=name, kind=kind, uid=uid, seq=seq, anchor=anchor)
 
 
 def sort_nodes(parent: str, children: Sequence[str]) -> list[Node]:
@@ -287,11 +272,7 @@ class LockInternals:
         cannot be trusted (it failed, or does not show our node): list again.
         """
         parent = entry.parent
-        prefix = (
-            f"_c_{entry.uid}-{entry.kind}"
-            + (f"@{entry.anchor:010d}" if entry.anchor is not None else "")
-            + "-"
-        )
+        prefix = node_prefix(entry.uid, entry.kind, entry.anchor)
         while True:
             request = protocol.Create2Request(
                 path=self._abs(f"{parent}/{prefix}"),
