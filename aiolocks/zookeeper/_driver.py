@@ -140,6 +140,11 @@ class ZooKeeperDriver:
         if self._layout == "curator":
             check_curator_name(name)
 
+    @property
+    def layout(self) -> str:
+        """``"aiolocks"`` or ``"curator"`` (see :mod:`._layout`)."""
+        return self._layout
+
     def path_of(self, family: Family, name: str) -> str:
         """The folder of lock ``name`` in this backend's layout (below the chroot)."""
         return lock_path(family, name, self._layout)
