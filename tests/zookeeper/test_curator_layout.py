@@ -218,5 +218,5 @@ async def test_list_and_force_release_on_the_curator_layout(
             await waiting.release()
 
 
-async def _queued(backend: ZooKeeperBackend, name: str, n: int) -> bool:
+async def _queued(backend: aiolocks.Backend, name: str, n: int) -> bool:
     return len(await backend.mutex(name).participants()) == n
