@@ -58,16 +58,17 @@ public final class CuratorDriver {
     private static final Map<String, Handle> handles = new ConcurrentHashMap<>();
 
     /** One recipe object and the one thread that runs its commands. */
-    private static class Handle {
+    private static final class Handle {
         final String id;
-        final ExecutorService thread = Executors.newSingleThreadExecutor();
+        final ExecutorService thread;
         InterProcessLock lock;              // mutex, semaphore mutex, read, write
         InterProcessSemaphoreV2 semaphore;  // semaphore
         Lease lease;                        // the semaphore's lease while held
         LeaderLatch latch;                  // leader latch
 
-        Handle(String id) {
+        Handle(String id, ExecutorService thread) {
             this.id = id;
+            this.thread = thread;
         }
     }
 
@@ -118,10 +119,7 @@ public final class CuratorDriver {
                 // both halves on one thread: Curator's downgrade is per thread
                 Handle r = add(t[1] + ".r");
                 r.lock = rw.readLock();
-                Shared w = new Shared(t[1] + ".w", r.thread, rw.writeLock());
-                if (handles.putIfAbsent(w.id, w) != null) {
-                    throw new IllegalArgumentException("handle " + w.id + " exists");
-                }
+                add(t[1] + ".w", r.thread).lock = rw.writeLock();
                 break;
             }
             case "latch": newLatch(add(t[1]), client(t[2]), t[3], t[4]); break;
@@ -134,24 +132,12 @@ public final class CuratorDriver {
         reply(t[0] + " " + t[1] + " ok");
     }
 
-    /** A handle that runs on another handle's thread (the write half of an rwpair). */
-    private static final class Shared extends Handle {
-        final ExecutorService shared;
-
-        Shared(String id, ExecutorService shared, InterProcessLock lock) {
-            super(id);
-            this.shared = shared;
-            this.lock = lock;
-            thread.shutdown();
-        }
-    }
-
-    private static ExecutorService threadOf(Handle h) {
-        return h instanceof Shared ? ((Shared) h).shared : h.thread;
-    }
-
     private static Handle add(String id) {
-        Handle h = new Handle(id);
+        return add(id, Executors.newSingleThreadExecutor());
+    }
+
+    private static Handle add(String id, ExecutorService thread) {
+        Handle h = new Handle(id, thread);
         if (handles.putIfAbsent(id, h) != null) {
             throw new IllegalArgumentException("handle " + id + " exists");
         }
@@ -231,7 +217,7 @@ public final class CuratorDriver {
     }
 
     private static void acquire(Handle h) {
-        threadOf(h).submit(() -> {
+        h.thread.submit(() -> {
             try {
                 if (h.latch != null) {
                     h.latch.start();
@@ -248,7 +234,7 @@ public final class CuratorDriver {
     }
 
     private static void tryAcquire(Handle h, long ms) {
-        threadOf(h).submit(() -> {
+        h.thread.submit(() -> {
             try {
                 boolean got;
                 if (h.semaphore != null) {
@@ -265,7 +251,7 @@ public final class CuratorDriver {
     }
 
     private static void release(Handle h) {
-        threadOf(h).submit(() -> {
+        h.thread.submit(() -> {
             try {
                 if (h.latch != null) {
                     h.latch.close();
@@ -284,7 +270,7 @@ public final class CuratorDriver {
     }
 
     private static void participants(Handle h) {
-        threadOf(h).submit(() -> {
+        h.thread.submit(() -> {
             try {
                 List<String> out = new ArrayList<>();
                 if (h.latch != null) {
