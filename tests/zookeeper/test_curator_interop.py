@@ -255,6 +255,30 @@ async def test_session_expiry_on_each_side(
     assert await lock_nodes(observer, path) == []
 
 
+async def test_semaphore_counts_the_leases_of_both_sides(
+    py: ZooKeeperBackend, java: CuratorProcess, observer: Any, layout: str
+) -> None:
+    """``InterProcessSemaphoreV2(2)`` and ``semaphore(name, 2)``: one lease each fills it."""
+    name = f"pools/{uuid.uuid4().hex[:8]}"
+    path = lock_path(Family.SEMAPHORE, name, layout)
+    handle = f"h{next(_ids)}"
+    await java.call(f"sem {handle} j {path} 2", f"sem {handle} ok")
+    await java.call(f"acquire {handle}", f"acquired {handle}")
+    semaphore = py.semaphore(name, 2)
+    lease = await semaphore.acquire(timeout=0)
+    assert lease is not None
+    probe = f"h{next(_ids)}"
+    await java.call(f"sem {probe} j {path} 2", f"sem {probe} ok")
+    assert (await java.call(f"try {probe} 0", f"tried {probe}")).endswith("false")
+    assert await semaphore.acquire(timeout=0) is None
+    await lease.release()
+    assert (await java.call(f"try {probe} 0", f"tried {probe}")).endswith("true")
+    assert await semaphore.acquire(timeout=0) is None
+    await java.call(f"release {probe}", f"released {probe}")
+    await java.call(f"release {handle}", f"released {handle}")
+    assert await lock_nodes(observer, path) == []
+
+
 async def test_readers_share_across_the_languages(
     py: ZooKeeperBackend, java: CuratorProcess, observer: Any, layout: str
 ) -> None:
