@@ -104,6 +104,9 @@ The rest
 * ``capabilities``: what the backend promises (:class:`Capabilities`); the
   conformance suite skips tests by these, never by backend name.
 * ``describe()``: stable text naming the server(s) without credentials.
+* ``check_name(name)`` (optional): refuse, before any I/O, a canonical lock
+  name the server cannot hold as it is (``InvalidLockNameError``); the
+  core calls it wherever it validates a name.
 * ``lock_options(family, options)``: validate per-lock keyword options
   before any I/O; ``ValueError`` naming the option. The result comes back
   as ``Request.options``.
