@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -177,3 +178,57 @@ async def test_every_free_lease_is_taken_at_once(
     assert entered == clients
     assert peak == leases
     assert len(set(tokens)) == clients
+
+
+@pytest.mark.parametrize("family", ["mutex", "write"])
+async def test_another_process_sees_a_handed_on_holder_at_once(
+    postgres_server: PostgresServer, family: str
+) -> None:
+    """A hold passed between two tasks of one backend (no unlock): others see the new holder.
+
+    Its participant id and token, as soon as it is inside; and the tasks
+    still queued in that backend are listed as waiters.
+    """
+    app = _app()
+    name = f"many/hand-off/{app}"
+    views: list[tuple[list[Any], list[Any], int | None]] = []
+    first_in = asyncio.Event()
+    let_go = asyncio.Event()
+
+    def lock_of(b: aiolocks.Backend) -> aiolocks.Lock:
+        return b.mutex(name) if family == "mutex" else b.read_write_lock(name).write
+
+    def view(seen: list[aiolocks.Participant]) -> list[Any]:
+        return [(p.id, p.fencing_token, p.is_holder) for p in seen]
+
+    async with (
+        _backend(postgres_server, app, 2) as one,
+        _backend(postgres_server, app, 2) as two,
+    ):
+
+        async def holder(index: int) -> None:
+            lock = lock_of(one)
+            async with lock:
+                if index == 0:
+                    first_in.set()
+                    await let_go.wait()
+                elif index == 1:
+                    own = view(await lock.participants())
+                    other = view(await lock_of(two).participants())
+                    views.append((own, other, lock.fencing_token))
+
+        async with asyncio.timeout(_BOUND):
+            first = asyncio.create_task(holder(0))
+            await first_in.wait()
+            second = asyncio.create_task(holder(1))
+            while len(await lock_of(one).participants()) < 2:
+                await asyncio.sleep(0.01)
+            third = asyncio.create_task(holder(2))
+            while len(await lock_of(one).participants()) < 3:
+                await asyncio.sleep(0.01)
+            let_go.set()
+            await asyncio.gather(first, second, third)
+    [(own, other, token)] = views
+    assert [entry for entry in own if entry[2]] == [(own[0][0], token, True)]
+    assert len(own) == 2 and not own[1][2]  # the third task, queued in the backend
+    assert other == own
