@@ -17,13 +17,24 @@ second ``pg_try_advisory_lock`` of the same key on the same session succeeds.
 The driver therefore never sends a lock call for a key (in a mode) on a
 session that already holds or is asking for it: another session is used
 instead, and the server arbitrates between sessions as between processes.
-Reentrancy stays the core's (one server lock per hold). A write-to-read
-downgrade is the one exception: it takes the shared lock on the writer's own
-session, which the server grants at once, so no queued writer slips in.
+Reentrancy stays the core's. A write-to-read downgrade is the one
+exception: it takes the shared lock on the writer's own session, which the
+server grants at once, so no queued writer slips in.
+
+**Readers share.** The first reader of a name in this backend takes the
+shared lock on a session; later readers *join* it (:class:`_Shared` counts
+them; each draws its own token, in a statement that refuses while a session
+waits for the name exclusively, as the server refuses a fresh shared try
+then) and the last one out unlocks. Readers that must wait queue behind the
+one of them that asks the server, and join its grant. So readers never need
+a session each.
 
 **Connections.** At most ``1 + max_sessions`` connections per backend: the
 primary plus ``max_sessions`` extra sessions (default 8), each either waiting
-for one lock or holding the locks it won. When every extra session is busy,
+for one lock or holding the locks it won. Tries (semaphore slots included)
+run on the primary, so a free lock is taken whatever the extra sessions do;
+``max_sessions`` bounds the names waited for on the server at once (plus
+what such waits won and still hold). When every extra session is busy,
 a further waiter waits for a local release or a session to come free, and
 tries again at least every ``heartbeat`` seconds (a lock freed by another
 process is noticed that way only in this overflow case).
@@ -37,11 +48,18 @@ trip, see :meth:`PostgresAdvisoryDriver._hand_off`); after ``MAX_HANDOFFS``
 in a row it really unlocks so that other processes get their turn. Idle
 extra sessions are closed only after ``heartbeat`` seconds idle.
 
-**Fencing tokens** come from one sequence (see :mod:`._sql`); another
-backend's holder is asked for its token by ``NOTIFY`` when ``participants``
-lists it (nothing is written per grant for that).
+**Fencing tokens** come from one sequence (see :mod:`._sql`).
 
-**Semaphores.** A semaphore of N is N slot keys. A waiter cannot block on
+**Participants.** ``pg_locks`` shows sessions, not holds (readers joined on
+one lock, a hold passed on by a hand-off, tasks queued in a backend). So
+``participants`` lists what each session stands for: ours from memory,
+another backend's by asking it with ``NOTIFY`` (it answers with ids and
+tokens; nothing is written per grant for that).
+
+**Semaphores.** A semaphore of N is N slot keys, taken on the primary; a
+try chooses among the slots we do not hold once the primary is its own
+(tries run one after the other), so it never mistakes the candidates of a
+concurrent try for held slots. A waiter cannot block on
 "any of N" keys, so semaphore releases send ``NOTIFY`` on the backend's
 channel with the semaphore's name, the primary session ``LISTEN``s, and a
 waiter wakes on a notification (or a local release), then tries again. A
@@ -1141,7 +1159,9 @@ class PostgresAdvisoryDriver:
         holds it: a try would fail, and that task hands the lock on. Only the
         first: it takes the lock or blocks on the server for it, the others
         stay queued behind it; when it ends without either, ``finish`` wakes
-        the next one.
+        the next one. A shared lock wakes every queued reader: the one that
+        asked the server was answered, and each of them joins its grant (or,
+        refused, one asks the server again and the others queue again).
         """
         locks = list(self._queued) if lock is None else [lock]
         for each in locks:

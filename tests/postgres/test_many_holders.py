@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -232,3 +233,62 @@ async def test_another_process_sees_a_handed_on_holder_at_once(
     assert [entry for entry in own if entry[2]] == [(own[0][0], token, True)]
     assert len(own) == 2 and not own[1][2]  # the third task, queued in the backend
     assert other == own
+
+
+async def test_cancelled_readers_and_writers_leave_nothing_behind(
+    postgres_server: PostgresServer,
+) -> None:
+    """Cancel readers (joining, queued, blocked) and writers at random moments.
+
+    Readers and writers never overlap, every token is new, and afterwards
+    no advisory lock of ours is left and no shared hold is counted.
+    """
+    app = _app()
+    name = f"many/cancel/{app}"
+    rng = random.Random(2424)
+    state = {"readers": 0, "writers": 0, "bad": 0, "done": 0}
+    tokens: list[int] = []
+
+    async def body(b: aiolocks.Backend, write: bool) -> None:
+        rw = b.read_write_lock(name)
+        half = rw.write if write else rw.read
+        async with half:
+            assert half.fencing_token is not None
+            tokens.append(half.fencing_token)
+            state["writers" if write else "readers"] += 1
+            if state["writers"] > 1 or (state["writers"] and state["readers"]):
+                state["bad"] += 1
+            try:
+                await asyncio.sleep(rng.uniform(0, 0.01))
+            finally:
+                state["writers" if write else "readers"] -= 1
+        state["done"] += 1
+
+    url = f"{postgres_server.url}?heartbeat=1&sslmode=disable&application_name={app}"
+    async with (
+        PostgresBackend(url, max_sessions=2) as one,
+        PostgresBackend(url, max_sessions=2) as two,
+    ):
+        async with asyncio.timeout(120):
+            for _round in range(12):
+                tasks = [
+                    asyncio.create_task(body(one if i % 2 else two, rng.random() < 0.2))
+                    for i in range(16)
+                ]
+                await asyncio.sleep(rng.uniform(0, 0.03))
+                for task in rng.sample(tasks, 6):
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            while len(one._tasks) or len(two._tasks):
+                await asyncio.sleep(0.01)
+        assert state["bad"] == 0
+        assert state["done"] > 0
+        assert len(set(tokens)) == len(tokens)
+        pids = set(await asyncio.to_thread(postgres_server.backend_pids, application_name=app))
+        locks = await asyncio.to_thread(postgres_server.advisory_locks)
+        assert [row for row in locks if row[0] in pids] == []
+        for b in (one, two):
+            assert b._driver._shared == {}
+        rw = one.read_write_lock(name)
+        assert await rw.write.acquire(timeout=10)
+        await rw.write.release()
