@@ -1556,20 +1556,24 @@ _PAYLOAD_BYTES = 7000
 
 def _answer_payloads(pid: int, fence: str, entries: list[_Entry]) -> list[str]:
     """``!!``-prefixed JSON parts of one session's answer, each small enough for a NOTIFY."""
-    head = len(json.dumps({"p": pid, "f": fence, "i": 0, "n": 0, "e": []})) + 32
+    head = len(_compact({"p": pid, "f": fence, "i": 0, "n": 0, "e": []}).encode()) + 32
     parts: list[list[_Entry]] = [[]]
     size = head
     for entry in entries:
-        length = len(json.dumps(entry)) + 1
+        length = len(_compact(entry).encode()) + 1
         if parts[-1] and size + length > _PAYLOAD_BYTES:
             parts.append([])
             size = head
         parts[-1].append(entry)
         size += length
     return [
-        "!!" + json.dumps({"p": pid, "f": fence, "i": i, "n": len(parts), "e": part})
+        "!!" + _compact({"p": pid, "f": fence, "i": i, "n": len(parts), "e": part})
         for i, part in enumerate(parts)
     ]
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _hands_off(request: Request) -> bool:

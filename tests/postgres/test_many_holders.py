@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import uuid
 from collections.abc import AsyncIterator
@@ -19,10 +20,11 @@ import pytest
 
 import aiolocks
 from aiolocks.postgres import PostgresBackend
+from aiolocks.postgres._driver import _answer_payloads
 from aiolocks.postgres._sql import advisory_key
 from aiolocks.testing import PostgresServer
 
-pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
+pytestmark = [pytest.mark.postgres]
 
 #: far beyond every bound below: no grant may wait for a periodic retry
 _SLOW_HEARTBEAT = 120
@@ -54,7 +56,8 @@ async def _sessions(server: PostgresServer, app: str) -> int:
     return len(await asyncio.to_thread(server.backend_pids, application_name=app))
 
 
-@pytest.mark.parametrize(("readers", "max_sessions"), [(20, 2), (50, 1), (30, 8)])
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("readers", "max_sessions"), [(20, 2), (50, 1), (30, 8), (300, 1)])
 async def test_readers_share_a_session_and_are_all_inside(
     postgres_server: PostgresServer, readers: int, max_sessions: int
 ) -> None:
@@ -101,6 +104,7 @@ async def test_readers_share_a_session_and_are_all_inside(
         assert [row for row in locks if row[0] in pids] == []
 
 
+@pytest.mark.asyncio
 async def test_a_waiting_writer_keeps_new_readers_of_a_shared_hold_out(
     postgres_server: PostgresServer,
 ) -> None:
@@ -140,6 +144,7 @@ async def test_a_waiting_writer_keeps_new_readers_of_a_shared_hold_out(
         assert order == ["write", "read"]
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize(("leases", "clients"), [(5, 10), (12, 30), (3, 40)])
 async def test_every_free_lease_is_taken_at_once(
     postgres_server: PostgresServer, leases: int, clients: int
@@ -181,7 +186,8 @@ async def test_every_free_lease_is_taken_at_once(
     assert len(set(tokens)) == clients
 
 
-@pytest.mark.parametrize("family", ["mutex", "write"])
+@pytest.mark.asyncio
+@pytest.mark.parametrize("family", ["mutex", "write", "semaphore_mutex"])
 async def test_another_process_sees_a_handed_on_holder_at_once(
     postgres_server: PostgresServer, family: str
 ) -> None:
@@ -196,8 +202,12 @@ async def test_another_process_sees_a_handed_on_holder_at_once(
     first_in = asyncio.Event()
     let_go = asyncio.Event()
 
-    def lock_of(b: aiolocks.Backend) -> aiolocks.Lock:
-        return b.mutex(name) if family == "mutex" else b.read_write_lock(name).write
+    def lock_of(b: aiolocks.Backend) -> aiolocks.Lock | aiolocks.SemaphoreMutex:
+        if family == "mutex":
+            return b.mutex(name)
+        if family == "write":
+            return b.read_write_lock(name).write
+        return b.semaphore_mutex(name)
 
     def view(seen: list[aiolocks.Participant]) -> list[Any]:
         return [(p.id, p.fencing_token, p.is_holder) for p in seen]
@@ -235,6 +245,7 @@ async def test_another_process_sees_a_handed_on_holder_at_once(
     assert other == own
 
 
+@pytest.mark.asyncio
 async def test_cancelled_readers_and_writers_leave_nothing_behind(
     postgres_server: PostgresServer,
 ) -> None:
@@ -292,3 +303,19 @@ async def test_cancelled_readers_and_writers_leave_nothing_behind(
         rw = one.read_write_lock(name)
         assert await rw.write.acquire(timeout=10)
         await rw.write.release()
+
+
+def test_an_answer_is_split_into_notifications_below_the_payload_limit() -> None:
+    entries: list[Any] = [
+        (f"host-{i}/Task-{i}-{'x' * (i % 50)}", 10**15 + i, "read", True) for i in range(400)
+    ]
+    entries.append(("waiter", None, "write", False))
+    payloads = _answer_payloads(4242, "rwlock/some/name", entries)
+    assert len(payloads) > 1
+    assert all(len(p.encode()) < 8000 for p in payloads)
+    parts = [json.loads(p.removeprefix("!!")) for p in payloads]
+    assert {(part["p"], part["f"], part["n"]) for part in parts} == {
+        (4242, "rwlock/some/name", len(payloads))
+    }
+    joined = [tuple(e) for part in sorted(parts, key=lambda p: p["i"]) for e in part["e"]]
+    assert joined == entries
