@@ -17,13 +17,24 @@ second ``pg_try_advisory_lock`` of the same key on the same session succeeds.
 The driver therefore never sends a lock call for a key (in a mode) on a
 session that already holds or is asking for it: another session is used
 instead, and the server arbitrates between sessions as between processes.
-Reentrancy stays the core's (one server lock per hold). A write-to-read
-downgrade is the one exception: it takes the shared lock on the writer's own
-session, which the server grants at once, so no queued writer slips in.
+Reentrancy stays the core's. A write-to-read downgrade is the one
+exception: it takes the shared lock on the writer's own session, which the
+server grants at once, so no queued writer slips in.
+
+**Readers share.** The first reader of a name in this backend takes the
+shared lock on a session; later readers *join* it (:class:`_Shared` counts
+them; each draws its own token, in a statement that refuses while a session
+waits for the name exclusively, as the server refuses a fresh shared try
+then) and the last one out unlocks. Readers that must wait queue behind the
+one of them that asks the server, and join its grant. So readers never need
+a session each.
 
 **Connections.** At most ``1 + max_sessions`` connections per backend: the
 primary plus ``max_sessions`` extra sessions (default 8), each either waiting
-for one lock or holding the locks it won. When every extra session is busy,
+for one lock or holding the locks it won. Tries (semaphore slots included)
+run on the primary, so a free lock is taken whatever the extra sessions do;
+``max_sessions`` bounds the names waited for on the server at once (plus
+what such waits won and still hold). When every extra session is busy,
 a further waiter waits for a local release or a session to come free, and
 tries again at least every ``heartbeat`` seconds (a lock freed by another
 process is noticed that way only in this overflow case).
@@ -37,11 +48,18 @@ trip, see :meth:`PostgresAdvisoryDriver._hand_off`); after ``MAX_HANDOFFS``
 in a row it really unlocks so that other processes get their turn. Idle
 extra sessions are closed only after ``heartbeat`` seconds idle.
 
-**Fencing tokens** come from one sequence (see :mod:`._sql`); another
-backend's holder is asked for its token by ``NOTIFY`` when ``participants``
-lists it (nothing is written per grant for that).
+**Fencing tokens** come from one sequence (see :mod:`._sql`).
 
-**Semaphores.** A semaphore of N is N slot keys. A waiter cannot block on
+**Participants.** ``pg_locks`` shows sessions, not holds (readers joined on
+one lock, a hold passed on by a hand-off, tasks queued in a backend). So
+``participants`` lists what each session stands for: ours from memory,
+another backend's by asking it with ``NOTIFY`` (it answers with ids and
+tokens; nothing is written per grant for that).
+
+**Semaphores.** A semaphore of N is N slot keys, taken on the primary; a
+try chooses among the slots we do not hold once the primary is its own
+(tries run one after the other), so it never mistakes the candidates of a
+concurrent try for held slots. A waiter cannot block on
 "any of N" keys, so semaphore releases send ``NOTIFY`` on the backend's
 channel with the semaphore's name, the primary session ``LISTEN``s, and a
 waiter wakes on a notification (or a local release), then tries again. A
@@ -69,6 +87,7 @@ listening.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast, final
@@ -173,7 +192,9 @@ class _Session:
         "reserved",
         "statements",
         "waiting",
+        "waiting_fence",
         "waiting_for",
+        "waiting_mode",
     )
 
     def __init__(self, conn: Any, primary: bool) -> None:
@@ -190,8 +211,10 @@ class _Session:
         self.idle_since = 0.0
         #: reserved for one leader latch (no other lock is sent here meanwhile)
         self.dedicated = False
-        #: participant id of the attempt waiting on this session
+        #: participant id, fencing name and mode of the attempt waiting on this session
         self.waiting_for: str | None = None
+        self.waiting_fence = ""
+        self.waiting_mode = ""
         self.alive = True
         #: query -> (prepared statement, its protocol-level state or ``None``)
         self.statements: dict[str, tuple[Any, Any]] = {}
@@ -274,6 +297,7 @@ class _PgAttempt(Attempt):
         "hands_off",
         "keys",
         "pending",
+        "reads",
         "retried",
         "server_wait",
         "wait_session",
@@ -286,6 +310,12 @@ class _PgAttempt(Attempt):
         self.fence = fence
         #: an exclusive hold a release may pass to another task (see :func:`_hands_off`)
         self.hands_off = hands_off
+        #: a read that may join the backend's shared hold of the name (see :class:`_Shared`)
+        self.reads = (
+            request.family is Family.READ_WRITE
+            and request.mode is Mode.READ
+            and request.downgrade_of is None
+        )
         #: lock ids reserved by this attempt, per session, whose call may have won
         self.pending: list[tuple[_Session, LockId]] = []
         self.grants: list[Grant] | None = None
@@ -305,15 +335,50 @@ class _PgAttempt(Attempt):
 class _Handle:
     """``Grant.handle``: the session that holds the lock and the lock id."""
 
-    __slots__ = ("hands_off", "lock", "notify", "session")
+    __slots__ = ("hands_off", "lock", "notify", "session", "shared")
 
-    def __init__(self, session: _Session, lock: LockId, hands_off: bool, notify: bool) -> None:
+    def __init__(
+        self,
+        session: _Session,
+        lock: LockId,
+        hands_off: bool,
+        notify: bool,
+        shared: _Shared | None = None,
+    ) -> None:
         self.session = session
         self.lock = lock
+        #: the shared hold this read counts on (the last one out unlocks)
+        self.shared = shared
         #: a release may hand the lock to a task queued in this backend
         self.hands_off = hands_off
         #: a semaphore slot: its release sends ``NOTIFY`` for the waiters
         self.notify = notify
+
+
+@final
+class _Shared:
+    """One server shared lock of a read/write name, held for every reader of the backend on it.
+
+    A session holds a shared advisory lock once, for as many readers of this
+    backend as join it (counted here, not on the server): readers need no
+    session each. The last reader out unlocks.
+    """
+
+    __slots__ = ("grants", "lock", "session")
+
+    def __init__(self, session: _Session, lock: LockId) -> None:
+        self.session = session
+        self.lock = lock
+        #: the reads counting on this server lock
+        self.grants: set[Grant] = set()
+
+    def joinable(self) -> bool:
+        """Held, and not on a session that also holds the write lock (a downgrade)."""
+        return (
+            bool(self.grants)
+            and self.session.alive
+            and (self.lock[0], False) not in self.session.reserved
+        )
 
 
 def _fencing_name(request: Request) -> str:
@@ -372,9 +437,13 @@ class PostgresAdvisoryDriver:
         self._registered: set[str] = set()
         #: exclusive lock id -> our grant holding it (may be stale: check before use)
         self._held_by: dict[LockId, Grant] = {}
-        #: exclusive lock id -> our attempts queued for a hand-off, in arrival order
+        #: read/write key -> the shared hold that new readers join
+        self._shared: dict[int, _Shared] = {}
+        #: lock id -> our attempts queued for a hand-off (exclusive) or for the
+        #: shared grant another reader of ours asks for (shared), in arrival order
         self._queued: dict[LockId, dict[_PgAttempt, None]] = {}
-        #: exclusive lock id -> how many of our attempts block on the server for it
+        #: lock id -> how many of our attempts block on the server for it (or, for
+        #: a shared lock, try it)
         self._server_waiters: dict[LockId, int] = {}
         #: exclusive lock id -> hand-offs in a row since its last real unlock
         self._handoffs: dict[LockId, int] = {}
@@ -383,8 +452,10 @@ class PostgresAdvisoryDriver:
         #: the connection state (see :mod:`._state`)
         self.states = StateBroadcaster()
         self._reconnect_task: asyncio.Task[None] | None = None
-        #: (pid, fencing name) -> the answer to our question for that holder's token
-        self._token_asks: dict[tuple[int, str], asyncio.Future[int]] = {}
+        #: (pid, fencing name) -> the answer to our question for what that session holds
+        self._entry_asks: dict[tuple[int, str], asyncio.Future[list[_Entry]]] = {}
+        #: (pid, fencing name) -> the parts of that answer received so far
+        self._entry_parts: dict[tuple[int, str], dict[int, list[_Entry]]] = {}
 
     # -- identity ---------------------------------------------------------
 
@@ -456,62 +527,17 @@ class PostgresAdvisoryDriver:
         self._wake()
 
     def _on_token(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        """``?<pid> <fence>``: asks our hold's token; ``!<pid> <token> <fence>``: an answer."""
+        """``??<pid>,<pid>… <fence>``: a question (:meth:`_ask_entries`); ``!!{…}``: an answer."""
         try:
-            if payload.startswith("?"):
-                pid_text, fence = payload[1:].split(" ", 1)
-                self._answer_token(int(pid_text), fence)
-            elif payload.startswith("!"):
-                pid_text, token_text, fence = payload[1:].split(" ", 2)
-                future = self._token_asks.get((int(pid_text), fence))
-                if future is not None and not future.done():
-                    future.set_result(int(token_text))
-        except ValueError:
-            logger.debug("ignored a malformed token notification %r", payload)
-
-    def _answer_token(self, pid: int, fence: str) -> None:
-        """Publish the token of our hold of ``fence`` on session ``pid`` (no row is written)."""
-        tokens = [
-            grant.token
-            for session in [self._primary, *self._extra]
-            if session is not None and session.alive and session.pid == pid
-            for grant in session.grants
-            if _fencing_name(grant.request) == fence
-        ]
-        primary = self._primary
-        if not tokens or primary is None or self._owned is None:
-            return
-
-        async def answer(session: _Session = primary, token: int = max(tokens)) -> None:
-            try:
-                await session.fetch(
-                    "SELECT pg_notify($1, $2)",
-                    self._tables.token_channel,
-                    f"!{pid} {token} {fence}",
-                    timeout=_TOKEN_ASK_BOUND,
-                )
-            except _BROKEN as exc:  # TimeoutError is an OSError
-                logger.debug("could not publish a fencing token: %r", exc)
-
-        self._owned.spawn(answer(), name="aiolocks-pg-token")
-
-    async def _ask_token(self, primary: _Session, pid: int, fence: str) -> int | None:
-        """The token another backend's session ``pid`` holds ``fence`` with, if it answers."""
-        key = (pid, fence)
-        future = self._token_asks.get(key)
-        if future is None or future.done():
-            future = self._token_asks[key] = asyncio.get_running_loop().create_future()
-        try:
-            await primary.fetch(
-                "SELECT pg_notify($1, $2)", self._tables.token_channel, f"?{pid} {fence}"
-            )
-            try:
-                return await asyncio.wait_for(asyncio.shield(future), _TOKEN_ASK_BOUND)
-            except TimeoutError:
-                return None  # not an aiolocks session, or one that did not answer in time
-        finally:
-            if self._token_asks.get(key) is future:
-                del self._token_asks[key]
+            if payload.startswith("??"):
+                pids_text, fence = payload[2:].split(" ", 1)
+                self._answer_entries([int(p) for p in pids_text.split(",")], fence)
+            elif payload.startswith("!!"):
+                answer = json.loads(payload[2:])
+                if isinstance(answer, dict):
+                    self._on_answer(answer)
+        except (ValueError, KeyError, TypeError, IndexError):
+            logger.debug("ignored a malformed notification %r", payload)
 
     def _session_ended(self, session: _Session, why: str) -> None:
         if not session.alive:
@@ -527,6 +553,8 @@ class PostgresAdvisoryDriver:
         grants = list(session.grants)
         session.grants.clear()
         session.reserved.clear()
+        for key in [k for k, hold in self._shared.items() if hold.session is session]:
+            del self._shared[key]
         for lock in [k for k, (owner, _t) in self._tokens.items() if owner is session]:
             del self._tokens[lock]
         for grant in grants:
@@ -744,6 +772,9 @@ class PostgresAdvisoryDriver:
             if ("ShareLock" if shared else "ExclusiveLock") not in held.get(key, frozenset()):
                 session.grants.pop(grant, None)
                 session.reserved.discard((key, shared))
+                handle = grant.handle
+                if isinstance(handle, _Handle) and handle.shared is not None:
+                    self._leave_shared(grant, handle.shared)
                 grant.mark_lost(
                     f"the heartbeat found no advisory lock {key} in pg_locks for session "
                     f"pid {session.pid} (unlocked behind our back)"
@@ -790,6 +821,12 @@ class PostgresAdvisoryDriver:
             # Held by another task of this backend: the server would say no;
             # wait for the hand-off instead.
             return None
+        if a.reads:
+            hold = self._shared.get(key)
+            if hold is not None and hold.joinable():
+                return await self._join(a, hold)
+            if self._server_waiters.get(lock, 0) > 0:
+                return None  # another reader of ours asks the server: join its grant
         if request.downgrade_of is not None:
             handle = request.downgrade_of.handle
             session: _Session | None = handle.session if isinstance(handle, _Handle) else None
@@ -827,16 +864,37 @@ class PostgresAdvisoryDriver:
                 await self._unlock_pending(a)
                 return None
             return None if row is None else [self._grant(a, session, lock, int(row[0]))]
+        if a.reads:
+            self._begin_server_wait(a, lock)  # the backend's other readers wait for this one
         try:
             row = await self._send(a, session, lock, query, a.keys[0], *extra)
         except _SessionGone:
+            self._end_server_wait(a)
             if a.retried:
                 raise
             a.retried = True  # once: the next session is a fresh one
             return await self.try_once(a)
-        if row is None:
+        grants = None if row is None else [self._grant(a, session, lock, int(row[0]))]
+        if a.reads:
+            self._end_server_wait(a)  # after the grant is recorded: the readers join it
+        return grants
+
+    async def _join(self, a: _PgAttempt, hold: _Shared) -> list[Grant] | None:
+        """A read counted on the shared lock the backend holds: a token, no lock call.
+
+        Refused (``None``) while a session waits for the name exclusively, as
+        the server refuses a fresh shared try then: the reader waits behind
+        that writer. Also when the hold ended while the token was drawn.
+        """
+        primary = await self._get_primary()
+        try:
+            rows = await primary.fetch(self._queries.join_shared, a.keys[0])
+        except _TRANSIENT as exc:
+            raise _unavailable(exc, "lock call", self._describe) from exc
+        # Answered: from here to the return, no await.
+        if not rows or self._shared.get(a.keys[0]) is not hold or not hold.joinable():
             return None
-        return [self._grant(a, session, lock, int(row[0]))]
+        return [self._grant(a, hold.session, hold.lock, int(rows[0][0]), hold)]
 
     async def _leader_session(self, a: _PgAttempt, lock: LockId, *, wait: bool) -> _Session | None:
         """An extra session of the latch's own, named after its participant id."""
@@ -910,7 +968,14 @@ class PostgresAdvisoryDriver:
             return (q.lock_shared_register if shared else q.lock_exclusive_register), (fence,)
         return (q.try_shared_register if shared else q.try_exclusive_register), (fence,)
 
-    def _grant(self, a: _PgAttempt, session: _Session, lock: LockId, token: int) -> Grant:
+    def _grant(
+        self,
+        a: _PgAttempt,
+        session: _Session,
+        lock: LockId,
+        token: int,
+        hold: _Shared | None = None,
+    ) -> Grant:
         # Granted: the name's fencing row exists (this grant or an earlier one wrote it).
         registered = self._registered
         if a.fence not in registered:
@@ -918,9 +983,18 @@ class PostgresAdvisoryDriver:
                 registered.clear()
             registered.add(a.fence)
         request = a.request
-        handle = _Handle(session, lock, a.hands_off, request.family is Family.SEMAPHORE)
+        if a.reads and hold is None:
+            # A new server shared lock: the backend's next readers join it.
+            hold = _Shared(session, lock)
+            current = self._shared.get(lock[0])
+            if current is None or not current.joinable():
+                self._shared[lock[0]] = hold
+                self._wake()  # readers waiting for a session may join now
+        handle = _Handle(session, lock, a.hands_off, request.family is Family.SEMAPHORE, hold)
         grant = Grant(request, token, handle=handle)
         session.grants[grant] = lock
+        if hold is not None:
+            hold.grants.add(grant)
         if a.hands_off:
             self._held_by[lock] = grant
         if self._beat_timer is None:
@@ -932,30 +1006,7 @@ class PostgresAdvisoryDriver:
         primary = await self._get_primary()
         grants: list[Grant] = []
         while len(grants) < request.count:
-            free = [k for k in a.keys if (k, False) not in primary.reserved]
-            if not free:
-                break
-            # Reserve every candidate: the statement may take any one of them.
-            reserved = [(k, False) for k in free]
-            for lock in reserved:
-                primary.reserved.add(lock)
-                a.pending.append((primary, lock))
-            try:
-                fence = a.fence
-                async with primary.io:
-                    if fence in self._registered:
-                        row = await primary.conn.fetchrow(self._queries.try_slot, free)
-                    else:
-                        row = await primary.conn.fetchrow(
-                            self._queries.try_slot_register, free, fence
-                        )
-            except _TRANSIENT as exc:
-                raise _unavailable(exc, "lock call", self._describe) from exc
-            taken = None if row is None else (free[int(row[0])], False)
-            for lock in reserved:
-                a.pending.remove((primary, lock))
-                if lock != taken:
-                    primary.reserved.discard(lock)
+            row, taken = await self._try_slot(a, primary)
             if row is None or taken is None:
                 break
             grants.append(self._grant(a, primary, taken, int(row[1])))
@@ -965,6 +1016,41 @@ class PostgresAdvisoryDriver:
         for grant in grants:
             await self.release(grant)
         return None
+
+    async def _try_slot(self, a: _PgAttempt, primary: _Session) -> tuple[Any, LockId | None]:
+        """One ``try_slot`` statement on the primary: ``(row, slot taken)``, or ``(None, None)``.
+
+        The slots still free are chosen once the session is ours (``io``
+        held): slot tries of the backend's tasks run one after the other, so
+        a try never mistakes the slots another try is asking for, and then
+        gives back, for held ones (it would wait for a release that may
+        never come while those slots sit free).
+        """
+        async with primary.io:
+            free = [k for k in a.keys if (k, False) not in primary.reserved]
+            if not free:
+                return None, None
+            # Reserve every candidate: the statement may take any one of them.
+            reserved = [(k, False) for k in free]
+            for lock in reserved:
+                primary.reserved.add(lock)
+                a.pending.append((primary, lock))
+            try:
+                if a.fence in self._registered:
+                    row = await primary.conn.fetchrow(self._queries.try_slot, free)
+                else:
+                    row = await primary.conn.fetchrow(
+                        self._queries.try_slot_register, free, a.fence
+                    )
+            except _TRANSIENT as exc:
+                raise _unavailable(exc, "lock call", self._describe) from exc
+        # Answered: from here to the return, no await.
+        taken = None if row is None else (free[int(row[0])], False)
+        for lock in reserved:
+            a.pending.remove((primary, lock))
+            if lock != taken:
+                primary.reserved.discard(lock)
+        return row, taken
 
     async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
         """Block on ``pg_advisory_lock*`` on an extra session (semaphores: a NOTIFY)."""
@@ -982,6 +1068,9 @@ class PostgresAdvisoryDriver:
         ):
             await self._wait_handoff(a, lock, bound)
             return
+        if a.reads and self._server_waiters.get(lock, 0) > 0:
+            await self._wait_handoff(a, lock, bound)  # join what that reader is granted
+            return
         if request.family is Family.LEADER:
             session = await self._leader_session(a, lock, wait=True)
         else:
@@ -989,12 +1078,13 @@ class PostgresAdvisoryDriver:
         if session is None:
             await self._wait_local(a, bound, self._heartbeat)
             return
-        if a.hands_off:
-            a.server_wait = lock
-            self._server_waiters[lock] = self._server_waiters.get(lock, 0) + 1
+        if a.hands_off or a.reads:
+            self._begin_server_wait(a, lock)
         query, extra = self._grant_sql(a, wait=True, shared=shared)
         session.waiting = True
         session.waiting_for = request.participant
+        session.waiting_fence = a.fence
+        session.waiting_mode = request.mode.value
         a.wait_session = session
         try:
             row = await self._send(a, session, lock, query, a.keys[0], *extra, timeout=bound)
@@ -1009,6 +1099,11 @@ class PostgresAdvisoryDriver:
         if row is not None:
             a.grants = [self._grant(a, session, lock, int(row[0]))]
         self._end_server_wait(a)  # after the grant is recorded: the queue stays put
+
+    def _begin_server_wait(self, a: _PgAttempt, lock: LockId) -> None:
+        """Count ``a`` among our attempts asking the server for ``lock`` (the others queue)."""
+        a.server_wait = lock
+        self._server_waiters[lock] = self._server_waiters.get(lock, 0) + 1
 
     def _end_server_wait(self, a: _PgAttempt) -> None:
         lock, a.server_wait = a.server_wait, None
@@ -1064,7 +1159,9 @@ class PostgresAdvisoryDriver:
         holds it: a try would fail, and that task hands the lock on. Only the
         first: it takes the lock or blocks on the server for it, the others
         stay queued behind it; when it ends without either, ``finish`` wakes
-        the next one.
+        the next one. A shared lock wakes every queued reader: the one that
+        asked the server was answered, and each of them joins its grant (or,
+        refused, one asks the server again and the others queue again).
         """
         locks = list(self._queued) if lock is None else [lock]
         for each in locks:
@@ -1073,7 +1170,8 @@ class PostgresAdvisoryDriver:
             for waiter in self._queued.get(each, {}):
                 if waiter.handoff is not None and not waiter.handoff.done():
                     waiter.handoff.set_result(None)
-                    break
+                    if not each[1]:
+                        break  # exclusive: one; shared: every reader joins
 
     async def _wait_local(self, a: _PgAttempt, bound: float | None, cap: float) -> None:
         if a.generation != self._generation:
@@ -1111,7 +1209,7 @@ class PostgresAdvisoryDriver:
         """Leave the hand-off queue; nothing else to drop locally."""
         a: _PgAttempt = attempt  # type: ignore[assignment]
         if a.handoff is not None:
-            self._unqueue(a, (a.keys[0], False))
+            self._unqueue(a, (a.keys[0], a.reads))
         if a.server_wait is not None:
             self._end_server_wait(a)
         if a.hands_off and a.grants is None and self._queued:
@@ -1134,6 +1232,9 @@ class PostgresAdvisoryDriver:
             handed = await self._hand_off(grant, session, lock)
             if handed is not None:
                 return handed
+        if handle.shared is not None and self._leave_shared(grant, handle.shared):
+            del session.grants[grant]
+            return True  # other readers of ours still hold the server lock
         key, shared = lock
         io = session.io
         try:
@@ -1171,6 +1272,19 @@ class PostgresAdvisoryDriver:
             self._maybe_retire(session)
         self._wake()
         return bool(held)
+
+    def _leave_shared(self, grant: Grant, hold: _Shared) -> bool:
+        """Take ``grant`` off its shared hold; ``True`` while other reads still count on it.
+
+        The last one out stops new readers from joining (before its unlock is
+        sent) and unlocks.
+        """
+        hold.grants.discard(grant)
+        if hold.grants:
+            return True
+        if self._shared.get(hold.lock[0]) is hold:
+            del self._shared[hold.lock[0]]
+        return False
 
     async def _hand_off(self, grant: Grant, session: _Session, lock: LockId) -> bool | None:
         """Pass the server lock of ``grant`` to the first task queued for it in this backend.
@@ -1265,80 +1379,201 @@ class PostgresAdvisoryDriver:
         return PostgresAdvisoryAdmin(self)
 
     async def participants(self, name: str, family: Family) -> list[Participant]:
-        """Holders, then waiters by ``pg_locks.waitstart``; our own holds carry their ids."""
+        """Holders, then waiters; each session in ``pg_locks`` stands for the holds it backs.
+
+        A session of ours, or of another aiolocks backend (asked by ``NOTIFY``,
+        see :meth:`_ask_entries`), lists every hold and waiter it stands for:
+        the readers counted on one shared lock, the tasks queued in that
+        backend for a hand-off, with their participant ids and tokens. A
+        session that does not answer (not aiolocks) is one entry ``pid:<pid>``.
+        """
         primary = await self._get_primary()
-        ours: dict[tuple[int, int, bool], Grant] = {}
-        sessions = [s for s in [self._primary, *self._extra] if s is not None and s.alive]
-        waiting = {s.pid: s.waiting_for for s in sessions if s.waiting and s.waiting_for}
-        for session in sessions:
-            for held_grant, (key, shared) in session.grants.items():
-                if held_grant.request.family is family and held_grant.request.name == name:
-                    ours[(session.pid, key, shared)] = held_grant
         if family is Family.SEMAPHORE:
             key_list = slot_keys(name, self._slots.get(name, 1))
-            rows: list[tuple[int, Any]] = []
-            for key in key_list:
-                rows.extend((key, r) for r in await primary.fetch(self._queries.participants, key))
         else:
-            key = advisory_key(family.value, name)
-            rows = [(key, r) for r in await primary.fetch(self._queries.participants, key)]
+            key_list = [advisory_key(family.value, name)]
+        rows: list[Any] = []
+        for key in key_list:
+            rows.extend(await primary.fetch(self._queries.participants, key))
+        fence = f"{family.value}/{name}"
+        ours = {s.pid for s in self._sessions()}
+        foreign = sorted({int(r[0]) for r in rows} - ours)
+        answers = await self._ask_entries(primary, foreign, fence) if foreign else {}
+        if any(self._queued.get((key, shared)) for key in key_list for shared in (False, True)):
+            # tasks queued for a hand-off while no session of ours is in pg_locks yet
+            involved = {int(r[0]) for r in rows} & ours
+            if not involved:
+                rows.append((primary.pid, "", False, None))
         holders: list[Participant] = []
         waiters: list[Participant] = []
-        # A sole exclusive holder of another process: its token is written
-        # nowhere (a grant writes no row); ask its backend, which answers by
-        # NOTIFY if it is an aiolocks backend (any other session: no token).
-        granted_rows = [r for _k, r in rows if bool(r[2])]
-        foreign_token: int | None = None
-        if (
-            family is not Family.SEMAPHORE
-            and len(granted_rows) == 1
-            and str(granted_rows[0][1]) == "ExclusiveLock"
-        ):
-            sole = int(granted_rows[0][0])
-            if not any(pid == sole for pid, _key, _shared in ours):
-                foreign_token = await self._ask_token(primary, sole, f"{family.value}/{name}")
-        for row_key, row in rows:
-            pid, mode, granted = int(row[0]), str(row[1]), bool(row[2])
-            shared = mode == "ShareLock"
-            kind = _mode_name(family, shared)
-            grant = ours.get((pid, row_key, shared))
-            other = f"pid:{pid}"
-            if family is Family.LEADER and row[3]:
-                other = str(row[3])
-            if granted:
-                holders.append(
+        described: set[int] = set()
+        for row in rows:
+            pid, granted = int(row[0]), bool(row[2])
+            entries = self._entries(pid, fence) if pid in ours else answers.get(pid)
+            if entries is None:
+                # not an aiolocks session (or one that did not answer in time)
+                shared = str(row[1]) == "ShareLock"
+                other = str(row[3]) if family is Family.LEADER and row[3] else f"pid:{pid}"
+                (holders if granted else waiters).append(
                     Participant(
-                        id=grant.request.participant if grant else other,
-                        is_holder=True,
-                        fencing_token=grant.token if grant else foreign_token,
-                        mode=grant.request.mode.value if grant else kind,
+                        id=other,
+                        is_holder=granted,
+                        mode=_mode_name(family, shared),
                         node=f"pid:{pid}",
                     )
                 )
-            else:
-                waiters.append(
+                continue
+            if pid in described:
+                continue
+            described.add(pid)
+            for ident, token, mode, holding in entries:
+                (holders if holding else waiters).append(
                     Participant(
-                        id=waiting.get(pid) or other,
-                        is_holder=False,
-                        mode=kind,
+                        id=ident,
+                        is_holder=holding,
+                        fencing_token=token,
+                        mode=mode,
                         node=f"pid:{pid}",
                     )
                 )
-        if family is not Family.SEMAPHORE:
-            # Tasks queued in this backend for a hand-off wait for no server
-            # lock (so pg_locks does not show them); they are next in line.
-            key = advisory_key(family.value, name)
-            queued = [
-                Participant(
-                    id=w.request.participant,
-                    is_holder=False,
-                    mode=_mode_name(family, False),
-                    node=f"pid:{primary.pid}",
-                )
-                for w in self._queued.get((key, False), {})
-            ]
-            waiters = queued + waiters
         return holders + waiters
+
+    def _sessions(self) -> list[_Session]:
+        return [s for s in [self._primary, *self._extra] if s is not None and s.alive]
+
+    def _entries(self, pid: int, fence: str) -> list[_Entry] | None:
+        """What our session ``pid`` stands for on the lock ``fence``; ``None``: not ours.
+
+        Its holds (``(id, token, mode, holding)``), the attempt blocked on it;
+        and the tasks queued in this backend for that lock, on the answer of
+        the smallest pid among our sessions holding or waiting for it (each
+        appears once).
+        """
+        sessions = self._sessions()
+        session = next((s for s in sessions if s.pid == pid), None)
+        if session is None:
+            return None
+        entries: list[_Entry] = [
+            (g.request.participant, g.token, g.request.mode.value, True)
+            for g in session.grants
+            if _fencing_name(g.request) == fence
+        ]
+        if session.waiting and session.waiting_for and session.waiting_fence == fence:
+            entries.append((session.waiting_for, None, session.waiting_mode, False))
+        involved = [
+            s.pid
+            for s in sessions
+            if (s.waiting and s.waiting_fence == fence)
+            or any(_fencing_name(g.request) == fence for g in s.grants)
+        ]
+        if self._queued and (not involved or min(involved) == pid):
+            entries.extend(
+                (w.request.participant, None, w.request.mode.value, False)
+                for queue in self._queued.values()
+                for w in queue
+                if w.fence == fence
+            )
+        return entries
+
+    async def _ask_entries(
+        self, primary: _Session, pids: list[int], fence: str
+    ) -> dict[int, list[_Entry]]:
+        """Ask the backends of sessions ``pids`` what they stand for on ``fence`` (one NOTIFY).
+
+        Each aiolocks backend answers for its own sessions within
+        ``_TOKEN_ASK_BOUND`` seconds; a session that does not answer is left
+        out of the result.
+        """
+        loop = asyncio.get_running_loop()
+        asked: dict[int, asyncio.Future[list[_Entry]]] = {}
+        for pid in pids:
+            future = self._entry_asks.get((pid, fence))
+            if future is None or future.done():
+                future = self._entry_asks[(pid, fence)] = loop.create_future()
+            asked[pid] = future
+        try:
+            await primary.fetch(
+                "SELECT pg_notify($1, $2)",
+                self._tables.token_channel,
+                f"??{','.join(map(str, pids))} {fence}",
+            )
+            await asyncio.wait(asked.values(), timeout=_TOKEN_ASK_BOUND)
+            return {pid: f.result() for pid, f in asked.items() if f.done()}
+        finally:
+            for pid, future in asked.items():
+                if self._entry_asks.get((pid, fence)) is future:
+                    del self._entry_asks[(pid, fence)]
+                    self._entry_parts.pop((pid, fence), None)
+
+    def _answer_entries(self, pids: list[int], fence: str) -> None:
+        """Publish what our sessions among ``pids`` stand for on ``fence`` (``_ask_entries``)."""
+        primary = self._primary
+        if primary is None or self._owned is None:
+            return
+        payloads: list[str] = []
+        for pid in pids:
+            entries = self._entries(pid, fence)
+            if entries is not None:
+                payloads.extend(_answer_payloads(pid, fence, entries))
+        if not payloads:
+            return
+
+        async def answer(session: _Session = primary) -> None:
+            try:
+                await session.fetch(
+                    "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p",
+                    self._tables.token_channel,
+                    payloads,
+                    timeout=_TOKEN_ASK_BOUND,
+                )
+            except _BROKEN as exc:  # TimeoutError is an OSError
+                logger.debug("could not publish what a session holds: %r", exc)
+
+        self._owned.spawn(answer(), name="aiolocks-pg-token")
+
+    def _on_answer(self, answer: Mapping[str, Any]) -> None:
+        """One part of another backend's answer to :meth:`_ask_entries`."""
+        key = (int(answer["p"]), str(answer["f"]))
+        future = self._entry_asks.get(key)
+        if future is None or future.done():
+            return
+        parts = self._entry_parts.setdefault(key, {})
+        parts[int(answer["i"])] = [
+            (str(e[0]), None if e[1] is None else int(e[1]), str(e[2]), bool(e[3]))
+            for e in answer["e"]
+        ]
+        if len(parts) >= int(answer["n"]):
+            del self._entry_parts[key]
+            future.set_result([entry for _i, part in sorted(parts.items()) for entry in part])
+
+
+#: (participant id, fencing token or None, mode, holding)
+_Entry = tuple[str, int | None, str, bool]
+
+#: bytes of one answer NOTIFY at most (the server's limit is 8000)
+_PAYLOAD_BYTES = 7000
+
+
+def _answer_payloads(pid: int, fence: str, entries: list[_Entry]) -> list[str]:
+    """``!!``-prefixed JSON parts of one session's answer, each small enough for a NOTIFY."""
+    head = len(_compact({"p": pid, "f": fence, "i": 0, "n": 0, "e": []}).encode()) + 32
+    parts: list[list[_Entry]] = [[]]
+    size = head
+    for entry in entries:
+        length = len(_compact(entry).encode()) + 1
+        if parts[-1] and size + length > _PAYLOAD_BYTES:
+            parts.append([])
+            size = head
+        parts[-1].append(entry)
+        size += length
+    return [
+        "!!" + _compact({"p": pid, "f": fence, "i": i, "n": len(parts), "e": part})
+        for i, part in enumerate(parts)
+    ]
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _hands_off(request: Request) -> bool:

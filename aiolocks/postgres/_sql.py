@@ -408,6 +408,7 @@ class AdvisoryQueries:
     unlock_shared: str
     unlock_notify: str
     unlock_if_held: str
+    join_shared: str
     held: str
     participants: str
 
@@ -482,6 +483,18 @@ class AdvisoryQueries:
                 f"WHERE {_HELD_WHERE} AND mode = $2 "
                 "AND classid = (($1::int8 >> 32) & 4294967295)::oid "
                 "AND objid = ($1::int8 & 4294967295)::oid"
+            ),
+            # A reader joining a shared lock its backend already holds: a
+            # token ($1 the key) unless a session waits for the key
+            # exclusively (a fresh shared try would be refused then: the
+            # server keeps new readers out behind a queued writer).
+            join_shared=(
+                f"SELECT {token} AS epoch WHERE NOT EXISTS (SELECT 1 FROM pg_locks "
+                "WHERE locktype = 'advisory' AND objsubid = 1 AND NOT granted "
+                "AND mode = 'ExclusiveLock' "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "AND classid = (($1::int8 >> 32) & 4294967295)::oid "
+                "AND objid = ($1::int8 & 4294967295)::oid)"
             ),
             # The heartbeat: every advisory lock this session holds, as
             # (key, mode). Also keeps idle_session_timeout from ending an
