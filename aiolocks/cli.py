@@ -1052,7 +1052,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return spec.handler(args, command)
-    except (UsageError, ValueError) as exc:
+    except (UsageError, ValueError, ImportError) as exc:  # ImportError: a missing extra
         print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BackendUnavailableError as exc:

@@ -189,3 +189,28 @@ def test_status_shows_holder(redis_server: object) -> None:
     finally:
         holder.terminate()
         holder.wait(30)
+
+
+@pytest.mark.parametrize(
+    ("blocked", "url", "extra"),
+    [
+        ("asyncpg", "postgresql://app@127.0.0.1:1/db", "postgres"),
+        ("grpc", "etcd://127.0.0.1:1", "etcd"),
+    ],
+)
+def test_a_missing_extra_names_the_pip_install_line(blocked: str, url: str, extra: str) -> None:
+    """Without asyncpg (grpc), postgresql:// (etcd://) is a usage error naming the extra."""
+    script = (
+        f"import sys; sys.modules[{blocked!r}] = None\n"  # as if not installed
+        "from aiolocks.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    for args in (("status", url, "x"), ("run", url, "x", "--", "true")):
+        result = subprocess.run(
+            [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 64, result.stderr
+        assert result.stderr.strip() == (
+            f"aiolocks {args[0]}: {url.partition(':')[0]}:// needs {blocked}, "
+            f"not installed: pip install 'aiolocks[{extra}]'"
+        )
