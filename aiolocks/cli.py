@@ -959,10 +959,10 @@ SUBCOMMANDS: list[Subcommand] = [
         _setup_break,
         _cmd_break,
         "Remove every hold of NAME (Redisson's forceUnlock). The former holders see\n"
-        "LockLostError: on memory:// at once, on Redis at their next lease renewal\n"
-        "(within a third of lease_time), on ZooKeeper at once (a watch on the\n"
-        "node). An 'aiolocks run' holding it then has its command stopped and\n"
-        "exits 76.",
+        "LockLostError at once: on Redis by the key's keyspace events (at the next\n"
+        "lease renewal, within a third of lease_time, only where keyspace events\n"
+        "are off or refused, and on Redlock), on ZooKeeper by a watch on the node.\n"
+        "An 'aiolocks run' holding it then has its command stopped and exits 76.",
         "example:\n  aiolocks break redis://127.0.0.1:6379/0 jobs/backup --yes\n",
     ),
     Subcommand(
