@@ -643,9 +643,10 @@ async def _break(url: str, name: str, kind: str | None) -> int:
 # -- entry point ------------------------------------------------------------------
 
 _MAIN_EPILOG = """\
-URL is a backend URL such as memory://, zk://127.0.0.1:2181,
-redis://127.0.0.1:6379/0 (see the README); it may be left out when
-AIOLOCKS_URL is set.
+URL is a backend URL such as zk://127.0.0.1:2181, redis://127.0.0.1:6379/0,
+etcd://127.0.0.1:2379 or postgresql://app@db/app (see the README); it may be
+left out when AIOLOCKS_URL is set. memory:// lives inside one process: run
+and elect refuse it without --local, status, list and break always.
 
 exit status: 0 success; run/elect: CMD's own status, 128+N if CMD died of
 signal N, 75 not acquired in time (-E N to change), 76 lock lost (CMD's
