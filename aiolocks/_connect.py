@@ -32,6 +32,9 @@ SCHEMES: dict[str, str] = {
     "etcd": "aiolocks.etcd",
 }
 
+#: backend package -> the extra that installs its dependencies
+EXTRAS: dict[str, str] = {"aiolocks.postgres": "postgres", "aiolocks.etcd": "etcd"}
+
 
 def backend_from_url(url: str, **options: Any) -> Backend:
     """Build (but do not open) the backend for ``url``; ``ValueError`` names what is wrong."""
@@ -51,10 +54,27 @@ def backend_from_url(url: str, **options: Any) -> Backend:
     if scheme != scheme.lower():
         url = scheme.lower() + url[len(scheme) :]
     url, on_unavailable = _take_on_unavailable(url, options.pop("on_unavailable", None))
-    module = importlib.import_module(module_name)
-    backend: Backend = module.from_url(url, **options)
+    try:
+        backend: Backend = importlib.import_module(module_name).from_url(url, **options)
+    except ImportError as exc:  # an optional dependency: name the pip install line
+        missing = _missing_dependency(exc)
+        if missing is None:
+            raise
+        extra = EXTRAS.get(module_name)
+        install = f"pip install 'aiolocks[{extra}]'" if extra else "pip install aiolocks"
+        raise ImportError(f"{scheme}:// needs {missing}, not installed: {install}") from exc
     backend.on_unavailable = on_unavailable
     return backend
+
+
+def _missing_dependency(exc: ImportError) -> str | None:
+    """The third-party module whose absence caused ``exc`` (None: not a missing dependency)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ModuleNotFoundError) and cause.name:
+            return None if cause.name.startswith("aiolocks") else cause.name
+        cause = cause.__cause__
+    return None
 
 
 def _take_on_unavailable(url: str, keyword: object) -> tuple[str, str]:

@@ -166,6 +166,34 @@ def _url_and(
     raise UsageError(f"too many arguments: {' '.join(positionals)!r} (commands go after '--')")
 
 
+_MEMORY_REFUSED = (
+    "memory:// locks live inside one Python process, and every 'aiolocks' command is a "
+    "process of its own"
+)
+
+
+def _refuse_memory(command: str, url: str, *, local: bool = False) -> None:
+    """memory:// cannot coordinate processes: refuse it unless ``--local`` (run/elect) says so.
+
+    Two ``aiolocks run memory:// NAME`` would both run at once, and ``status``,
+    ``list`` and ``break`` could never see a hold of another process.
+    """
+    if url.partition("://")[0].strip().lower() != "memory":
+        return
+    if command in ("run", "elect"):
+        if local:
+            return
+        raise UsageError(
+            f"{_MEMORY_REFUSED}: two 'aiolocks {command} memory://' would not exclude each "
+            "other. Give a server's URL (zk://, redis://, etcd://, postgresql://), or "
+            "--local to run without excluding any other process."
+        )
+    raise UsageError(
+        f"{_MEMORY_REFUSED}: 'aiolocks {command}' can never see the holds of another process. "
+        "Give a server's URL (zk://, redis://, etcd://, postgresql://)."
+    )
+
+
 # -- demo ---------------------------------------------------------------------
 
 
@@ -261,6 +289,28 @@ KINDS: dict[str, str] = {
     "read": "backend.read_write_lock(NAME).read",
     "semaphore": "backend.semaphore(NAME, max_leases=N)",
 }
+
+#: former spellings of lock kinds, still accepted by ``--kind`` (deprecated: never printed)
+KIND_ALIASES: dict[str, str] = {
+    "semaphore_mutex": "semaphore-mutex",
+    "read_write_lock": "rwlock",
+    "leader_latch": "leader",
+}
+
+
+def _kind_choice(choices: Sequence[str]) -> Callable[[str], str]:
+    """An argparse ``type`` for ``--kind``: one of ``choices``, or a deprecated alias of one."""
+
+    def kind(text: str) -> str:
+        canonical = KIND_ALIASES.get(text, text)
+        if canonical not in choices:
+            raise argparse.ArgumentTypeError(
+                f"invalid kind {text!r} (choose from {', '.join(choices)})"
+            )
+        return canonical
+
+    return kind
+
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -515,10 +565,11 @@ async def _elect(opts: _RunOptions, participant_id: str | None) -> int:
 
 async def _status(url: str, name: str, as_json: bool) -> int:
     async with _connect.connect(url) as backend:
+        # keyed by the lock kinds of ``list`` and ``break --kind`` (one spelling everywhere)
         families = {
             "mutex": backend.mutex(name),
-            "semaphore_mutex": backend.semaphore_mutex(name),
-            "read_write_lock": backend.read_write_lock(name).write,
+            "semaphore-mutex": backend.semaphore_mutex(name),
+            "rwlock": backend.read_write_lock(name).write,
         }
         report: dict[str, list[dict[str, object]]] = {}
         for label, lock in families.items():
@@ -526,9 +577,7 @@ async def _status(url: str, name: str, as_json: bool) -> int:
         report["semaphore"] = [
             asdict(p) for p in await backend.semaphore(name, max_leases=1).participants()
         ]
-        report["leader_latch"] = [
-            asdict(p) for p in await backend.leader_latch(name).participants()
-        ]
+        report["leader"] = [asdict(p) for p in await backend.leader_latch(name).participants()]
     if as_json:
         print(json.dumps({"url": backend.url, "name": name, "locks": report}, indent=2))
         return 0
@@ -594,9 +643,10 @@ async def _break(url: str, name: str, kind: str | None) -> int:
 # -- entry point ------------------------------------------------------------------
 
 _MAIN_EPILOG = """\
-URL is a backend URL such as memory://, zk://127.0.0.1:2181,
-redis://127.0.0.1:6379/0 (see the README); it may be left out when
-AIOLOCKS_URL is set.
+URL is a backend URL such as zk://127.0.0.1:2181, redis://127.0.0.1:6379/0,
+etcd://127.0.0.1:2379 or postgresql://app@db/app (see the README); it may be
+left out when AIOLOCKS_URL is set. memory:// lives inside one process: run
+and elect refuse it without --local, status, list and break always.
 
 exit status: 0 success; run/elect: CMD's own status, 128+N if CMD died of
 signal N, 75 not acquired in time (-E N to change), 76 lock lost (CMD's
@@ -700,6 +750,12 @@ def _add_wait_options(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="say on stderr when the lock is held"
     )
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        help="allow a memory:// URL, whose locks exclude nothing outside this one "
+        "process (without it, memory:// is refused: exit 64)",
+    )
 
 
 def _setup_run(parser: argparse.ArgumentParser) -> None:
@@ -708,8 +764,9 @@ def _setup_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-k",
         "--kind",
-        choices=sorted(KINDS),
+        type=_kind_choice(list(KINDS)),
         default=None,
+        metavar="{" + ",".join(KINDS) + "}",
         help="which lock to take (default: mutex); see below",
     )
     parser.add_argument(
@@ -737,6 +794,7 @@ def _run_options(command_name: str, args: argparse.Namespace, command: list[str]
     assert name is not None
     name = validate_name(name)  # a bad name is a usage error before any I/O
     _connect.backend_from_url(url)  # so is a bad URL
+    _refuse_memory(command_name, url, local=args.local)
     if not command:
         raise UsageError(f"no command given: aiolocks {command_name} [URL] NAME -- CMD [ARGS...]")
     if args.nonblock and args.timeout is not None:
@@ -785,6 +843,7 @@ def _setup_status(parser: argparse.ArgumentParser) -> None:
 def _cmd_status(args: argparse.Namespace, command: list[str]) -> int:
     url, name = _url_and("status", args.positionals, "NAME")
     assert name is not None
+    _refuse_memory("status", url)
     return asyncio.run(_status(url, name, args.json))
 
 
@@ -800,6 +859,7 @@ def _setup_list(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_list(args: argparse.Namespace, command: list[str]) -> int:
     url, prefix = _url_and("list", args.positionals, "PREFIX", optional_second=True)
+    _refuse_memory("list", url)
     return asyncio.run(_list(url, prefix or "", args.json))
 
 
@@ -811,8 +871,9 @@ def _setup_break(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-k",
         "--kind",
-        choices=list(ADMIN_KINDS),
+        type=_kind_choice(list(ADMIN_KINDS)),
         default=None,
+        metavar="{" + ",".join(ADMIN_KINDS) + "}",
         help="only this kind of lock (default: every kind of NAME)",
     )
 
@@ -821,6 +882,7 @@ def _cmd_break(args: argparse.Namespace, command: list[str]) -> int:
     url, name = _url_and("break", args.positionals, "NAME")
     assert name is not None
     name = validate_name(name)
+    _refuse_memory("break", url)
     if not args.yes:
         raise UsageError(
             f"this removes every hold of {name!r}; the holders lose the lock. Add --yes to do it."
@@ -898,10 +960,10 @@ SUBCOMMANDS: list[Subcommand] = [
         _setup_break,
         _cmd_break,
         "Remove every hold of NAME (Redisson's forceUnlock). The former holders see\n"
-        "LockLostError: on memory:// at once, on Redis at their next lease renewal\n"
-        "(within a third of lease_time), on ZooKeeper at once (a watch on the\n"
-        "node). An 'aiolocks run' holding it then has its command stopped and\n"
-        "exits 76.",
+        "LockLostError at once: on Redis by the key's keyspace events (at the next\n"
+        "lease renewal, within a third of lease_time, only where keyspace events\n"
+        "are off or refused, and on Redlock), on ZooKeeper by a watch on the node.\n"
+        "An 'aiolocks run' holding it then has its command stopped and exits 76.",
         "example:\n  aiolocks break redis://127.0.0.1:6379/0 jobs/backup --yes\n",
     ),
     Subcommand(
@@ -921,6 +983,17 @@ SUBCOMMANDS: list[Subcommand] = [
 ]
 
 
+def _not_a_loss(record: logging.LogRecord) -> bool:
+    """False for the library's warnings about a lost hold or leadership.
+
+    ``run`` and ``elect`` report the loss themselves, in one line with the
+    reason, followed by what they do about it (stopping the command).
+    """
+    if getattr(record, "aiolocks_event", None) == "lost":
+        return False
+    return not (record.name == "aiolocks" and "lost leadership" in str(record.msg))
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="aiolocks",
@@ -928,6 +1001,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_MAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"aiolocks {__version__}")
     sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
     for spec in SUBCOMMANDS:
         if spec.register is not None:  # a command that builds its own parser
@@ -945,7 +1021,7 @@ def _parser() -> argparse.ArgumentParser:
                 formatter_class=argparse.RawDescriptionHelpFormatter,
             )
             spec.setup(child)
-        child.set_defaults(_spec=spec)
+        child.set_defaults(_spec=spec, _parser=child)
     return parser
 
 
@@ -962,19 +1038,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         # options may come between URL and NAME: argparse leaves what follows them over
         if extras and all(not e.startswith("-") for e in extras) and "positionals" in args:
             args.positionals = [*args.positionals, *extras]
-        elif extras:
-            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        elif extras:  # the subcommand's usage, not the top-level one
+            getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extras)}")
     except SystemExit as exc:  # --help (0) or a usage error (64)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     spec: Subcommand = args._spec
-    if not logging.getLogger().handlers:  # the library's warnings, e.g. a lost hold
+    if not logging.getLogger().handlers:  # the library's warnings, e.g. a server unreachable
         logging.basicConfig(format=f"aiolocks {spec.name}: %(message)s", level=logging.WARNING)
+        if spec.takes_command:  # run/elect print the loss once, themselves
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(_not_a_loss)
     if command and not spec.takes_command:
         print(f"aiolocks {spec.name}: unexpected arguments after '--'", file=sys.stderr)
         return EXIT_USAGE
     try:
         return spec.handler(args, command)
-    except (UsageError, ValueError) as exc:
+    except (UsageError, ValueError, ImportError) as exc:  # ImportError: a missing extra
         print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BackendUnavailableError as exc:

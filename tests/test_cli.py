@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+import aiolocks
+from aiolocks._core.admin import KINDS as ADMIN_KINDS
+
 CLI = [sys.executable, "-m", "aiolocks"]
 
 
@@ -34,27 +37,83 @@ def test_demo_rejects_bad_input() -> None:
 
 
 def test_run_passes_exit_code_through() -> None:
-    result = run("run", "memory://", "cli/run", "--", sys.executable, "-c", "raise SystemExit(7)")
+    result = run(
+        "run", "--local", "memory://", "cli/run", "--", sys.executable, "-c", "raise SystemExit(7)"
+    )
     assert result.returncode == 7
 
 
 def test_run_without_command_is_usage_error() -> None:
-    result = run("run", "memory://", "cli/run")
+    result = run("run", "--local", "memory://", "cli/run")
     assert result.returncode == 64
     assert "no command given" in result.stderr
 
 
 def test_run_missing_program() -> None:
-    result = run("run", "memory://", "cli/run", "--", "/nonexistent/program")
+    result = run("run", "--local", "memory://", "cli/run", "--", "/nonexistent/program")
     assert result.returncode == 127
 
 
-def test_status_json_on_memory() -> None:
-    result = run("status", "memory://", "cli/status", "--json")
+def test_memory_is_refused_where_it_cannot_coordinate_processes(tmp_path: Path) -> None:
+    """Two ``aiolocks run memory:// NAME`` would both run at once: refused (64), CMD not run."""
+    ran = tmp_path / "ran"
+    for command in ("run", "elect"):
+        result = run(command, "memory://", "cli/mem", "--", "touch", str(ran))
+        assert result.returncode == 64, result.stderr
+        assert "one Python process" in result.stderr and "--local" in result.stderr
+        assert not ran.exists(), f"{command} ran the command on memory:// without --local"
+    for args in (("status", "memory://", "x"), ("list", "memory://"), ("break", "memory://", "x")):
+        result = run(*args, "--yes") if args[0] == "break" else run(*args)
+        assert result.returncode == 64, result.stderr
+        assert "can never see the holds of another process" in result.stderr
+    result = run("run", "--local", "memory://", "cli/mem", "--", "touch", str(ran))
+    assert result.returncode == 0, result.stderr
+    assert ran.exists()
+
+
+def test_version() -> None:
+    result = run("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"aiolocks {aiolocks.__version__}"
+
+
+def test_unknown_option_shows_the_subcommand_usage() -> None:
+    result = run("run", "--local", "memory://", "x", "--bogus", "--", "true")
+    assert result.returncode == 64
+    assert result.stderr.startswith("usage: aiolocks run "), result.stderr
+    assert "aiolocks run: error: unrecognized arguments: --bogus" in result.stderr
+
+
+@pytest.mark.redis
+def test_status_and_list_spell_each_kind_as_break_does(redis_server: object) -> None:
+    """One spelling of each lock kind: status keys, list kinds and ``break --kind`` agree."""
+    url: str = redis_server.url + "?key_prefix=cli-kinds:"  # type: ignore[attr-defined]
+    result = run("status", url, "cli/kinds", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["name"] == "cli/status"
+    assert report["name"] == "cli/kinds"
+    assert sorted(report["locks"]) == sorted(ADMIN_KINDS)
     assert all(rows == [] for rows in report["locks"].values())
+    table = run("status", url, "cli/kinds")
+    assert "free: no holder and nobody waiting" in table.stdout
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+    # a former spelling still works as an input (deprecated), and is printed canonically
+    holder = subprocess.Popen(
+        [*CLI, "run", "-k", "semaphore_mutex", url, "cli/kinds", "--", *sleeper]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            listing = json.loads(run("list", url, "--json").stdout)["locks"]
+            if listing:
+                break
+            time.sleep(0.05)
+        assert [info["kind"] for info in listing] == ["semaphore-mutex"]
+        held = json.loads(run("status", url, "cli/kinds", "--json").stdout)["locks"]
+        assert len(held["semaphore-mutex"]) == 1
+    finally:
+        holder.terminate()
+        holder.wait(30)
 
 
 @pytest.mark.redis
@@ -130,3 +189,28 @@ def test_status_shows_holder(redis_server: object) -> None:
     finally:
         holder.terminate()
         holder.wait(30)
+
+
+@pytest.mark.parametrize(
+    ("blocked", "url", "extra"),
+    [
+        ("asyncpg", "postgresql://app@127.0.0.1:1/db", "postgres"),
+        ("grpc", "etcd://127.0.0.1:1", "etcd"),
+    ],
+)
+def test_a_missing_extra_names_the_pip_install_line(blocked: str, url: str, extra: str) -> None:
+    """Without asyncpg (grpc), postgresql:// (etcd://) is a usage error naming the extra."""
+    script = (
+        f"import sys; sys.modules[{blocked!r}] = None\n"  # as if not installed
+        "from aiolocks.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    for args in (("status", url, "x"), ("run", url, "x", "--", "true")):
+        result = subprocess.run(
+            [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 64, result.stderr
+        assert result.stderr.strip() == (
+            f"aiolocks {args[0]}: {url.partition(':')[0]}:// needs {blocked}, "
+            f"not installed: pip install 'aiolocks[{extra}]'"
+        )

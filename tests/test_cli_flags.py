@@ -182,16 +182,19 @@ def test_url_from_environment(redis_server: RedisServer) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["run", "memory://", "x", "--bogus", "--", "true"], "unrecognized arguments"),
-        (["run", "memory://", "x", "-E", "300", "--", "true"], "exit status 0-255"),
-        (["run", "memory://", "x", "-w", "-1", "--", "true"], "seconds >= 0"),
-        (["run", "memory://", "x", "-n", "-w", "3", "--", "true"], "exclude each other"),
-        (["run", "memory://", "x", "--limit", "0", "--", "true"], "integer >= 1"),
-        (["run", "memory://", "x", "-s", "--limit", "2", "--", "true"], "excludes --kind"),
-        (["run", "memory://", "x", "-k", "semaphore", "--", "true"], "--limit"),
-        (["run", "memory://", "a//b", "--", "true"], "a//b"),
+        (["run", "--local", "memory://", "x", "--bogus", "--", "true"], "unrecognized arguments"),
+        (["run", "--local", "memory://", "x", "-E", "300", "--", "true"], "exit status 0-255"),
+        (["run", "--local", "memory://", "x", "-w", "-1", "--", "true"], "seconds >= 0"),
+        (["run", "--local", "memory://", "x", "-n", "-w", "3", "--", "true"], "exclude each other"),
+        (["run", "--local", "memory://", "x", "--limit", "0", "--", "true"], "integer >= 1"),
+        (
+            ["run", "--local", "memory://", "x", "-s", "--limit", "2", "--", "true"],
+            "excludes --kind",
+        ),
+        (["run", "--local", "memory://", "x", "-k", "semaphore", "--", "true"], "--limit"),
+        (["run", "--local", "memory://", "a//b", "--", "true"], "a//b"),
         (["run", "nosuch://h", "x", "--", "true"], "unknown URL scheme"),
-        (["run", "memory://", "x"], "no command given"),
+        (["run", "--local", "memory://", "x"], "no command given"),
         (["status", "memory://", "x", "--", "true"], "unexpected arguments"),
         (["frobnicate"], "invalid choice"),
     ],
@@ -211,9 +214,12 @@ def test_help_describes_every_argument() -> None:
     assert "exit status" in top.stdout and "AIOLOCKS_URL" in top.stdout
 
 
-def test_options_may_come_between_url_and_name() -> None:
-    result = run("run", "memory://", "-n", "cli/mixed", "-E", "9", "--", "sh", "-c", "exit 4")
+@pytest.mark.redis
+def test_options_may_come_between_url_and_name(redis_server: RedisServer) -> None:
+    result = run(
+        "run", "--local", "memory://", "-n", "cli/mixed", "-E", "9", "--", "sh", "-c", "exit 4"
+    )
     assert result.returncode == 4, result.stderr
-    result = run("list", "memory://", "--json", "cli/")
+    result = run("list", redis_server.url, "--json", "cli/")
     assert result.returncode == 0, result.stderr
     assert '"prefix": "cli/"' in result.stdout

@@ -135,41 +135,41 @@ def wait_all_started(
 
 
 def test_exit_status_of_a_signalled_command_is_128_plus_n() -> None:
-    proc = start("run", "memory://", "cli/sig", "--", "sh", "-c", "kill -TERM $$")
+    proc = start("run", "--local", "memory://", "cli/sig", "--", "sh", "-c", "kill -TERM $$")
     code, err = finish(proc)
     assert code == 128 + signal.SIGTERM, err
-    proc = start("run", "memory://", "cli/sig", "--", "sh", "-c", "kill -KILL $$")
+    proc = start("run", "--local", "memory://", "cli/sig", "--", "sh", "-c", "kill -KILL $$")
     code, err = finish(proc)
     assert code == 128 + signal.SIGKILL, err
 
 
 def test_command_status_passes_through() -> None:
-    code, err = finish(start("run", "memory://", "cli/st", "--", "sh", "-c", "exit 42"))
+    code, err = finish(start("run", "--local", "memory://", "cli/st", "--", "sh", "-c", "exit 42"))
     assert code == 42, err
-    code, err = finish(start("run", "memory://", "cli/st", "--", "true"))
+    code, err = finish(start("run", "--local", "memory://", "cli/st", "--", "true"))
     assert code == 0, err
 
 
 def test_missing_and_non_executable_commands(tmp_path: Path) -> None:
-    code, err = finish(start("run", "memory://", "cli/x", "--", "/nonexistent/program"))
+    code, err = finish(start("run", "--local", "memory://", "cli/x", "--", "/nonexistent/program"))
     assert code == 127
     assert "/nonexistent/program" in err
     script = tmp_path / "noexec.sh"
     script.write_text("#!/bin/sh\nexit 0\n")
     script.chmod(0o644)
-    code, err = finish(start("run", "memory://", "cli/x", "--", str(script)))
+    code, err = finish(start("run", "--local", "memory://", "cli/x", "--", str(script)))
     assert code == 126, err
 
 
 def test_child_environment_has_token_name_and_kind() -> None:
     show = 'echo "$AIOLOCKS_LOCK_NAME|$AIOLOCKS_LOCK_KIND|$AIOLOCKS_FENCING_TOKEN"'
-    proc = start("run", "memory://", "/cli/env", "--", "sh", "-c", show)
+    proc = start("run", "--local", "memory://", "/cli/env", "--", "sh", "-c", show)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     name, kind, token = out.strip().split("|")
     assert (name, kind) == ("cli/env", "mutex")
     assert int(token) >= 1
-    proc = start("run", "--limit", "2", "memory://", "cli/env", "--", "sh", "-c", show)
+    proc = start("run", "--local", "--limit", "2", "memory://", "cli/env", "--", "sh", "-c", show)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert out.strip().split("|")[1] == "semaphore"
@@ -180,7 +180,7 @@ def test_command_exit_waits_for_its_background_children(tmp_path: Path) -> None:
     """The leader exits at once; a background child still works: run waits for it."""
     done = tmp_path / "done"
     script = f"(sleep 1; echo late > {done}) & exit 3"
-    code, err = finish(start("run", "memory://", "cli/bg", "--", "sh", "-c", script))
+    code, err = finish(start("run", "--local", "memory://", "cli/bg", "--", "sh", "-c", script))
     assert code == 3, err
     assert done.read_text().strip() == "late", "run returned while the group still ran"
 
@@ -196,7 +196,7 @@ def test_signals_reach_the_whole_group(tmp_path: Path, reaper: list[int], sig: i
         f"( sleep 300 & echo $! > {tmp_path}/orphan ); "
         "wait"
     )
-    proc = start("run", "memory://", "cli/signals", "--", "sh", "-c", script)
+    proc = start("run", "--local", "memory://", "cli/signals", "--", "sh", "-c", script)
     wait_all_started(tmp_path, proc, reaper, ("leader", "stubborn", "orphan"))
     proc.send_signal(sig)
     code, err = finish(proc)
@@ -207,7 +207,14 @@ def test_signals_reach_the_whole_group(tmp_path: Path, reaper: list[int], sig: i
 
 def test_term_escalates_to_kill_after_kill_after(tmp_path: Path, reaper: list[int]) -> None:
     proc = start(
-        "run", "--kill-after", "1", "memory://", "cli/escalate", "--", *forking_command(tmp_path)
+        "run",
+        "--local",
+        "--kill-after",
+        "1",
+        "memory://",
+        "cli/escalate",
+        "--",
+        *forking_command(tmp_path),
     )
     wait_all_started(tmp_path, proc, reaper)
     proc.send_signal(signal.SIGTERM)
@@ -260,7 +267,9 @@ def test_redis_key_deleted_stops_the_whole_group(
     assert redis_server.command("DEL", "cli-loss:{mutex:cli/loss}") == 1
     code, err = finish(proc)
     assert code == 76, err
-    assert "lost" in err
+    # the loss is told once, with its reason (the library's own warning is not repeated)
+    lost = [line for line in err.splitlines() if "lost" in line]
+    assert len(lost) == 1 and "its Redis field is gone" in lost[0], err
     assert_all_gone(tmp_path)
     # and the lock is free again
     code, err = finish(start("run", "-n", url, "cli/loss", "--", "true"))
@@ -338,6 +347,7 @@ def test_elect_leadership_lost_stops_the_group(
     url = redis_server.url + "?lease_time=3&key_prefix=cli-elect:"
     proc = start("elect", "--kill-after", "1", url, "cli/leader", "--", *forking_command(tmp_path))
     wait_all_started(tmp_path, proc, reaper)
+    leader = int((tmp_path / "leader").read_text())
     found = redis_server.command("KEYS", "cli-elect:*")
     assert isinstance(found, list)
     keys = [k for k in found if isinstance(k, str) and "fence" not in k]
@@ -346,6 +356,12 @@ def test_elect_leadership_lost_stops_the_group(
         redis_server.command("DEL", key)
     code, err = finish(proc)
     assert code == 76, err
+    # one line for the loss, then what is done about it (the command ignores TERM: KILL)
+    assert err.splitlines()[:2] == [
+        "aiolocks elect: leadership of 'cli/leader' lost: its Redis field is gone "
+        "(deleted, overwritten or expired)",
+        f"aiolocks: stopping the command (process group {leader}): TERM, KILL after 1 s",
+    ], err
     assert_all_gone(tmp_path)
 
 

@@ -224,9 +224,10 @@ class Backend:
 
         An administrative tool (Redisson's ``forceUnlock``, ``aiolocks break``)
         for a lock whose holder is stuck. The former holders see the loss as
-        :class:`LockLostError`: on ``memory://`` at once, on Redis at the next
-        lease renewal (within a third of ``lease_time``), on ZooKeeper at
-        once (a watch on the held node). ``kind``: ``"mutex"``, ``"semaphore-mutex"``,
+        :class:`LockLostError`: on ``memory://`` at once, on Redis at once by
+        the key's keyspace events (at the next lease renewal, within a third of
+        ``lease_time``, where they are off or refused, and on Redlock), on
+        ZooKeeper at once (a watch on the held node). ``kind``: ``"mutex"``, ``"semaphore-mutex"``,
         ``"semaphore"``, ``"rwlock"`` or ``"leader"``.
         """
         from .admin import force_release

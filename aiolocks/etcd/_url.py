@@ -17,11 +17,11 @@ problem is a :class:`ValueError` that names the offending part.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, final
 
+from .._core.timeouts import SETTING_RANGE, check_seconds
 from .._core.urls import parse_positive_float, parse_url
 
 __all__ = [
@@ -60,11 +60,7 @@ def _check_lease_ttl(name: str, value: object) -> int:
 
 
 def _check_seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a finite number of seconds > 0")
-    return float(value)
+    return check_seconds(value, name, SETTING_RANGE)
 
 
 _URL_OPTIONS: Final[Mapping[str, Callable[[str, str], object]]] = {

@@ -1,8 +1,9 @@
 """Redis administration: list the locks in use (SCAN), force-release (delete the holders).
 
-A force-released hold is noticed by its holder at the next lease renewal
-(every third of ``lease_time``): the renewal finds its field gone and the
-hold is marked lost. Waiters are woken through the lock's channel at once.
+A force-released hold is noticed by its holder at once through its key's
+keyspace events (or, where they are off or refused, at the next lease
+renewal, every third of ``lease_time``): its field is gone and the hold is
+marked lost. Waiters are woken through the lock's channel at once.
 """
 
 from __future__ import annotations

@@ -41,7 +41,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
@@ -58,6 +57,7 @@ from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError, LockError
 from .._core.participants import Participant
 from .._core.tasks import TaskSet
+from .._core.timeouts import LEASE_TIME_RANGE, check_seconds
 from ._pubsub import PubSubHub, Wake
 from ._scripts import Scripts, source
 from ._watchdog import Renewal, RenewResult, Watchdog
@@ -168,13 +168,8 @@ def lock_keys(prefix: str, family: Family, name: str) -> LockKeys:
 
 
 def validate_lease_time(value: object, what: str = "lease_time") -> float:
-    """A finite number of seconds, at least 0.01 (the watchdog renews every third)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{what} must be a number of seconds, got {value!r}")
-    lease = float(value)
-    if not math.isfinite(lease) or lease < 0.01:
-        raise ValueError(f"{what}={value!r} must be a finite number of seconds >= 0.01")
-    return lease
+    """Seconds in :data:`LEASE_TIME_RANGE` (the watchdog renews every third)."""
+    return check_seconds(value, what, LEASE_TIME_RANGE)
 
 
 #: values of the ``keyspace_events`` option

@@ -29,6 +29,7 @@ from typing import Any, Final, cast, final
 
 from .._core.backend import Backend
 from .._core.names import has_control_character
+from .._core.timeouts import SETTING_RANGE, check_seconds
 from .._core.urls import parse_bool, parse_positive_float, parse_url
 from ._driver import ZooKeeperDriver, lock_path
 from ._layout import DEFAULT_LAYOUT, parse_layout
@@ -149,10 +150,8 @@ class ZooKeeperBackend(Backend):
 
 
 def _check_seconds(name: str, value: object) -> float:
-    """A keyword (or already parsed query) value in seconds; text is for the URL query only."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
-    return parse_positive_float(name, repr(float(value)))
+    """A keyword (or already parsed query) value in seconds, in :data:`SETTING_RANGE`."""
+    return check_seconds(value, name, SETTING_RANGE)
 
 
 def _check_bool(name: str, value: object) -> bool:

@@ -1,65 +1,65 @@
-"""Every ```python block of README.md and docs/*.md runs as written, on every backend.
+"""Every ```python block of README.md and docs/*.md runs as the pages say to run it.
 
-How a snippet runs (also described in docs/index.md), as a reader would run
-it in ``python -m asyncio``:
+The pages say: paste the block into ``python -m asyncio`` (an asyncio REPL,
+Python 3.11+), after the page's setup block, if it has one. This test does
+exactly that, through a pseudo-terminal, one fresh REPL per block and
+target:
 
-* its code is compiled with top-level ``await`` allowed and awaited in a
-  fresh namespace that holds only ``asyncio`` (which ``python -m asyncio``
-  imports); every other name must come from the snippet itself or from the
-  page's *setup blocks*: a block preceded by ``<!-- snippet-setup -->`` is
-  run before every later block of its page, in the same namespace, the way
-  a reader runs it first (it shows, say, ``backend = await
-  aiolocks.connect("memory://")`` and the stand-ins ``order`` and
-  ``charge``);
-* targets: ``memory://``, the ``redis_server`` fixture and the
-  ``zookeeper_server`` fixture (the last once ``aiolocks.zookeeper``
-  imports); on a server each run gets its own key prefix or chroot;
-* ``aiolocks.connect(url, **options)`` first builds the backend the URL
-  names, without any I/O, so a malformed URL or option still fails, and
-  then connects to the target instead: the URL's query options are kept
-  when it names the target's kind of server (``zk://`` on ZooKeeper, any
-  Redis scheme on Redis), so ``session_timeout`` or ``lease_time`` still
-  reach the backend; two connections of one snippet contend like two
-  processes;
-* afterwards, every backend the snippet itself opened must be closed again
-  and nothing may stay held on the backends of the setup blocks (which the
-  test closes, as the reader closes the REPL): a snippet must not teach a
-  leak.
+* it types the page's setup blocks (a block preceded by
+  ``<!-- snippet-setup -->``, such as ``backend = await
+  aiolocks.connect("memory://")``), then the block, each as written and
+  followed by one empty line (the Enter a reader presses after a block
+  that ends indented);
+* what the REPL shows as an error (a traceback, a ``SyntaxError`` or
+  ``IndentationError`` from a blank line inside an indented block, an
+  event-loop error) fails the test, with the REPL's screen;
+* around the pasted text it types three lines of its own (see
+  ``tests/docs/_repl.py``): before, one that points ``aiolocks.connect``
+  at the target; after, one that checks that the block closed every
+  backend it opened and left nothing held on the setup block's backends (a
+  snippet must not teach a leak);
+* targets: ``memory://``, the ``redis_server`` and the ``zookeeper_server``
+  fixtures; on a server each run gets its own key prefix or chroot, and the
+  URL's query options are kept when it names the target's kind of server
+  (``Target.url_for``). ``aiolocks.connect`` still builds the backend the
+  snippet's URL names first, without I/O, so a malformed URL or option
+  still fails.
 
 A block preceded by the line ``<!-- skip-snippet -->`` is not run (it needs
-a particular server or is a fragment); ``<!-- skip-snippet: zookeeper -->``
-skips it on the listed targets only (say, a Redis-only lock option). Blocks
-of pages owned elsewhere that do not run yet are listed in ``KNOWN_BROKEN``
-as strict xfails, with the fix.
+a particular server, such as a Sentinel set, etcd or PostgreSQL, or is a
+fragment); ``<!-- skip-snippet: zookeeper -->`` skips it on the listed
+targets only (say, a Redis-only lock option). Skipped blocks are still
+checked for names they use but never define (``test_no_undefined_names``).
 """
 
 from __future__ import annotations
 
-import ast
-import asyncio
-import importlib
+import fcntl
+import json
+import os
+import pty
 import re
+import select
+import struct
+import subprocess
+import sys
+import termios
 import textwrap
-import uuid
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pytest
 
-import aiolocks
-from aiolocks import _connect
+from tests.docs._repl import RESULT, Target
 
 ROOT = Path(__file__).resolve().parents[2]
 SKIP_MARK = "<!-- skip-snippet -->"
 SETUP_MARK = "<!-- snippet-setup -->"
 SKIP_COMMENT = re.compile(r"^<!--\s*skip-snippet(?::(?P<targets>[\w\s,]*))?\s*-->$")
+SCRIPT_MARK = "<!-- snippet-script -->"
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w+-]*)\s*$")
-
-#: (page, first line of the block) -> why it does not run yet and the fix.
-#: Strict: once the page is fixed the xfail turns into a failure; drop the entry then.
-KNOWN_BROKEN: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,8 @@ class Snippet:
     setup: tuple[str, ...] = ()
     """Code of the page's setup blocks above this one, run first."""
     is_setup: bool = False
+    is_script: bool = False
+    """Preceded by ``<!-- snippet-script -->``: the page says to run it as ``python FILE``."""
 
     @property
     def first_line(self) -> str:
@@ -111,14 +113,16 @@ def extract(path: Path, root: Path = ROOT) -> list[Snippet]:
         )
         code = textwrap.dedent("\n".join(body))
         is_setup = previous == SETUP_MARK
+        is_script = previous == SCRIPT_MARK
         snippets.append(
             Snippet(
                 page,
                 start + 1,
                 code,
-                skip_on=frozenset() if is_setup else _skip_on(previous),
-                setup=tuple(setup),
+                skip_on=frozenset() if is_setup or is_script else _skip_on(previous),
+                setup=() if is_script else tuple(setup),
                 is_setup=is_setup,
+                is_script=is_script,
             )
         )
         if is_setup:
@@ -147,9 +151,6 @@ def _params() -> list[Any]:
                 marks: list[pytest.MarkDecorator] = []
                 if target in snippet.skip_on:
                     marks.append(pytest.mark.skip(reason=f"marked {SKIP_MARK} (for {target})"))
-                broken = KNOWN_BROKEN.get((snippet.page, snippet.first_line))
-                if broken is not None:
-                    marks.append(pytest.mark.xfail(reason=broken, strict=True))
                 ident = f"{snippet.page}:{snippet.line}-{target}"
                 params.append(pytest.param(snippet, target, id=ident, marks=marks))
     return params
@@ -161,37 +162,6 @@ TARGETS: dict[str, str | None] = {
     "redis": "redis_server",
     "zookeeper": "zookeeper_server",
 }
-REDIS_SCHEMES = frozenset({"redis", "rediss", "redis+sentinel", "redis+cluster", "redlock"})
-
-
-def _kind(url: str) -> str:
-    scheme = url.partition("://")[0].lower()
-    if scheme == "zk":
-        return "zookeeper"
-    return "redis" if scheme in REDIS_SCHEMES else "memory"
-
-
-@dataclass
-class Target:
-    """Where the snippets of one test run: a base URL and an isolation tag."""
-
-    kind: str
-    base_url: str
-    tag: str = field(default_factory=lambda: f"docs-{uuid.uuid4().hex[:10]}")
-
-    def url_for(self, snippet_url: str = "memory://") -> str:
-        """The target URL for a URL written in a snippet (keeping its options when they fit)."""
-        if self.kind == "memory":
-            return f"memory://{self.tag}"
-        same_kind = _kind(snippet_url) == self.kind
-        query = parse_qsl(urlsplit(snippet_url).query) if same_kind else []
-        options = [(key, value) for key, value in query if key != "key_prefix"]
-        if self.kind == "redis":
-            options.append(("key_prefix", f"{self.tag}:"))
-            return f"{self.base_url}?{urlencode(options)}"
-        # ZooKeeper: the run's own chroot
-        url = f"{self.base_url.split('?')[0]}/{self.tag}"
-        return f"{url}?{urlencode(options)}" if options else url
 
 
 @pytest.fixture
@@ -200,11 +170,6 @@ def target(request: pytest.FixtureRequest, snippet_target: str) -> Target:
     fixture = TARGETS[snippet_target]
     if fixture is None:
         return Target("memory", "memory://")
-    if snippet_target == "zookeeper":
-        try:
-            importlib.import_module("aiolocks.zookeeper")
-        except ImportError as exc:
-            pytest.skip(f"aiolocks.zookeeper does not import yet ({exc})")
     server = request.getfixturevalue(fixture)
     return Target(snippet_target, str(server.url))
 
@@ -255,49 +220,134 @@ def test_target_urls_keep_fitting_options_and_isolate() -> None:
     assert Target("memory", "memory://", tag="docs-z").url_for("zk://h:1") == "memory://docs-z"
 
 
-@pytest.mark.asyncio
 @pytest.mark.parametrize(("snippet", "snippet_target"), _params())
-async def test_snippet_runs(
-    snippet: Snippet,
-    target: Target,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    opened: list[aiolocks.Backend] = []
-    real_connect = _connect.connect
-
-    def connect(url: str = "memory://", **options: Any) -> Any:
-        # Build the backend the URL names (no I/O): a bad URL or option still raises.
-        _connect.backend_from_url(url, **options)
-        if _kind(url) != target.kind:
-            options = {}  # options of another kind of backend do not apply to the target
-        connecting = real_connect(target.url_for(url), **options)
-        opened.append(connecting._backend)
-        return connecting
-
-    monkeypatch.setattr(aiolocks, "connect", connect)
-    namespace: dict[str, Any] = {"__name__": "__snippet__", "asyncio": asyncio}
-    setup_backends: list[aiolocks.Backend] = []
-    try:
-        async with asyncio.timeout(60):
-            for index, setup in enumerate(snippet.setup):
-                await _run(setup, f"{snippet.page}:setup-{index}", namespace)
-            setup_backends = list(opened)
-            await _run(snippet.code, f"{snippet.page}:{snippet.line}", namespace)
-        for _ in range(3):  # let background releases run
-            await asyncio.sleep(0)
-        left_open = [b for b in opened if not b.closed and b not in setup_backends]
-        held = [f"{hold.kind} {hold.name!r}" for b in setup_backends for hold in b._holds]
-    finally:
-        for backend in opened:
-            if not backend.closed:
-                await backend.close()
+def test_snippet_runs(snippet: Snippet, target: Target, tmp_path: Path) -> None:
+    """Paste the block into ``python -m asyncio`` as a reader does; nothing may fail or leak."""
+    if snippet.is_script:
+        run_as_script(snippet, target, tmp_path)
+        return
+    instrument = (
+        f"import tests.docs._repl as _repl; "
+        f"_repl.install({target.kind!r}, {target.base_url!r}, {target.tag!r})"
+    )
+    typed = [instrument, *(f"{code}\n" for code in snippet.setup), "_repl.setup_done()"]
+    typed += [f"{snippet.code}\n", "await _repl.check()"]
+    screen = run_in_repl("\n".join(typed) + "\n")
+    found = re.search(re.escape(RESULT) + r"(\{.*\})@@", screen)
+    assert found is not None, f"the REPL never finished the block:\n{screen[-4000:]}"
+    result = json.loads(found.group(1))
+    assert not result["errors"], f"the REPL showed {result['errors']}:\n{screen[-6000:]}"
     if not snippet.is_setup:
-        assert not left_open, "the snippet left a backend open (close it, or use async with)"
-    assert not held, f"the snippet left locks held: {held} (release in finally / use async with)"
+        assert not result["left_open"], (
+            f"the snippet left a backend open (close it, or use async with): {result['left_open']}"
+        )
+    assert not result["held"], (
+        f"the snippet left locks held: {result['held']} (release in finally / use async with)"
+    )
 
 
-async def _run(code: str, filename: str, namespace: dict[str, Any]) -> None:
-    compiled = compile(code, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    result = eval(compiled, namespace)
-    if asyncio.iscoroutine(result):
-        await result
+def run_as_script(snippet: Snippet, target: Target, tmp_path: Path) -> None:
+    """A ``<!-- snippet-script -->`` block: saved to a file and run with ``python FILE``."""
+    script = tmp_path / "snippet.py"
+    script.write_text(snippet.code + "\n", encoding="utf-8")
+    redirect = (
+        "import runpy, sys; import tests.docs._repl as _repl; "
+        f"_repl.redirect({target.kind!r}, {target.base_url!r}, {target.tag!r}); "
+        "runpy.run_path(sys.argv[1], run_name='__main__')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", redirect, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def run_in_repl(text: str, limit: float = 120) -> str:
+    """Type ``text`` into a fresh ``python -m asyncio`` on a pseudo-terminal; its screen.
+
+    Returns once the screen shows the result line of ``_repl.check()`` (or
+    after ``limit`` seconds, or when the REPL exits).
+    """
+    master, slave = pty.openpty()
+    # a wide terminal, so that readline never wraps a long line of a snippet
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 250, 0, 0))
+    env = {**os.environ, "TERM": "dumb", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncio"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    os.close(slave)
+    os.set_blocking(master, False)
+    pending = text.encode()
+    screen = b""
+    deadline = time.monotonic() + limit
+    try:
+        while time.monotonic() < deadline and not re.search(rb"@@RESULT@@\{.*\}@@", screen):
+            readable, writable, _ = select.select([master], [master] if pending else [], [], 0.5)
+            if writable:  # as fast as the terminal takes it: a paste
+                pending = pending[os.write(master, pending[:512]) :]
+            if readable:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the REPL exited
+                    break
+                if not chunk:
+                    break
+                screen += chunk
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(master)
+    return screen.decode(errors="replace").replace("\r\n", "\n")
+
+
+def test_no_undefined_names(tmp_path: Path) -> None:
+    """Every block, skipped ones too, defines or imports each name it uses.
+
+    A block is checked with the page's setup blocks above it and ``asyncio``
+    (which ``python -m asyncio`` imports), by ruff's undefined-name rule.
+    """
+    pytest.importorskip("ruff")
+    files: dict[str, str] = {}
+    for path in pages():
+        for snippet in extract(path):
+            name = f"{snippet.page.replace('/', '_').replace('.', '_')}_{snippet.line}.py"
+            code = "\n".join(["import asyncio", *snippet.setup, snippet.code])
+            (tmp_path / name).write_text(code + "\n", encoding="utf-8")
+            files[name] = f"{snippet.page}:{snippet.line}"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            "check",
+            "--isolated",
+            "--select",
+            "F821",
+            "--output-format",
+            "concise",
+            "--no-cache",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    undefined = [
+        line.replace(str(tmp_path) + "/", "")
+        for line in result.stdout.splitlines()
+        if "F821" in line
+    ]
+    readable = [f"{files[line.split(':')[0]]}: {line.split(' ', 1)[1]}" for line in undefined]
+    assert not readable, "undefined names in doc snippets:\n" + "\n".join(readable)
+    assert result.returncode == 0, result.stdout + result.stderr
