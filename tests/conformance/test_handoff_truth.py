@@ -1,0 +1,153 @@
+"""What other processes read after a hold changes hands inside one process.
+
+A backend may pass a hold from one task (or latch) of a process to another
+without the usual round trip through its server. Whatever it does inside
+the process, what anybody else reads (``leader()``, ``participants()``,
+``list_locks()``) must name the true holder, with its fencing token, as
+soon as the new holder has it. Two backends of this process stand for two
+processes; every check reads from both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+import pytest
+
+import aiolocks
+
+from .conftest import wait_until
+
+pytestmark = pytest.mark.asyncio
+
+
+def _check_view(
+    everyone: Sequence[aiolocks.Participant],
+    holder_id: str,
+    token: int | None,
+    gone: Sequence[str],
+    where: str,
+    rivals: Sequence[str] | None = None,
+) -> None:
+    """``everyone`` (a ``participants()`` answer) names ``holder_id`` as the one holder.
+
+    ``rivals`` (the other contenders' ids) given: a holder in another
+    process may also show under an id of the backend's own (a server
+    session), as long as it names none of them.
+    """
+    shown = [(p.id, p.is_holder, p.fencing_token) for p in everyone]
+    holders = [p for p in everyone if p.is_holder]
+    assert len(holders) == 1, f"{where}: not one holder: {shown}"
+    seen = holders[0].id
+    if rivals is None or seen in rivals:
+        assert seen == holder_id, f"{where}: holder is not {holder_id}: {shown}"
+    assert everyone[0].is_holder, f"{where}: the holder is not listed first: {shown}"
+    if holders[0].fencing_token is not None:
+        assert holders[0].fencing_token == token, f"{where}: not the token {token}: {shown}"
+    ids = [p.id for p in everyone]
+    assert len(ids) == len(set(ids)), f"{where}: a participant is listed twice: {shown}"
+    assert not set(ids) & set(gone), f"{where}: lists participants that left: {shown}"
+
+
+async def _names_the_leader(
+    observers: Sequence[aiolocks.LeaderLatch], leader: aiolocks.LeaderLatch, gone: Sequence[str]
+) -> None:
+    for observer in observers:
+        where = f"observer {observer.participant_id}"
+        found = await observer.leader()
+        assert found is not None, f"{where}: no leader while {leader.participant_id} leads"
+        assert found.id == leader.participant_id, (
+            f"{where}: leader() names {found.id}, but {leader.participant_id} leads"
+        )
+        _check_view(
+            await observer.participants(), leader.participant_id, leader.fencing_token, gone, where
+        )
+
+
+async def test_election_observer_names_the_true_leader(
+    backend: aiolocks.Backend, other_backend: aiolocks.Backend, names: Callable[[], str]
+) -> None:
+    """kazoo's ``test_election``: three contenders over two backends of one
+    process; an observer latch on each backend that never starts. Each
+    leader in turn leaves; the observers name the one that leads now."""
+    name = names()
+    observers = [
+        backend.leader_latch(name, participant_id="observer-a"),
+        other_backend.leader_latch(name, participant_id="observer-b"),
+    ]
+    spread = (backend, other_backend, backend)
+    contenders = [
+        on.leader_latch(name, participant_id=f"contender-{i}") for i, on in enumerate(spread)
+    ]
+    gone: list[str] = []
+    try:
+        await contenders[0].start()
+        assert await contenders[0].wait_for_leadership(timeout=10)
+        for latch in contenders[1:]:
+            await latch.start()
+        await _names_the_leader(observers, contenders[0], gone)
+        remaining = list(contenders)
+        while remaining:
+            await wait_until(
+                lambda: sum(latch.has_leadership for latch in remaining) == 1,
+                what="one leader among the remaining contenders",
+            )
+            (leader,) = [latch for latch in remaining if latch.has_leadership]
+            await _names_the_leader(observers, leader, gone)
+            await leader.close()
+            remaining.remove(leader)
+            gone.append(leader.participant_id)
+        for observer in observers:
+            assert await observer.leader() is None
+            assert await observer.participants() == []
+    finally:
+        for latch in contenders:
+            await latch.close()
+
+
+async def _locks_named(on: aiolocks.Backend, name: str) -> list[aiolocks.Participant]:
+    """The mutex ``name`` as ``list_locks`` (``aiolocks list``) reports it."""
+    found = [info for info in await on.list_locks(name) if info.name == name]
+    mutexes = [info for info in found if info.kind == "mutex"]
+    assert len(mutexes) == 1, f"list_locks does not show the held mutex {name}: {found}"
+    return list(mutexes[0].participants)
+
+
+async def test_mutex_holder_seen_from_another_backend(
+    backend: aiolocks.Backend, other_backend: aiolocks.Backend, names: Callable[[], str]
+) -> None:
+    """Several tasks of one backend (and one of another) take turns on a
+    mutex; each holder checks, from both backends, that ``participants()``
+    and ``list_locks()`` name it with its fencing token."""
+    name = names()
+    rounds = 3
+    tokens: list[int] = []
+
+    spread = [(backend, f"here-{i}") for i in range(3)] + [(other_backend, "there")]
+    everyone = [f"{on.client_id}/{label}" for on, label in spread]
+
+    async def worker(on: aiolocks.Backend, label: str) -> None:
+        me = f"{on.client_id}/{label}"  # (the task is named after its label)
+        rivals = [other for other in everyone if other != me]
+        lock = on.mutex(name)
+        for _ in range(rounds):
+            async with lock:
+                token = lock.fencing_token
+                assert token is not None
+                tokens.append(token)
+                for reader in (backend, other_backend):
+                    where = f"{label} read from {reader.client_id}"
+                    seen = await reader.mutex(name).participants()
+                    _check_view(seen, me, token, (), where, rivals)
+                    listed = await _locks_named(reader, name)
+                    _check_view(listed, me, token, (), where + " (list)", rivals)
+
+    await asyncio.wait_for(
+        asyncio.gather(
+            *(asyncio.create_task(worker(on, label), name=label) for on, label in spread)
+        ),
+        60,
+    )
+    assert len(tokens) == rounds * len(spread)
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), tokens
