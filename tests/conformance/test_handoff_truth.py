@@ -65,28 +65,42 @@ async def _names_the_leader(
         )
 
 
+@pytest.mark.parametrize(("size", "together"), [(3, False), (3, True), (6, False)])
 async def test_election_observer_names_the_true_leader(
-    backend: aiolocks.Backend, other_backend: aiolocks.Backend, names: Callable[[], str]
+    backend: aiolocks.Backend,
+    other_backend: aiolocks.Backend,
+    names: Callable[[], str],
+    size: int,
+    together: bool,
 ) -> None:
-    """kazoo's ``test_election``: three contenders over two backends of one
-    process; an observer latch on each backend that never starts. Each
-    leader in turn leaves; the observers name the one that leads now."""
+    """kazoo's ``test_election``: contenders over two backends of one
+    process (the first and third on one, the second on the other, and so
+    on); an observer latch on each backend that never starts. Each leader in
+    turn leaves; the observers name the one that leads now.
+
+    ``together``: every contender starts at once (else the first leads
+    before the others start)."""
     name = names()
     observers = [
         backend.leader_latch(name, participant_id="observer-a"),
         other_backend.leader_latch(name, participant_id="observer-b"),
     ]
-    spread = (backend, other_backend, backend)
     contenders = [
-        on.leader_latch(name, participant_id=f"contender-{i}") for i, on in enumerate(spread)
+        (other_backend if i % 3 == 1 else backend).leader_latch(
+            name, participant_id=f"contender-{i}"
+        )
+        for i in range(size)
     ]
     gone: list[str] = []
     try:
-        await contenders[0].start()
-        assert await contenders[0].wait_for_leadership(timeout=10)
-        for latch in contenders[1:]:
-            await latch.start()
-        await _names_the_leader(observers, contenders[0], gone)
+        if together:
+            await asyncio.gather(*(latch.start() for latch in contenders))
+        else:
+            await contenders[0].start()
+            assert await contenders[0].wait_for_leadership(timeout=10)
+            for latch in contenders[1:]:
+                await latch.start()
+            await _names_the_leader(observers, contenders[0], gone)
         remaining = list(contenders)
         while remaining:
             await wait_until(
@@ -114,17 +128,23 @@ async def _locks_named(on: aiolocks.Backend, name: str) -> list[aiolocks.Partici
     return list(mutexes[0].participants)
 
 
+@pytest.mark.parametrize(("here", "there"), [(3, 1), (4, 3)])
 async def test_mutex_holder_seen_from_another_backend(
-    backend: aiolocks.Backend, other_backend: aiolocks.Backend, names: Callable[[], str]
+    backend: aiolocks.Backend,
+    other_backend: aiolocks.Backend,
+    names: Callable[[], str],
+    here: int,
+    there: int,
 ) -> None:
-    """Several tasks of one backend (and one of another) take turns on a
-    mutex; each holder checks, from both backends, that ``participants()``
-    and ``list_locks()`` name it with its fencing token."""
+    """Tasks of one backend (``here`` of them) and of another (``there``)
+    take turns on a mutex; each holder checks, from both backends, that
+    ``participants()`` and ``list_locks()`` name it with its fencing token."""
     name = names()
     rounds = 3
     tokens: list[int] = []
 
-    spread = [(backend, f"here-{i}") for i in range(3)] + [(other_backend, "there")]
+    spread = [(backend, f"here-{i}") for i in range(here)]
+    spread += [(other_backend, f"there-{i}") for i in range(there)]
     everyone = [f"{on.client_id}/{label}" for on, label in spread]
 
     async def worker(on: aiolocks.Backend, label: str) -> None:

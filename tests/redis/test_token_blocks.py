@@ -234,7 +234,7 @@ async def test_many_tasks_in_several_processes_with_cancellations(
                             overlaps += inside > 1
                             assert lock.fencing_token is not None
                             tokens.append(lock.fencing_token)
-                            # long enough for the hold to be verified and passed on
+                            # long enough for waiters to gather and the hold to be passed on
                             await asyncio.sleep(0.002)
                         finally:
                             inside -= 1
