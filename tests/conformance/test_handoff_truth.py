@@ -22,6 +22,14 @@ from .conftest import wait_until
 pytestmark = pytest.mark.asyncio
 
 
+async def _listed(on: aiolocks.Backend, name: str, kind: str) -> list[aiolocks.Participant]:
+    """The lock ``name`` of ``kind`` as ``list_locks`` (``aiolocks list``) reports it."""
+    found = [info for info in await on.list_locks(name) if info.name == name]
+    mine = [info for info in found if info.kind == kind]
+    assert len(mine) == 1, f"list_locks does not show the held {kind} {name}: {found}"
+    return list(mine[0].participants)
+
+
 def _check_view(
     everyone: Sequence[aiolocks.Participant],
     holder_id: str,
@@ -51,18 +59,21 @@ def _check_view(
 
 
 async def _names_the_leader(
-    observers: Sequence[aiolocks.LeaderLatch], leader: aiolocks.LeaderLatch, gone: Sequence[str]
+    observers: Sequence[tuple[aiolocks.Backend, aiolocks.LeaderLatch]],
+    leader: aiolocks.LeaderLatch,
+    gone: Sequence[str],
 ) -> None:
-    for observer in observers:
+    """Each observer's ``leader()``, ``participants()`` and its backend's
+    ``list_locks()`` name ``leader``, with its fencing token."""
+    me, token = leader.participant_id, leader.fencing_token
+    for on, observer in observers:
         where = f"observer {observer.participant_id}"
         found = await observer.leader()
-        assert found is not None, f"{where}: no leader while {leader.participant_id} leads"
-        assert found.id == leader.participant_id, (
-            f"{where}: leader() names {found.id}, but {leader.participant_id} leads"
-        )
-        _check_view(
-            await observer.participants(), leader.participant_id, leader.fencing_token, gone, where
-        )
+        assert found is not None, f"{where}: no leader while {me} leads"
+        assert found.id == me, f"{where}: leader() names {found.id}, but {me} leads"
+        _check_view(await observer.participants(), me, token, gone, where)
+        listed = await _listed(on, observer.name, "leader")
+        _check_view(listed, me, token, gone, where + " (list)")
 
 
 @pytest.mark.parametrize(("size", "together"), [(3, False), (3, True), (6, False)])
@@ -82,8 +93,8 @@ async def test_election_observer_names_the_true_leader(
     before the others start)."""
     name = names()
     observers = [
-        backend.leader_latch(name, participant_id="observer-a"),
-        other_backend.leader_latch(name, participant_id="observer-b"),
+        (backend, backend.leader_latch(name, participant_id="observer-a")),
+        (other_backend, other_backend.leader_latch(name, participant_id="observer-b")),
     ]
     contenders = [
         (other_backend if i % 3 == 1 else backend).leader_latch(
@@ -112,20 +123,12 @@ async def test_election_observer_names_the_true_leader(
             await leader.close()
             remaining.remove(leader)
             gone.append(leader.participant_id)
-        for observer in observers:
+        for _, observer in observers:
             assert await observer.leader() is None
             assert await observer.participants() == []
     finally:
         for latch in contenders:
             await latch.close()
-
-
-async def _locks_named(on: aiolocks.Backend, name: str) -> list[aiolocks.Participant]:
-    """The mutex ``name`` as ``list_locks`` (``aiolocks list``) reports it."""
-    found = [info for info in await on.list_locks(name) if info.name == name]
-    mutexes = [info for info in found if info.kind == "mutex"]
-    assert len(mutexes) == 1, f"list_locks does not show the held mutex {name}: {found}"
-    return list(mutexes[0].participants)
 
 
 @pytest.mark.parametrize(("here", "there"), [(3, 1), (4, 3)])
@@ -160,7 +163,7 @@ async def test_mutex_holder_seen_from_another_backend(
                     where = f"{label} read from {reader.client_id}"
                     seen = await reader.mutex(name).participants()
                     _check_view(seen, me, token, (), where, rivals)
-                    listed = await _locks_named(reader, name)
+                    listed = await _listed(reader, name, "mutex")
                     _check_view(listed, me, token, (), where + " (list)", rivals)
 
     await asyncio.wait_for(
