@@ -1697,7 +1697,8 @@ class RedisDriver:
         renewal = hold.watchdog
         now = time.monotonic()
         return not (
-            grant.lost
+            self._closed
+            or grant.lost
             or grant.token >= hold.block_end
             or renewal is None
             or renewal.stopped
