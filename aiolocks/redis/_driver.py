@@ -18,9 +18,11 @@ RedissonFairLock ideas, re-derived; see ``docs/redis.md``):
   the lock's channel: naturally idempotent, so a retried release can never
   decrement twice or remove somebody else's hold.
 * An unfair mutex's hold is passed to another task of the same process
-  that waits for it with no command at all (same field, watchdog and
+  that waits for it with one small script (same field, watchdog and
   keyspace watch; the next fencing token of the block of 16 its grant from
-  Redis reserved): see ``RedisDriver._pass_on``.
+  Redis reserved), which rewrites the field to name the new holder and
+  its token, so that everybody reads the true holder: see
+  ``RedisDriver._pass_on``.
 * Waiting: try; on failure subscribe (confirmed) to the channel; try again;
   wait for a message or the blocking hold's remaining TTL (expiry publishes
   nothing) or the deadline; repeat.
@@ -112,18 +114,11 @@ HARMLESS_EVENTS = frozenset({"hset", "expire", "persist", "hincrby", "hincrbyflo
 LOCAL_HANDOFFS = 16
 #: fencing tokens one exclusive grant from Redis reserves (its own and the
 #: next ``TOKEN_BLOCK - 1``): the process may pass the hold on to its own
-#: waiting tasks with no round trip, each with the next token of the block
-#: (``RedisDriver._pass_on``); the fence counter in Redis is advanced past
-#: the block, so the next grant from Redis is larger still. Mirrored in
-#: ``acquire.lua`` and ``release.lua``.
+#: waiting tasks, each with the next token of the block, in one script that
+#: rewrites the hold's field to name the new holder (``RedisDriver._pass_on``);
+#: the fence counter in Redis is advanced past the block, so the next grant
+#: from Redis is larger still. Mirrored in ``acquire.lua`` and ``release.lua``.
 TOKEN_BLOCK = 16
-#: how long a read of our field vouches for passing the hold on with no round
-#: trip (s): past it, the release goes to Redis (which checks the field and
-#: grants a fresh block). A grant vouches for itself for ``LOSS_WATCH_DELAY``
-#: (see ``RedisHold.vouched``). Keyspace events report a deletion sooner; this
-#: bounds what a pub/sub connection that dropped and came back unnoticed
-#: (redis-py reconnects by itself) could let through.
-PASS_TRUST = 0.1
 #: how long after a grant a hold starts listening to its key's events (s):
 #: shorter holds never subscribe (see ``RedisDriver._start_watch``)
 LOSS_WATCH_DELAY = 0.05
@@ -202,21 +197,15 @@ class RedisHold:
         "block_end",
         "checking",
         "field",
-        "fresh_until",
         "grant",
         "keys",
         "lease",
         "leave",
-        "on_change",
         "on_stop",
-        "recall",
         "recheck",
         "released",
         "renewing",
-        "verified",
-        "verified_at",
         "watchdog",
-        "watching",
     )
 
     def __init__(self, keys: LockKeys, field: str, lease: float) -> None:
@@ -225,7 +214,7 @@ class RedisHold:
         self.lease = lease
         self.released = False
         #: the grant that holds our field now: a hold passed on to another
-        #: task of this process (no round trip) keeps its field, watchdog and
+        #: task of this process (``pass_on.lua``) keeps its field, watchdog and
         #: loss watch, and gets the next grant (see ``RedisDriver._pass_on``)
         self.grant: Grant | None = None
         #: the last fencing token of the block the grant from Redis reserved
@@ -237,45 +226,12 @@ class RedisHold:
         #: the watchdog renews it (started with the keyspace watch, see
         #: ``RedisDriver._start_watch``)
         self.renewing = False
-        #: where we hear our key's events once watching, and what reacts
-        self.watching: tuple[PubSubHub, str] | None = None
-        self.on_change: Callable[[str | None], None] | None = None
-        #: our field was read after the key's event channel was confirmed,
-        #: and no event or reconnect came since: a deletion would reach us by
-        #: push. Only such a hold is passed on with no round trip.
-        self.verified = False
-        #: when that read was sent (``time.monotonic()``)
-        self.verified_at = 0.0
-        #: until when (``time.monotonic()``) the grant itself vouches for
-        #: passing the hold on, before any watch or read: Redis wrote our
-        #: field just now (see ``vouched``)
-        self.fresh_until = 0.0
-        #: a look for a local waiter is due when the grant stops vouching
-        #: (see ``RedisDriver._watch_now``)
-        self.recall = False
         self.watchdog: Renewal | None = None
         #: undoes the keyspace-event subscription (see ``RedisDriver._watch_key``)
         self.on_stop: Callable[[], None] | None = None
         #: a check of our field is on the wire / another event came meanwhile
         self.checking = False
         self.recheck = False
-
-    def vouched(self, now: float) -> bool:
-        """Something vouches for our field being there, so that the hold may
-        be passed on with no round trip (``now``: ``time.monotonic()``). One of:
-
-        * the grant itself, for ``LOSS_WATCH_DELAY`` after it: Redis wrote
-          our field just now. A change since is found by the read that
-          follows the watch starting then, and loses the hold for whichever
-          task has it by then, as it would for the first;
-        * a read of our field sent once the key's events reach us, less
-          than ``PASS_TRUST`` ago, with no event since.
-
-        A check on the wire (an event came) vouches for nothing.
-        """
-        if self.checking:
-            return False
-        return now < self.fresh_until or (self.verified and now - self.verified_at <= PASS_TRUST)
 
     def stop(self) -> None:
         """Mark released and stop renewing, synchronously (before any unlock is sent)."""
@@ -369,7 +325,7 @@ class RedisAttempt(Attempt):
         self.queue_timeout = min(lease, QUEUE_TIMEOUT)
         #: the fencing token of a hand-off (release.lua wrote our field), not taken yet
         self.granted: int | None = None
-        #: a hold of this process passed on to us (no round trip), not taken yet
+        #: a hold of this process passed on to us (``pass_on.lua``), not taken yet
         self.handed: Grant | None = None
         #: a plain queue join (``RedisDriver._join``) was sent, its reply not read
         self.join_unsure = False
@@ -705,6 +661,16 @@ class RedisNode:
             length, _ = await pipe.execute()
         return int(length)
 
+    async def pass_hold(
+        self, keys: LockKeys, field: str, token: int, to: Request, new_token: int, member: str
+    ) -> bool:
+        """Run ``pass_on.lua``: our exclusive ``field`` (of fencing ``token``)
+        now names ``to``'s participant and ``new_token``; ``member``: its
+        queue entry to take out of the queue, or ''. False when the field was
+        gone, lapsed or not of that token (nothing written)."""
+        args = [field, token, new_token, to.participant, member]
+        return bool(await self.evalsha("pass_on", keys.acquire_keys, args))
+
     async def renew(self, keys: LockKeys, field: str, lease: float) -> bool:
         """Run ``renew.lua``; False when the field is gone."""
         args = [int(lease * 1000), field]
@@ -935,7 +901,7 @@ class RedisDriver:
         self._left: dict[str, tuple[LockKeys, float]] = {}
         #: our Redis hold of an unfair mutex that can be passed on, by holders
         #: key: while there is one, a new waiter here waits in the process
-        #: (no try: the lock is busy, and the hold comes to it with no round trip)
+        #: (no try: the lock is busy, and the hold is passed to it, ``_pass_on``)
         self._owned: dict[str, RedisHold] = {}
         self.watchdog = Watchdog(
             node.renew_many, self._spawn, name=f"aiolocks-redis-watchdog:{node.describe}"
@@ -1194,10 +1160,7 @@ class RedisDriver:
         ):
             return False
         key = a.keys.holders
-        owned = self._owned.get(key)
-        if owned is not None:
-            self._watch_now(owned)
-        elif not any(
+        if key not in self._owned and not any(
             o is not a and (self._in_queue(o, key) or self._coming(o, key))
             for o in self._queued.values()
         ):
@@ -1456,7 +1419,6 @@ class RedisDriver:
             hold = RedisHold(a.keys, field, lease)
             grant = hold.grant = Grant(request, token, hold)
             hold.block_end = token + block
-            hold.fresh_until = time.monotonic() + LOSS_WATCH_DELAY
             grant.valid_until = sent + lease  # moved on by each successful renewal
             # scheduled by _start_watch (now, or with the keyspace watch)
             hold.watchdog = Renewal(
@@ -1486,11 +1448,8 @@ class RedisDriver:
         command and keeps them off the hand-off's critical path. Nothing is
         missed: a change in between is found by that read, well within a
         second of it. Tasks of this process waiting for the lock change
-        nothing here: within ``LOSS_WATCH_DELAY`` the grant vouches for
-        passing the hold to them, after it the read does (see ``_pass_on``).
-        Starting the watch at once for them would make its SUBSCRIBE and
-        read answer in the middle of the first hold after every grant from
-        Redis, and wake the event loop there.
+        nothing here: ``pass_on.lua`` checks our field when the hold is
+        passed to them (see ``_pass_on``).
 
         Also starts the hold's watchdog renewal: with the delayed watch, in
         the same timer when the first renewal (or, with ``watchdog=False``,
@@ -1528,35 +1487,6 @@ class RedisDriver:
         self._renew(hold)
         self._watch_key(hold, True)
 
-    def _watch_now(self, hold: RedisHold) -> None:
-        """A task here waits for ``hold``'s lock: make the hold passable soon. No I/O.
-
-        Not watched yet: start the watch now (its first read verifies the
-        hold). Watched but not verified: read our field now. Either waits
-        while the grant still vouches for a pass (``RedisHold.fresh_until``):
-        the pending timer starts the watch then, or this look runs again.
-        """
-        if hold.verified or hold.checking or hold.released:
-            return
-        now = time.monotonic()
-        if now < hold.fresh_until:
-            if hold.on_change is not None and not hold.recall:
-                hold.recall = True
-                asyncio.get_running_loop().call_later(hold.fresh_until - now, self._recall, hold)
-            return
-        if hold.on_change is not None:
-            watching = hold.watching
-            if watching is not None and watching[0].is_confirmed(watching[1]):
-                hold.on_change(None)  # (unconfirmed: the hub reads once it is)
-        elif hold.on_stop is not None:
-            on_stop, hold.on_stop = hold.on_stop, None
-            on_stop()  # the pending timer
-            self._late_start(hold)
-
-    def _recall(self, hold: RedisHold) -> None:
-        hold.recall = False
-        self._watch_now(hold)
-
     def _watch_key(self, hold: RedisHold, late: bool = False) -> None:
         """Check our field whenever the server reports a change of its key.
 
@@ -1584,7 +1514,6 @@ class RedisDriver:
             # those cannot take our field away, so they cost no check.
             if hold.released or event in HARMLESS_EVENTS:
                 return
-            hold.verified = False
             if hold.checking:
                 hold.recheck = True
                 return
@@ -1595,20 +1524,9 @@ class RedisDriver:
 
         confirmed = hub.is_confirmed(channel)
         hub.watch(channel, changed)  # an unconfirmed channel calls changed(None) once confirmed
-        hold.watching = (hub, channel)
-        hold.on_change = changed
-        hold.on_stop = functools.partial(self._unwatch, hold, hub, channel, changed)
+        hold.on_stop = functools.partial(hub.unwatch, channel, changed)
         if late and confirmed:
             changed(None)
-
-    @staticmethod
-    def _unwatch(
-        hold: RedisHold, hub: PubSubHub, channel: str, changed: Callable[[str | None], None]
-    ) -> None:
-        hold.watching = None
-        hold.on_change = None
-        hold.verified = False
-        hub.unwatch(channel, changed)
 
     async def _check_hold(self, hold: RedisHold, hub: PubSubHub | None = None) -> None:
         """Read our field; mark the grant lost if it is gone, lapsed or of another type.
@@ -1619,10 +1537,6 @@ class RedisDriver:
         try:
             while not hold.released:
                 hold.recheck = False
-                watching = hold.watching
-                # only a read sent once events reach us can vouch for the hold
-                listening = watching is not None and watching[0].is_confirmed(watching[1])
-                sent = time.monotonic()
                 try:
                     value = await self.node.client.hget(hold.keys.holders, hold.field)
                 except TRANSIENT:
@@ -1634,8 +1548,6 @@ class RedisDriver:
                     self._lose(hold, GONE)
                     return
                 if not hold.recheck:
-                    hold.verified = listening
-                    hold.verified_at = sent
                     break
         finally:
             hold.checking = False
@@ -1666,8 +1578,12 @@ class RedisDriver:
         if hold.grant is not grant:
             return True  # passed on to another task of ours: not this grant's any more
         successor = self._local_successor(hold, grant.request)
-        if successor is not None and self._pass_on(hold, grant, successor):
-            return True
+        if successor is not None and self._passable(hold, grant, successor):
+            if await self._pass_on(hold, grant, successor):
+                return True
+            # Not passed on (the field was not as expected, the waiter left
+            # or the send failed): the usual release, to whoever waits now.
+            successor = self._local_successor(hold, grant.request)
         # Stop the watchdog *before* sending the unlock (Redisson #7272).
         hold.stop()
         self._holds.discard(hold)
@@ -1763,41 +1679,76 @@ class RedisDriver:
                 a.wake.ring()
         self._promote(key)
 
-    def _pass_on(self, hold: RedisHold, grant: Grant, successor: RedisAttempt) -> bool:
-        """Pass our Redis hold to a task of ours waiting in this process, with
-        no round trip: same field, watchdog and loss watch, the next fencing
-        token of the block the grant from Redis reserved. No I/O.
+    def _passable(self, hold: RedisHold, grant: Grant, successor: RedisAttempt) -> bool:
+        """Whether our Redis hold may be passed to ``successor``, a task of ours
+        waiting in this process, with ``_pass_on``. No I/O.
 
         Only while the hold is sound (not lost, renewed, well inside its
         lease) and the block has a token left, and only to a waiter asking
         for the same lease with the watchdog on, as ours is (the hold goes
-        on under the same lease and renewals), and while the hold is
-        vouched for (:meth:`RedisHold.vouched`). False: release as usual.
+        on under the same lease and renewals), whose own try is not on the
+        wire. Whether our field is still there is for ``pass_on.lua`` to say.
         """
         renewal = hold.watchdog
-        request = successor.request
         now = time.monotonic()
-        if (
-            grant.lost
+        return not (
+            self._closed
+            or grant.lost
             or grant.token >= hold.block_end
             or renewal is None
             or renewal.stopped
             or not renewal.enabled
             or successor.lease != hold.lease
-            or not request.options.get("watchdog", True)
+            or not successor.request.options.get("watchdog", True)
             or renewal.valid_until - now < hold.lease / 2
             or successor.unanswered
-            or not hold.vouched(now)
+        )
+
+    async def _pass_on(self, hold: RedisHold, grant: Grant, successor: RedisAttempt) -> bool:
+        """Pass our Redis hold to ``successor``, a task of ours waiting in this
+        process: same field, watchdog and loss watch, the next fencing token
+        of the block the grant from Redis reserved. One script
+        (``pass_on.lua``) rewrites the field to name the new holder and its
+        token first, so that whoever reads the lock sees the true holder as
+        soon as it holds; no fence counter, queue or subscription work.
+
+        False: nothing was passed on (the field was gone or not as
+        expected, the send failed, the waiter left or the hold was lost
+        meanwhile); the caller releases the hold as usual, which deletes the
+        field whatever it says now. A cancellation leaves the hold with
+        ``grant``: the engine sends the release again, and that one finds the
+        field rewritten, so it releases the usual way too.
+        """
+        request = successor.request
+        token = grant.token + 1
+        member = "" if successor.local else successor.member
+        try:
+            passed = await self.node.pass_hold(
+                hold.keys, hold.field, grant.token, request, token, member
+            )
+        except (RedisError, OSError):
+            return False  # the usual release (with its retries) follows
+        renewal = hold.watchdog
+        if (
+            not passed
+            or grant.lost
+            or renewal is None
+            or renewal.stopped
+            or hold.grant is not grant
+            or successor.ended
+            or successor.handed is not None
+            or successor.granted is not None
+            or self._queued.get(successor.member) is not successor
         ):
             return False
-        if not successor.local:
-            # Waiting in the lock's queue: its entry stays there until this
-            # hold goes back to Redis, whose release takes it out (before
-            # any hand-off: nothing in Redis can hand the lock to it while
-            # we hold it).
-            hold.leave.append(successor.member)
-            self._remember_left(successor.member, hold.keys, now + successor.queue_timeout)
-        handed = hold.grant = Grant(request, grant.token + 1, hold)
+        now = time.monotonic()
+        if member:
+            # Taken out of the lock's queue by the script; a refresh of the
+            # entry on the wire meanwhile may put it back: it goes with this
+            # hold's release to Redis, and a grant to it is given back.
+            hold.leave.append(member)
+            self._remember_left(member, hold.keys, now + successor.queue_timeout)
+        handed = hold.grant = Grant(request, token, hold)
         handed.valid_until = renewal.valid_until
         renewal.grant = handed
         renewal.owner = request.owner

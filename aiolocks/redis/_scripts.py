@@ -16,7 +16,7 @@ from typing import Any, final
 
 __all__ = ["SCRIPT_NAMES", "Scripts", "source"]
 
-SCRIPT_NAMES = ("acquire", "release", "renew", "inspect")
+SCRIPT_NAMES = ("acquire", "release", "renew", "inspect", "pass_on")
 
 
 #: scripts that work on the waiter queue: ``scripts/queue.lua`` (its entries
@@ -42,6 +42,7 @@ class Scripts:
     release: Any
     renew: Any
     inspect: Any
+    pass_on: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

@@ -162,14 +162,13 @@ async def test_queued_waiters_take_the_lock_without_trying_again(
 
 
 async def test_local_handoff_passes_the_lock_within_the_process_without_a_message(
-    url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+    url: str, raw: redis.asyncio.Redis, prefix: str
 ) -> None:
     """A release passes an unfair mutex to a waiter of its own process with
-    no round trip: no PUBLISH, no try by the waiter; a waiter of
+    one script (``pass_on.lua``): no PUBLISH, no try by the waiter; a waiter of
     another process queued before it waits its turn, and gets the lock once
     the process has nobody waiting any more."""
     name = "local/x"
-    monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 60.0)  # a loaded machine
     async with aiolocks.connect(url) as here, aiolocks.connect(url) as there:
         holder = here.mutex(name)
         await holder.acquire()
@@ -199,12 +198,12 @@ async def test_local_handoff_passes_the_lock_within_the_process_without_a_messag
         await remote_got.wait()
         calls = await command_calls(raw)
         done.set()
-        # the holder's Redis hold was passed on to the three local waiters
-        # with no round trip, each with the next token of the block its
-        # grant reserved; the last release went to Redis, which handed the
-        # lock to the remote waiter by message: one EVALSHA (each waiter may
+        # the holder's Redis hold was passed on to the three local waiters,
+        # one pass_on.lua each, with the next token of the block its grant
+        # reserved; the last release went to Redis, which handed the lock
+        # to the remote waiter by message: four EVALSHA (each waiter may
         # look once more when its grant channel's subscription is confirmed)
-        assert 1 <= calls["evalsha"] <= 1 + 3, calls
+        assert 3 + 1 <= calls["evalsha"] <= 3 + 1 + 3, calls
         assert calls.get("publish") == 1, calls
         assert first is not None and tokens == [first + 1, first + 2, first + 3]
         assert await remote > tokens[-1]
@@ -270,11 +269,7 @@ async def _queued_here(backend: aiolocks.Backend, n: int, in_queue: int | None =
         queued = backend._driver._queued.values()
         there = [a for a in queued if a.args[4] == "q" and not a.local]
         here = [a for a in queued if a.local]
-        # a hold of the process is passed on only once verified
-        passable = all(h.verified for h in backend._driver._owned.values())
-        return (
-            len(queued) == n and len(there) == in_queue and len(here) == n - in_queue and passable
-        )
+        return len(queued) == n and len(there) == in_queue and len(here) == n - in_queue
 
     await eventually(check, what=f"{n} local waiter(s) to know they are queued")
 
@@ -284,13 +279,12 @@ async def _truthy(value: bool) -> bool:
 
 
 async def test_one_waiter_per_process_in_the_queue_the_others_wait_locally(
-    url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+    url: str, raw: redis.asyncio.Redis, prefix: str
 ) -> None:
     """Five tasks of one process wait for a mutex their process holds: none
-    tries, all wait in the process and are passed the lock by its releases
-    with no round trip."""
+    tries, all wait in the process and are passed the lock by its releases,
+    one ``pass_on.lua`` each."""
     name = "local/only"
-    monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 60.0)  # a loaded machine
     async with aiolocks.connect(url) as here:
         holder = here.mutex(name)
         await holder.acquire()
@@ -314,9 +308,9 @@ async def test_one_waiter_per_process_in_the_queue_the_others_wait_locally(
         await holder.release()
         await asyncio.gather(*tasks)
         calls = await command_calls(raw)
-        # five releases pass the hold on with no round trip; the last one
-        # is the one EVALSHA; no PUBLISH; the waiters do not try
-        assert calls["evalsha"] == 1, calls
+        # five releases pass the hold on (one pass_on.lua each), the last
+        # one goes to Redis: six EVALSHA; no PUBLISH; the waiters do not try
+        assert calls["evalsha"] == 5 + 1, calls
         assert "publish" not in calls, calls
         assert sorted(order) == list(range(5))
     assert await raw.keys(f"{prefix}*") == []
@@ -330,9 +324,9 @@ async def test_local_waiter_cancelled_around_a_local_handoff_leaves_nothing(
     ``waiters=2``, the newer of two) that is cancelled before, while or
     after the release script runs: the hold is never leaked (another
     process gets the lock) and nothing is left. The waiters ask for another
-    lease than the holder's, so the hold cannot be passed on with no round
-    trip: ``release.lua`` hands it over (see ``test_token_blocks.py`` for
-    the pass)."""
+    lease than the holder's, so the hold cannot be passed on as it is
+    (``pass_on.lua``): ``release.lua`` hands it over (see
+    ``test_token_blocks.py`` for the pass)."""
     name = f"local/cancel{waiters}"
     async with aiolocks.connect(url) as here, aiolocks.connect(url) as probe:
         for yields in range(8):

@@ -1,6 +1,7 @@
 """Token blocks: a process passes its Redis hold of an unfair mutex on to its
-own waiting tasks with no round trip, each with the next fencing token of
-the block its grant from Redis reserved.
+own waiting tasks, each with the next fencing token of the block its grant
+from Redis reserved, in one script (``pass_on.lua``) that rewrites the
+hold's field to name the new holder and its token.
 
 Adversarial cases on a real server: many tasks in several processes
 (backends) with random cancellations, the key deleted behind our back while
@@ -25,14 +26,6 @@ from aiolocks.redis._driver import TOKEN_BLOCK
 from .conftest import Alone, eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
-
-
-@pytest.fixture(autouse=True)
-def _trust_long(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A verified hold stays passable for the whole test (a loaded machine
-    may take longer than ``PASS_TRUST`` between the read and the release);
-    ``test_stale_verification_goes_to_redis`` sets it back to 0."""
-    monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 60.0)
 
 
 def _key(prefix: str, name: str) -> str:
@@ -84,12 +77,10 @@ async def _hold_once(
 
 
 async def _waiting(backend: aiolocks.Backend, n: int) -> None:
-    """``n`` waiters in the process, and the process's hold (if any) passable:
-    watched, and its field read once its key's events reach us."""
+    """``n`` waiters in the process."""
 
     async def check() -> bool:
-        driver = backend._driver
-        return len(driver._queued) == n and all(h.verified for h in driver._owned.values())
+        return len(backend._driver._queued) == n
 
     await eventually(check, what=f"{n} waiter(s) in the process")
 
@@ -159,7 +150,7 @@ async def test_key_deleted_while_a_passed_hold_runs_reaches_that_task(
         await _waiting(here, 3)
         await holder.release()
         await inside.wait()
-        assert tokens == [first + 1, first + 2]  # passed twice, no round trip
+        assert tokens == [first + 1, first + 2]  # passed twice
         await raw.delete(_key(prefix, name))
         async with asyncio.timeout(20):
             await asyncio.gather(*tasks)
@@ -243,7 +234,7 @@ async def test_many_tasks_in_several_processes_with_cancellations(
                             overlaps += inside > 1
                             assert lock.fencing_token is not None
                             tokens.append(lock.fencing_token)
-                            # long enough for the hold to be verified and passed on
+                            # long enough for waiters to gather and the hold to be passed on
                             await asyncio.sleep(0.002)
                         finally:
                             inside -= 1
@@ -272,12 +263,12 @@ async def test_many_tasks_in_several_processes_with_cancellations(
 async def test_key_deleted_around_the_pass_is_reported_once(
     url: str, raw: redis.asyncio.Redis, prefix: str, yields: int
 ) -> None:
-    """The key is deleted while the holder's hold is being watched and
-    verified for a pass: either the hold was not passable yet (the release
-    goes to ``release.lua``, which finds nothing: the holder gets
-    ``LockLostError`` and the waiter takes the lock afresh) or it was (the
-    deletion's event reaches the waiter, who holds it by then). Either way
-    the loss is reported exactly once and nothing is left."""
+    """The key is deleted while the holder holds it and a task of the
+    process waits: either the deletion's event reaches the holder first
+    (lost), or the pass finds the field gone (``pass_on.lua`` writes
+    nothing, the release goes to ``release.lua``, which finds nothing: the
+    holder gets ``LockLostError``). The waiter takes the lock afresh from
+    Redis. Either way the loss is reported exactly once and nothing is left."""
     name = f"blocks/race{yields}"
     async with aiolocks.connect(url) as here:
         holder = here.mutex(name)
@@ -314,25 +305,6 @@ async def test_key_deleted_around_the_pass_is_reported_once(
         assert sorted(outcomes) == ["held", "lost"]
 
 
-async def test_stale_verification_goes_to_redis(
-    url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A hold whose last read of its field is older than ``PASS_TRUST`` is
-    not passed on with no round trip: the release goes to ``release.lua``
-    (which checks the field and hands over a fresh grant and block)."""
-    name = "blocks/stale"
-    async with aiolocks.connect(url) as here:
-        holder, first = await _take(here, name)
-        tokens: list[int] = []
-
-        task = asyncio.create_task(_take_once(here, name, tokens))
-        await _waiting(here, 1)
-        monkeypatch.setattr("aiolocks.redis._driver.PASS_TRUST", 0.0)
-        await holder.release()
-        await task
-        assert len(tokens) == 1 and tokens[0] >= first + TOKEN_BLOCK  # a grant from Redis
-
-
 async def _pubsub_and_reads(raw: redis.asyncio.Redis) -> tuple[int, int]:
     """How many SUBSCRIBE and HGET calls the server has run so far."""
     stats = await raw.info("commandstats")
@@ -348,10 +320,10 @@ async def test_a_fresh_grant_from_redis_is_passed_on_with_no_watch_and_no_read(
     url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another process's release hands the lock to ours, where two tasks
-    wait: the first passes it to the second with no round trip, before the
-    key is watched or our field read (the grant vouches for itself within
-    ``LOSS_WATCH_DELAY``, long here so a slow machine stays inside it). No
-    SUBSCRIBE and no HGET reach the server for that first hold."""
+    wait: the first passes it to the second before the key is watched or
+    our field read (``LOSS_WATCH_DELAY``, long here so a slow machine stays
+    inside it): ``pass_on.lua`` checks the field itself. No SUBSCRIBE and
+    no HGET but the script's own reach the server for that first hold."""
     monkeypatch.setattr("aiolocks.redis._driver.LOSS_WATCH_DELAY", 5.0)
     name = "blocks/fresh"
     async with aiolocks.connect(url) as here, aiolocks.connect(url) as there:
@@ -371,32 +343,76 @@ async def test_a_fresh_grant_from_redis_is_passed_on_with_no_watch_and_no_read(
         await other.release()
         async with asyncio.timeout(10):
             await asyncio.gather(*tasks)
-        assert len(tokens) == 2 and tokens[1] == tokens[0] + 1  # passed, no round trip
-        assert await _pubsub_and_reads(raw) == before
+        assert len(tokens) == 2 and tokens[1] == tokens[0] + 1  # passed on
+        subscribes, reads = await _pubsub_and_reads(raw)
+        # (commandstats counts the commands scripts run: pass_on.lua's HGET)
+        assert (subscribes, reads) == (before[0], before[1] + 1)
 
 
-async def test_a_key_deleted_while_the_grant_is_fresh_is_lost_by_the_task_passed_to(
+async def test_a_pass_finding_the_field_gone_releases_the_usual_way(
     url: str, raw: redis.asyncio.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The key is deleted before the holder's fresh grant is passed on: the
-    pass still happens (nothing has been read yet), and the read that
-    follows the watch at the end of ``LOSS_WATCH_DELAY`` cancels the task
-    it was passed to with ``LockLostError``. Nothing is left in Redis."""
-    monkeypatch.setattr("aiolocks.redis._driver.LOSS_WATCH_DELAY", 1.0)
+    """The key is deleted before the holder's fresh grant is passed on (no
+    watch or read yet: ``LOSS_WATCH_DELAY`` is long here): ``pass_on.lua``
+    finds the field gone and writes nothing, so the hold is not passed on.
+    The holder's release reports the loss (``LockLostError``) and the
+    waiter takes the lock afresh from Redis, with a new block. Nothing is
+    left in Redis."""
+    monkeypatch.setattr("aiolocks.redis._driver.LOSS_WATCH_DELAY", 5.0)
     name = "blocks/fresh-deleted"
     async with aiolocks.connect(url) as here:
         holder, first = await _take(here, name)
-        outcomes: list[str] = []
         tokens: list[int] = []
 
-        task = asyncio.create_task(_hold_once(here, name, tokens, outcomes, stay_at=1))
-        await eventually(
-            lambda: _truthy(len(here._driver._queued) == 1), what="a waiter in the process"
-        )
+        task = asyncio.create_task(_take_once(here, name, tokens))
+        await _waiting(here, 1)
         await raw.delete(_key(prefix, name))
-        await holder.release()  # passed on: the grant vouches for it
+        with pytest.raises(aiolocks.LockLostError):
+            await holder.release()
         async with asyncio.timeout(10):
             await task
-        assert tokens == [first + 1]
-        assert outcomes == ["lost"]
+        assert len(tokens) == 1 and tokens[0] > first + TOKEN_BLOCK - 1
         assert await raw.keys(f"{prefix}*") == []
+
+
+@pytest.mark.parametrize("yields", [0, 1, 2, 3, 5])
+async def test_holder_cancelled_while_its_pass_is_on_the_wire(
+    url: str, raw: redis.asyncio.Redis, prefix: str, yields: int
+) -> None:
+    """The holder is cancelled while its release's ``pass_on.lua`` is on the
+    wire (or before or after it ran): the engine sends the release again,
+    which finds the field as the pass left it and passes it on or releases
+    it the usual way. The waiter gets the lock once, another process reads
+    it as the holder with its token, and nothing is left in Redis."""
+    name = f"blocks/cancel-pass{yields}"
+    async with aiolocks.connect(url) as here, aiolocks.connect(url) as there:
+        got, go = asyncio.Event(), asyncio.Event()
+        views: list[tuple[str, int, list[aiolocks.Participant]]] = []
+
+        async def holder() -> None:
+            async with here.mutex(name):
+                got.set()
+                await go.wait()
+
+        async def waiter() -> None:
+            async with here.mutex(name) as lock:
+                task = asyncio.current_task()
+                assert task is not None and lock.fencing_token is not None
+                me = f"{here.client_id}/{task.get_name()}"
+                views.append((me, lock.fencing_token, await there.mutex(name).participants()))
+
+        holding = asyncio.create_task(holder())
+        await got.wait()
+        waiting = asyncio.create_task(waiter())
+        await _waiting(here, 1)
+        go.set()
+        for _ in range(yields):
+            await asyncio.sleep(0)
+        holding.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await holding
+        async with asyncio.timeout(10):
+            await waiting
+        ((me, token, seen),) = views
+        assert [(p.id, p.fencing_token) for p in seen if p.is_holder] == [(me, token)]
+    assert await raw.keys(f"{prefix}*") == []

@@ -221,9 +221,9 @@ for i = 1, n do
   res[#res + 1] = tok
 end
 -- One exclusive hold reserves a block of TOKEN_BLOCK tokens: its process may
--- pass the hold on to its own waiting tasks without a round trip, each with
--- the next token of the block (RedisDriver.release), and the next grant here
--- still gets a larger token than any of them.
+-- pass the hold on to its own waiting tasks, each with the next token of the
+-- block (pass_on.lua, which rewrites the field for each), and the next grant
+-- here still gets a larger token than any of them.
 local reserve = 0
 if mode == 'x' and n == 1 then reserve = 15 end  -- TOKEN_BLOCK - 1
 writes[#writes + 1] = '#'

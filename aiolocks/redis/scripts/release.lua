@@ -17,7 +17,7 @@
 --         in its process only (not in the queue)
 -- ARGV[5..] field ids; then (not with a tombstone) queue members of the
 --         releasing process to take out of the queue: waiters that hold
---         the lock since (it passed them this hold without a round trip)
+--         the lock since (it passed them this hold, see pass_on.lua)
 --         or left. Field ids never contain '|'; queue members always do.
 --
 -- When anything went and a live waiter heads the queue (queue members are
