@@ -210,7 +210,7 @@ async def reset_order(pool: Any, order_id: int, cents: int | None = None) -> Non
         await db.execute("DELETE FROM charges WHERE order_id = $1", order_id)
         await db.execute(
             "INSERT INTO orders (id, cents) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE "
-            "SET status = 'due', last_token = -1",
+            "SET cents = excluded.cents, status = 'due', last_token = -1",
             order_id,
             cents if cents is not None else 1000 + order_id,
         )

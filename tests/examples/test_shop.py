@@ -1,0 +1,67 @@
+"""examples/shop.py: the fenced SQL of a payment, and the settings' checks."""
+
+from __future__ import annotations
+
+import pytest
+
+import aiolocks
+from examples import shop
+
+ORDER = 1077
+
+
+@pytest.mark.asyncio
+async def test_a_stale_token_cannot_charge_after_a_newer_claim(
+    shop_settings: shop.Settings,
+) -> None:
+    async with (
+        aiolocks.connect("memory://") as backend,
+        shop.open_pool(shop_settings) as pool,
+    ):
+        await shop.migrate(pool, backend, shop_settings.schema)
+        await shop.reset_order(pool, ORDER, cents=500)
+        # Holder 5 lost its lock (paused, say) and holder 7 has claimed the order since.
+        assert await pool.fetchval(shop._CLAIM, ORDER, 7) == 500
+        with pytest.raises(shop.SupersededError):
+            await shop.pay(pool, ORDER, fencing_token=5, settings=shop_settings)
+        assert await shop.charges(pool, ORDER) == []
+        # Claimed by 5 first, then by 7 before 5 charges: 5's charge is refused too.
+        await shop.reset_order(pool, ORDER, cents=500)
+        assert await pool.fetchval(shop._CLAIM, ORDER, 5) == 500
+        assert await pool.fetchval(shop._CLAIM, ORDER, 7) == 500
+        assert await pool.fetchrow(shop._CHARGE, ORDER, 5, "stale") is None
+        # The newest holder charges once; any later attempt finds the order paid.
+        charge = await shop.pay(pool, ORDER, fencing_token=9, settings=shop_settings)
+        assert charge == shop.Charge(ORDER, 500, 9, shop.WORKER)
+        with pytest.raises(shop.AlreadyPaidError):
+            await shop.pay(pool, ORDER, fencing_token=11, settings=shop_settings)
+        with pytest.raises(shop.UnknownOrderError):
+            await shop.pay(pool, 5, fencing_token=12, settings=shop_settings)
+        assert await shop.charges(pool, ORDER) == [charge]
+        assert await shop.order_state(pool, ORDER) == ("paid", charge)
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({}, "no database"),
+        ({"SHOP_DATABASE_URL": "postgresql://h/db", "SHOP_SCHEMA": "Shop; DROP"}, "SHOP_SCHEMA"),
+        ({"SHOP_DATABASE_URL": "postgresql://h/db", "SHOP_LOCK_TIMEOUT": "0"}, "LOCK_TIMEOUT"),
+        ({"SHOP_DATABASE_URL": "postgresql://h/db", "SHOP_PROVIDER_LATENCY": "-1"}, "LATENCY"),
+    ],
+)
+def test_bad_settings_are_a_clear_value_error(env: dict[str, str], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        shop.Settings.from_env(env)
+
+
+def test_settings_round_trip_through_the_environment() -> None:
+    settings = shop.Settings(
+        lock_url="zk://127.0.0.1:2181",
+        database_url="postgresql://h/db",
+        schema="shop_a",
+        lock_timeout=3.5,
+        provider_latency=0.0,
+        pause_file="/tmp/pause",
+    )
+    assert shop.Settings.from_env(settings.to_env()) == settings
