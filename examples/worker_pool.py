@@ -407,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(report: Report, args: argparse.Namespace) -> int:
-    where = f"{args.processes} processes of {args.workers}" if args.processes > 1 else "one process,"
+    many = args.processes > 1
+    where = f"{args.processes} processes of {args.workers}" if many else "one process,"
     print(f"worker pool on {args.url}: {where} workers, {args.orders} orders")
     for sku in sorted(report.initial):
         print(

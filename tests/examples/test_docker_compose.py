@@ -118,9 +118,7 @@ def test_the_docs_list_every_service() -> None:
 def _app_env() -> dict[str, str]:
     environment: dict[str, str] = _services()["app"]["environment"]
     # "${NAME:-default}" as compose substitutes it when NAME is not set
-    return {
-        key: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value) for key, value in environment.items()
-    }
+    return {key: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value) for key, value in environment.items()}
 
 
 def test_the_app_environment_is_what_the_app_reads() -> None:
