@@ -22,7 +22,7 @@ What it shows:
 * ``order_lock(request, order_id)`` takes ``locks/pay/order-{id}`` with a
   timeout and turns a busy lock into **409 Conflict**, and a lock lost
   part-way (the handler is cancelled) into **503 Service Unavailable**,
-  never a bare 500;
+  never a bare 500 (so does a lock service or a database out of reach);
 * the charge is written with the lock's fencing token, so a stale holder
   cannot charge, and the charges table allows one charge per order.
 """
@@ -52,8 +52,16 @@ def lost_detail(order_id: int) -> str:
     )
 
 
-def _unavailable(order_id: int) -> web.HTTPServiceUnavailable:
-    return web.HTTPServiceUnavailable(text=lost_detail(order_id), headers={"Retry-After": "1"})
+def unavailable_detail(order_id: int, what: str) -> str:
+    """What a 503 says when the lock service or the database could not be reached."""
+    return (
+        f"the {what} failed while processing order {order_id}; "
+        "the outcome is unknown: check the order before retrying"
+    )
+
+
+def _unavailable(detail: str) -> web.HTTPServiceUnavailable:
+    return web.HTTPServiceUnavailable(text=detail, headers={"Retry-After": "1"})
 
 
 @asynccontextmanager
@@ -80,7 +88,10 @@ async def order_lock(request: web.Request, order_id: int) -> AsyncIterator[aiolo
     except aiolocks.LockLostError as exc:
         # The block was cancelled part-way: whatever it had sent may or may
         # not have taken effect. Say so instead of a bare 500.
-        raise _unavailable(order_id) from exc
+        raise _unavailable(lost_detail(order_id)) from exc
+    except aiolocks.BackendUnavailableError as exc:
+        # The lock service could not be reached, to acquire or to release.
+        raise _unavailable(unavailable_detail(order_id, "lock service")) from exc
 
 
 async def pay(request: web.Request) -> web.Response:
@@ -99,7 +110,9 @@ async def pay(request: web.Request) -> web.Response:
             raise web.HTTPConflict(text=f"order {order_id} is already paid") from None
         except shop.SupersededError:
             # The fence refused this hold: a newer holder has claimed the order.
-            raise _unavailable(order_id) from None
+            raise _unavailable(lost_detail(order_id)) from None
+        except shop.StoreUnavailableError as exc:
+            raise _unavailable(unavailable_detail(order_id, "database")) from exc
     return web.json_response(
         {"order": order_id, "status": "paid", "fencing_token": token, "worker": charge.worker}
     )

@@ -26,8 +26,9 @@ What it shows:
 * a lock **lost** during the payment (ZooKeeper session expired, Redis or
   etcd lease lapsed, PostgreSQL session ended, lock broken by an operator)
   cancels the path operation and answers **503 Service Unavailable**
-  saying so, never a bare 500: the client should check the order
-  (``GET /orders/{id}``) before paying again, and paying again is safe;
+  saying so, never a bare 500 (so does a lock service or a database out
+  of reach): the client should check the order (``GET /orders/{id}``)
+  before paying again, and paying again is safe;
 * the charge is written with the lock's **fencing token**
   (``UPDATE ... WHERE last_token < $2``): a holder that lost its lock
   while paused cannot charge after the next holder has started, and the
@@ -63,6 +64,18 @@ def lost_detail(order_id: int) -> str:
         f"lost the lock on order {order_id} while processing the request; "
         "the outcome is unknown: check the order before retrying"
     )
+
+
+def unavailable_detail(order_id: int, what: str) -> str:
+    """What a 503 says when the lock service or the database could not be reached."""
+    return (
+        f"the {what} failed while processing order {order_id}; "
+        "the outcome is unknown: check the order before retrying"
+    )
+
+
+def _unavailable(detail: str) -> HTTPException:
+    return HTTPException(status_code=503, detail=detail, headers={"Retry-After": "1"})
 
 
 class OrderLock:
@@ -103,9 +116,11 @@ class OrderLock:
         except aiolocks.LockLostError as exc:
             # The path operation was cancelled part-way: whatever it had sent
             # may or may not have taken effect. Say so instead of a bare 500.
-            raise HTTPException(
-                status_code=503, detail=lost_detail(order_id), headers={"Retry-After": "1"}
-            ) from exc
+            raise _unavailable(lost_detail(order_id)) from exc
+        except aiolocks.BackendUnavailableError as exc:
+            # The lock service could not be reached, to acquire or to release.
+            detail = unavailable_detail(order_id, "lock service")
+            raise _unavailable(detail) from exc
 
 
 def create_app(settings: shop.Settings | None = None) -> FastAPI:
@@ -149,9 +164,10 @@ def create_app(settings: shop.Settings | None = None) -> FastAPI:
         except shop.SupersededError:
             # The fence refused this hold: the lock was lost and a newer holder
             # has claimed the order; this process has not heard of the loss yet.
-            raise HTTPException(
-                status_code=503, detail=lost_detail(order_id), headers={"Retry-After": "1"}
-            ) from None
+            raise _unavailable(lost_detail(order_id)) from None
+        except shop.StoreUnavailableError as exc:
+            detail = unavailable_detail(order_id, "database")
+            raise _unavailable(detail) from exc
         return {
             "order": order_id,
             "status": "paid",

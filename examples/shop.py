@@ -105,6 +105,20 @@ class SupersededError(Exception):
     """A newer holder of the order's lock has claimed the order: this hold is stale."""
 
 
+class StoreUnavailableError(Exception):
+    """The database connection failed part-way: the payment's outcome is unknown."""
+
+
+#: what asyncpg raises when the server or the connection goes away mid-statement
+_CONNECTION_ERRORS = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.OperatorInterventionError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Charge:
     """One row of the charges table."""
@@ -240,16 +254,20 @@ async def pay(pool: Any, order_id: int, *, fencing_token: int, settings: Setting
     :raises UnknownOrderError: no such order
     :raises AlreadyPaidError: it was paid already
     :raises SupersededError: a newer holder of the lock claimed the order (this hold is stale)
+    :raises StoreUnavailableError: the database went away part-way (outcome unknown)
     """
-    cents = await pool.fetchval(_CLAIM, order_id, fencing_token)
-    if cents is None:
-        await _refused(pool, order_id)
-    await pause_point(settings, "before-charge", fencing_token)
-    await asyncio.sleep(settings.provider_latency)  # the payment provider's round trip
-    row = await pool.fetchrow(_CHARGE, order_id, fencing_token, WORKER)
-    if row is None:
-        await _refused(pool, order_id)
-    await pause_point(settings, "after-charge", fencing_token)  # e.g. sending the receipt
+    try:
+        cents = await pool.fetchval(_CLAIM, order_id, fencing_token)
+        if cents is None:
+            await _refused(pool, order_id)
+        await pause_point(settings, "before-charge", fencing_token)
+        await asyncio.sleep(settings.provider_latency)  # the payment provider's round trip
+        row = await pool.fetchrow(_CHARGE, order_id, fencing_token, WORKER)
+        if row is None:
+            await _refused(pool, order_id)
+        await pause_point(settings, "after-charge", fencing_token)  # e.g. sending the receipt
+    except _CONNECTION_ERRORS as exc:
+        raise StoreUnavailableError(order_id) from exc
     return Charge(**dict(row))
 
 
