@@ -107,6 +107,7 @@ async def test_unknown_order_is_404(shop_settings: shop.Settings) -> None:
             assert read.status == 404
 
 
+# The demo (examples/shop_demo.py) is the same code for both apps: run from aiohttp's script.
 def test_script_runs_as_a_user_would(
     etcd_server: EtcdServer, postgres_server: PostgresServer
 ) -> None:

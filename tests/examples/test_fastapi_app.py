@@ -14,10 +14,10 @@ import httpx
 import pytest
 from starlette.datastructures import State
 
-from aiolocks.testing import PostgresServer, RedisServer, lose
+from aiolocks.testing import lose
 from examples import fastapi_app, shop
 
-from .conftest import fresh_schema, run_example, wait_for_file
+from .conftest import wait_for_file
 
 ORDER = 1042
 
@@ -98,15 +98,13 @@ async def test_unknown_order_is_404_and_leaves_nothing_held(shop_settings: shop.
     assert read.status_code == 404
 
 
-def test_script_runs_as_a_user_would(
-    redis_server: RedisServer, postgres_server: PostgresServer
+def test_demo_says_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with fresh_schema(postgres_server) as schema:
-        result = run_example(
-            "fastapi_app", "--url", redis_server.url, "--database", postgres_server.url,
-            "--schema", schema, "--requests", "4", module=True,
-        )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "to 2 fastapi worker processes" in result.stdout
-    assert "paid: 1, conflict (409): 3" in result.stdout
-    assert result.stdout.count("charge in the database") == 1
+    # The demo itself (worker processes, concurrent payments) runs in test_aiohttp_app.py:
+    # both apps share examples/shop_demo.py.
+    monkeypatch.delenv("SHOP_DATABASE_URL", raising=False)
+    assert fastapi_app.main(["--url", "memory://"]) == 2
+    assert "memory:// locks only the tasks of one process" in capsys.readouterr().out
+    assert fastapi_app.main(["--url", "redis://127.0.0.1:6379/0"]) == 2
+    assert "no database: set SHOP_DATABASE_URL (or --database)" in capsys.readouterr().out

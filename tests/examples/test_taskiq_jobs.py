@@ -24,9 +24,9 @@ from examples.shop_demo import ROOT
 
 from .conftest import fresh_schema, lock_server_url, with_option
 
-#: the lock servers of this test: the queue's own Redis, and ZooKeeper (the payment tests
-#: cover etcd and PostgreSQL; each run here starts five processes)
-JOB_LOCK_SERVERS = ["redis", "zookeeper"]
+#: the lock servers of this test: the queue's own Redis (each run starts five processes;
+#: the payment and worker-pool tests cover the other lock servers)
+JOB_LOCK_SERVERS = ["redis"]
 
 #: how long a dead worker's lock outlives it, per lock server
 FAST_EXPIRY = {"zookeeper": "session_timeout=4", "etcd": "lease_ttl=3"}

@@ -1,4 +1,5 @@
-"""The payment apps answer 503, never 500, when the database goes away mid-payment."""
+"""The payment apps answer 503, never 500, when the database goes away mid-payment or the
+lock service cannot be reached."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import httpx
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from aiolocks.testing import PostgresServer
+from aiolocks.testing import PostgresServer, RedisServer, TcpProxy
 from examples import aiohttp_app, fastapi_app, shop
 
-from .conftest import wait_for_file
+from .conftest import fresh_schema, wait_for_file
 
 ORDER = 1044
 
@@ -66,3 +67,36 @@ async def test_fastapi_and_aiohttp_answer_503_when_the_database_goes_away(
         async with web_client.post(f"/orders/{ORDER}/pay") as other:
             assert other.status == 200
     assert lost == (503, aiohttp_app.unavailable_detail(ORDER + 1, "database"))
+
+
+@pytest.mark.asyncio
+async def test_fastapi_and_aiohttp_answer_503_when_the_lock_service_is_out_of_reach(
+    redis_server: RedisServer, postgres_server: PostgresServer
+) -> None:
+    async with TcpProxy("127.0.0.1", redis_server.port) as proxy:
+        with fresh_schema(postgres_server) as schema:
+            settings = shop.Settings(
+                lock_url=f"redis://{proxy.netloc}?connect_timeout=1",
+                database_url=postgres_server.url,
+                schema=schema,
+            )
+            app = fastapi_app.create_app(settings)
+            transport = httpx.ASGITransport(app=app)
+            async with (
+                app.router.lifespan_context(app),
+                httpx.AsyncClient(transport=transport, base_url="http://shop") as client,
+            ):
+                proxy.refuse()
+                proxy.cut()
+                response = await client.post(f"/orders/{ORDER}/pay")
+                proxy.heal()
+            web_app = aiohttp_app.create_app(settings)
+            async with TestClient(TestServer(web_app)) as web_client:
+                proxy.refuse()
+                proxy.cut()
+                async with web_client.post(f"/orders/{ORDER}/pay") as web_response:
+                    web = web_response.status, await web_response.text()
+                proxy.heal()
+    assert response.status_code == 503, response.text
+    assert response.json()["detail"] == fastapi_app.unavailable_detail(ORDER, "lock service")
+    assert web == (503, aiohttp_app.unavailable_detail(ORDER, "lock service"))
