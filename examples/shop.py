@@ -171,8 +171,8 @@ class Settings:
             lock_url=env.get("AIOLOCKS_URL", "memory://"),
             database_url=env.get("SHOP_DATABASE_URL", ""),
             schema=env.get("SHOP_SCHEMA", "shop"),
-            lock_timeout=float(env.get("SHOP_LOCK_TIMEOUT", "2")),
-            provider_latency=float(env.get("SHOP_PROVIDER_LATENCY", "0.05")),
+            lock_timeout=_seconds(env, "SHOP_LOCK_TIMEOUT", "2"),
+            provider_latency=_seconds(env, "SHOP_PROVIDER_LATENCY", "0.05"),
             pause_file=env.get("SHOP_PAUSE_FILE") or None,
         )
 
@@ -188,6 +188,14 @@ class Settings:
         if self.pause_file:
             env["SHOP_PAUSE_FILE"] = self.pause_file
         return env
+
+
+def _seconds(env: Mapping[str, str], name: str, default: str) -> float:
+    text = env.get(name, default)
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {text!r}") from None
 
 
 @asynccontextmanager

@@ -98,20 +98,28 @@ class JobSettings:
     def from_env(cls) -> JobSettings:
         """``TASKIQ_BROKER_URL``, ``TASKIQ_QUEUE``, ``JOBS_INTERVAL``, ``JOBS_PERIOD``,
         ``JOBS_LOCK_TIMEOUT``, ``JOBS_WORK_SECONDS``."""
-        interval = int(os.environ.get("JOBS_INTERVAL", "60"))
+        interval = int(_number("JOBS_INTERVAL", "60"))
         settings = cls(
             broker_url=os.environ.get("TASKIQ_BROKER_URL", "redis://127.0.0.1:6379/0"),
             queue=os.environ.get("TASKIQ_QUEUE", "aiolocks-jobs"),
             interval=interval,
-            period=int(os.environ.get("JOBS_PERIOD", str(interval))),
-            lock_timeout=float(os.environ.get("JOBS_LOCK_TIMEOUT", "1")),
-            work_seconds=float(os.environ.get("JOBS_WORK_SECONDS", "1")),
+            period=int(_number("JOBS_PERIOD", str(interval))),
+            lock_timeout=_number("JOBS_LOCK_TIMEOUT", "1"),
+            work_seconds=_number("JOBS_WORK_SECONDS", "1"),
         )
         if settings.interval < 1 or settings.period < 1:
             raise ValueError("JOBS_INTERVAL and JOBS_PERIOD must be whole seconds >= 1")
         if settings.lock_timeout <= 0 or settings.work_seconds < 0:
             raise ValueError("JOBS_LOCK_TIMEOUT must be > 0 and JOBS_WORK_SECONDS >= 0")
         return settings
+
+
+def _number(name: str, default: str) -> float:
+    text = os.environ.get(name, default)
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {text!r}") from None
 
 
 SETTINGS = JobSettings.from_env()

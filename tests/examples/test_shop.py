@@ -48,6 +48,7 @@ async def test_a_stale_token_cannot_charge_after_a_newer_claim(
         ({"SHOP_DATABASE_URL": "postgresql://h/db", "SHOP_SCHEMA": "Shop; DROP"}, "SHOP_SCHEMA"),
         ({"SHOP_DATABASE_URL": "postgresql://h/db", "SHOP_LOCK_TIMEOUT": "0"}, "LOCK_TIMEOUT"),
         ({"SHOP_DATABASE_URL": "postgresql://h/db", "SHOP_PROVIDER_LATENCY": "-1"}, "LATENCY"),
+        ({"SHOP_DATABASE_URL": "postgresql://h/db", "SHOP_LOCK_TIMEOUT": "2s"}, "LOCK_TIMEOUT"),
     ],
 )
 def test_bad_settings_are_a_clear_value_error(env: dict[str, str], problem: str) -> None:

@@ -19,7 +19,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+import aiolocks
 from aiolocks.testing import PostgresServer, RedisServer
+from examples import taskiq_jobs
 from examples.shop_demo import ROOT
 
 from .conftest import fresh_schema, lock_server_url, with_option
@@ -133,3 +135,37 @@ async def test_scheduled_job_runs_once_across_workers_even_when_one_dies(
     assert done["worker"] != first["worker"], "the killed worker cannot have finished it"
     assert outcomes["ran"] == 1, outcomes
     assert set(outcomes) <= {"ran", "done-already", "busy"}, outcomes
+
+
+@pytest.mark.asyncio
+async def test_run_once_skips_a_finished_slot_takes_over_an_orphan_and_gives_up_when_busy(
+    postgres_server: PostgresServer,
+) -> None:
+    job = taskiq_jobs.JOB
+    with fresh_schema(postgres_server) as schema:
+        pool = await asyncpg.create_pool(
+            postgres_server.url, min_size=1, max_size=2, server_settings={"search_path": schema}
+        )
+        try:
+            async with aiolocks.connect("memory://") as backend:
+                await taskiq_jobs._migrate(backend, pool, schema)
+                assert await taskiq_jobs.run_once(backend, pool, 1) == "ran"
+                assert await taskiq_jobs.run_once(backend, pool, 1) == "done-already"
+                # A run whose worker died (unfinished, an older token): taken over.
+                await pool.execute(
+                    "INSERT INTO job_runs (job, slot, fencing_token, worker) "
+                    "VALUES ($1, 2, 0, 'dead:1')",
+                    job,
+                )
+                assert await taskiq_jobs.run_once(backend, pool, 2) == "ran"
+                # A copy that finds the slot's lock held (the run in progress, in another
+                # task: a mutex is reentrant for its holder) gives up.
+                async with backend.mutex(f"locks/jobs/{job}/3").hold(timeout=5):
+                    copy = asyncio.create_task(taskiq_jobs.run_once(backend, pool, 3))
+                    assert await copy == "busy"
+            rows = await pool.fetch("SELECT slot, worker, finished_at FROM job_runs ORDER BY slot")
+        finally:
+            await pool.close()
+    assert [row["slot"] for row in rows] == [1, 2]
+    assert all(row["finished_at"] is not None for row in rows)
+    assert rows[1]["worker"] != "dead:1"
