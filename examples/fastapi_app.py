@@ -9,7 +9,9 @@ service, the orders in PostgreSQL (``examples/shop.py``)::
     curl -X POST http://127.0.0.1:8000/orders/1001/pay
 
 or let the demo start two worker processes and send them concurrent
-payments for one order (one pays, the others get 409)::
+payments for one order (one pays, the others get 409); ``--lose-after S``
+breaks the order's lock S seconds in, from outside the workers, and retries
+the requests that answered 503::
 
     python -m examples.fastapi_app --url redis://127.0.0.1:6379/0 \\
         --database postgresql://postgres:aiolocks@127.0.0.1:5432/postgres

@@ -32,6 +32,7 @@ from typing import Literal
 
 import httpx
 
+import aiolocks
 from aiolocks.testing import free_port
 from examples import shop
 
@@ -169,21 +170,74 @@ async def pay_once(client: httpx.AsyncClient, order_id: int) -> Reply:
     return Reply(response.status_code, body, str(client.base_url).rstrip("/"))
 
 
+@dataclass
+class Outcome:
+    """What the demo saw: the replies, the retries of the 503s, the holds it broke, the
+    order's charges."""
+
+    replies: list[Reply]
+    retries: list[Reply]
+    broken: int
+    charges: list[shop.Charge]
+
+    @property
+    def ok(self) -> bool:
+        """One charge; no 500; at most one 200, and exactly one when no lock was broken."""
+        answers = [*self.replies, *self.retries]
+        codes = [reply.status for reply in answers]
+        if not set(codes) <= {200, 409, 503} or len(self.charges) != 1:
+            return False
+        if any(reply.status == 503 for reply in self.retries):
+            return False
+        paid = [reply for reply in answers if reply.status == 200]
+        if not self.broken and len(paid) != 1:
+            return False
+        return len(paid) <= 1 and all(
+            reply.body["fencing_token"] == self.charges[0].fencing_token for reply in paid
+        )
+
+
 def demo(
-    app: App, settings: shop.Settings, *, workers: int, requests: int, order_id: int
-) -> tuple[list[Reply], list[shop.Charge]]:
-    """Start the workers, pay ``order_id`` concurrently; the replies and the order's charges."""
+    app: App,
+    settings: shop.Settings,
+    *,
+    workers: int,
+    requests: int,
+    order_id: int,
+    lose_after: float | None = None,
+) -> Outcome:
+    """Start the workers and pay ``order_id`` concurrently; with ``lose_after``, break the
+    order's lock that many seconds after sending (as an operator would, from outside the
+    workers), then retry every request that answered 503."""
     with Workers(app, settings, workers) as urls:
-        return asyncio.run(_pay_and_count(settings, urls, order_id, requests))
+        return asyncio.run(_pay_and_count(settings, urls, order_id, requests, lose_after))
 
 
 async def _pay_and_count(
-    settings: shop.Settings, urls: list[str], order_id: int, requests: int
-) -> tuple[list[Reply], list[shop.Charge]]:
+    settings: shop.Settings,
+    urls: list[str],
+    order_id: int,
+    requests: int,
+    lose_after: float | None,
+) -> Outcome:
     async with shop.open_pool(settings) as pool:
         await shop.reset_order(pool, order_id)
-        replies = await pay_concurrently(urls, order_id, requests=requests)
-        return replies, await shop.charges(pool, order_id)
+        batch = asyncio.create_task(pay_concurrently(urls, order_id, requests=requests))
+        broken = 0
+        try:
+            if lose_after is not None:
+                await asyncio.sleep(lose_after)
+                async with aiolocks.connect(settings.lock_url) as admin:
+                    broken = await admin.force_release(f"locks/pay/order-{order_id}")
+            replies = await batch
+        finally:
+            batch.cancel()
+        retries = []
+        for reply in replies:
+            if reply.status == 503:  # outcome unknown: the client pays again
+                async with httpx.AsyncClient(base_url=reply.worker, timeout=60) as client:
+                    retries.append(await pay_once(client, order_id))
+        return Outcome(replies, retries, broken, await shop.charges(pool, order_id))
 
 
 def parser(doc: str | None, *, default_port: int) -> argparse.ArgumentParser:
@@ -202,6 +256,12 @@ def parser(doc: str | None, *, default_port: int) -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, default=6, help="concurrent payments (demo)")
     parser.add_argument("--order", type=int, default=shop.DEMO_ORDERS[1], help="order (demo)")
     parser.add_argument("--serve", action="store_true", help="serve the app instead of the demo")
+    parser.add_argument(
+        "--lose-after",
+        type=float,
+        metavar="S",
+        help="break the order's lock S seconds after sending (demo; see SHOP_PROVIDER_LATENCY)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=default_port)
     return parser
@@ -228,17 +288,30 @@ def run_demo(app: App, args: argparse.Namespace) -> int:
         f"{args.requests} concurrent POST /orders/{args.order}/pay to {workers} "
         f"{app} worker processes, locks on {args.url}"
     )
-    replies, charges = demo(
-        app, settings, workers=workers, requests=args.requests, order_id=args.order
+    outcome = demo(
+        app,
+        settings,
+        workers=workers,
+        requests=args.requests,
+        order_id=args.order,
+        lose_after=args.lose_after,
     )
-    for reply in replies:
+    for reply in outcome.replies:
         print(f"  {reply.worker} -> {reply.status} {reply.body}")
-    codes = [reply.status for reply in replies]
-    print(f"paid: {codes.count(200)}, conflict (409): {codes.count(409)}")
-    for charge in charges:
+    if args.lose_after is not None:
+        print(f"broke the order's lock after {args.lose_after} s: {outcome.broken} hold(s)")
+    for reply in outcome.retries:
+        print(f"  retry of a 503: {reply.worker} -> {reply.status} {reply.body}")
+    codes = [reply.status for reply in outcome.replies]
+    summary = f"paid: {codes.count(200)}, conflict (409): {codes.count(409)}"
+    if args.lose_after is not None or 503 in codes:
+        summary += f", lost (503): {codes.count(503)}"
+    if others := len(codes) - sum(codes.count(code) for code in (200, 409, 503)):
+        summary += f", other: {others}"
+    print(summary)
+    for charge in outcome.charges:
         print(f"charge in the database: {charge.cents} cents, fencing token {charge.fencing_token}")
-    ok = codes.count(200) == 1 and codes.count(409) == len(codes) - 1 and len(charges) == 1
-    return 0 if ok else 1
+    return 0 if outcome.ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:

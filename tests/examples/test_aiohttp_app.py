@@ -109,14 +109,24 @@ async def test_unknown_order_is_404(shop_settings: shop.Settings) -> None:
 
 # The demo (examples/shop_demo.py) is the same code for both apps: run from aiohttp's script.
 def test_script_runs_as_a_user_would(
-    etcd_server: EtcdServer, postgres_server: PostgresServer
+    etcd_server: EtcdServer, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with fresh_schema(postgres_server) as schema:
         result = run_example(
             "aiohttp_app", "--url", etcd_server.url, "--database", postgres_server.url,
-            "--schema", schema, "--requests", "4", module=True,
+            "--schema", schema, "--requests", "4", "--order", "31337", module=True,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "to 2 aiohttp worker processes" in result.stdout
+        assert "paid: 1, conflict (409): 3" in result.stdout
+        assert result.stdout.count("charge in the database") == 1
+        # Again, breaking the lock while a payment is at the provider (1 s): whatever
+        # the timing, one charge, no 500, and the 503s' retries do not charge again.
+        monkeypatch.setenv("SHOP_PROVIDER_LATENCY", "1")
+        result = run_example(
+            "aiohttp_app", "--url", etcd_server.url, "--database", postgres_server.url,
+            "--schema", schema, "--requests", "4", "--lose-after", "0.5", module=True,
         )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "to 2 aiohttp worker processes" in result.stdout
-    assert "paid: 1, conflict (409): 3" in result.stdout
+    assert "broke the order's lock after 0.5 s" in result.stdout
     assert result.stdout.count("charge in the database") == 1

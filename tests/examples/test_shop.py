@@ -6,6 +6,7 @@ import pytest
 
 import aiolocks
 from examples import shop
+from examples.shop_demo import Outcome, Reply
 
 ORDER = 1077
 
@@ -66,3 +67,30 @@ def test_settings_round_trip_through_the_environment() -> None:
         pause_file="/tmp/pause",
     )
     assert shop.Settings.from_env(settings.to_env()) == settings
+
+
+def _reply(status: int, token: int | None = None) -> Reply:
+    body: dict[str, object] = {"fencing_token": token} if token is not None else {"detail": "x"}
+    return Reply(status, body, "http://w")
+
+
+@pytest.mark.parametrize(
+    ("replies", "retries", "broken", "tokens", "ok"),
+    [
+        ([_reply(200, 7), _reply(409)], [], 0, [7], True),
+        ([_reply(503), _reply(200, 9)], [_reply(409)], 1, [9], True),
+        ([_reply(503), _reply(409)], [_reply(409)], 1, [5], True),  # charged, then lost
+        ([_reply(503), _reply(409)], [_reply(200, 9)], 1, [9], True),
+        ([_reply(200, 7), _reply(500)], [], 0, [7], False),  # a 500
+        ([_reply(200, 7), _reply(200, 8)], [], 0, [7, 8], False),  # two charges
+        ([_reply(409), _reply(409)], [], 0, [7], False),  # nobody paid, no loss
+        ([_reply(503)], [_reply(503)], 1, [7], False),  # the retry failed too
+        ([_reply(200, 8)], [], 0, [7], False),  # the 200 is not the charge
+        ([_reply(409)], [], 1, [], False),  # no charge
+    ],
+)
+def test_the_demo_outcome_check(
+    replies: list[Reply], retries: list[Reply], broken: int, tokens: list[int], ok: bool
+) -> None:
+    charges = [shop.Charge(ORDER, 100, token, "w") for token in tokens]
+    assert Outcome(replies, retries, broken, charges).ok is ok
