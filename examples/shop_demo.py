@@ -12,7 +12,10 @@ Each worker is a process of its own on a port of its own (uvicorn for
 FastAPI, ``web.run_app`` for aiohttp), all on one lock service and one
 database. The clients send their payments for one order to the workers in
 turn, all at once; the demo prints who answered what, and the charges the
-database holds for the order: one.
+database holds for the order: one. With ``--lose-after S`` it breaks the
+order's lock S seconds in (``force_release`` from another connection, as an
+operator would; set ``SHOP_PROVIDER_LATENCY`` so that a payment is in flight
+then) and retries the requests that answered 503: still one charge.
 """
 
 from __future__ import annotations
