@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import asyncpg
 
@@ -265,8 +265,7 @@ async def pay(pool: Any, order_id: int, *, fencing_token: int, settings: Setting
     :raises StoreUnavailableError: the database went away part-way (outcome unknown)
     """
     try:
-        cents = await pool.fetchval(_CLAIM, order_id, fencing_token)
-        if cents is None:
+        if await pool.fetchval(_CLAIM, order_id, fencing_token) is None:
             await _refused(pool, order_id)
         await pause_point(settings, "before-charge", fencing_token)
         await asyncio.sleep(settings.provider_latency)  # the payment provider's round trip
@@ -279,7 +278,7 @@ async def pay(pool: Any, order_id: int, *, fencing_token: int, settings: Setting
     return Charge(**dict(row))
 
 
-async def _refused(pool: Any, order_id: int) -> None:
+async def _refused(pool: Any, order_id: int) -> NoReturn:
     """Say why a fenced statement changed no row."""
     status = await pool.fetchval("SELECT status FROM orders WHERE id = $1", order_id)
     if status is None:
