@@ -1,4 +1,6 @@
-"""Backends for the example tests: every example runs on memory, Redis and ZooKeeper.
+"""Backends for the example tests: every example runs on memory, Redis and ZooKeeper;
+the multi-process payment tests run on the four lock servers (ZooKeeper, Redis,
+etcd, PostgreSQL), with their data in PostgreSQL.
 
 ZooKeeper joins by URL with no code change: its parameter runs as soon as
 ``aiolocks.zookeeper`` imports, and skips (saying why) until then.
@@ -6,13 +8,20 @@ ZooKeeper joins by URL with no code change: its parameter runs as soon as
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from aiolocks.testing import PostgresServer
+from examples import shop
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -28,6 +37,17 @@ BACKENDS: dict[str, str | None] = {
 FAST_FAILOVER: dict[str, str] = {
     "redis": "lease_time=4",
     "zookeeper": "session_timeout=4",
+}
+
+
+#: lock server label -> (fixture, URL option): a lock broken by force_release is seen
+#: lost at once (ZooKeeper, etcd: a watch; PostgreSQL: the session ends) or at the
+#: next renewal (Redis: every lease_time / 3)
+LOCK_SERVERS: dict[str, tuple[str, str | None]] = {
+    "zookeeper": ("zookeeper_server", None),
+    "redis": ("redis_server", "lease_time=3"),
+    "etcd": ("etcd_server", None),
+    "postgres": ("postgres_server", None),
 }
 
 
@@ -69,12 +89,16 @@ def with_option(url: str, option: str | None) -> str:
     return url + ("&" if "?" in url else "?") + option
 
 
-def run_example(script: str, *args: str, timeout: float = 100) -> subprocess.CompletedProcess[str]:
-    """Run ``python examples/<script>.py ARGS`` as a user would, from the repository root."""
+def run_example(
+    script: str, *args: str, timeout: float = 100, module: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python examples/<script>.py ARGS`` (``module``: ``python -m examples.<script>``)
+    as a user would, from the repository root."""
     env = dict(os.environ)
     env.pop("AIOLOCKS_URL", None)
+    command = ["-m", f"examples.{script}"] if module else [str(EXAMPLES / f"{script}.py")]
     return subprocess.run(
-        [sys.executable, str(EXAMPLES / f"{script}.py"), *args],
+        [sys.executable, *command, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -82,3 +106,45 @@ def run_example(script: str, *args: str, timeout: float = 100) -> subprocess.Com
         env=env,
         check=False,
     )
+
+
+def lock_server_url(request: pytest.FixtureRequest, label: str) -> str:
+    """The URL of the lock server ``label`` (a key of LOCK_SERVERS), started if need be."""
+    if label == "zookeeper":
+        reason = zookeeper_missing()
+        if reason is not None:
+            pytest.skip(reason)
+    fixture, option = LOCK_SERVERS[label]
+    server = request.getfixturevalue(fixture)
+    url: str = server.url
+    return with_option(url, option)
+
+
+@contextmanager
+def fresh_schema(postgres: PostgresServer) -> Iterator[str]:
+    """A schema name of our own for the shop's tables; dropped at the end."""
+    schema = f"shop_{uuid.uuid4().hex[:12]}"
+    try:
+        yield schema
+    finally:
+        postgres.query(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
+def shop_settings(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[shop.Settings]:
+    """Settings of a payment app in this process: memory:// locks, data in a fresh schema."""
+    with fresh_schema(postgres_server) as schema:
+        yield shop.Settings(
+            database_url=postgres_server.url,
+            schema=schema,
+            provider_latency=0.01,
+            pause_file=str(tmp_path / "pause"),
+        )
+
+
+async def wait_for_file(path: Path) -> str:
+    """The text of ``path`` once it exists (the pause hook writes it atomically)."""
+    async with asyncio.timeout(60):
+        while not path.exists():
+            await asyncio.sleep(0.02)
+    return path.read_text()

@@ -1,71 +1,132 @@
-"""examples/aiohttp_app.py with aiohttp's test client: one payment wins, the rest get 409."""
+"""examples/aiohttp_app.py in this process (memory:// locks, orders in PostgreSQL): the HTTP
+answers one by one. The worker processes on real lock servers are in
+test_payments_across_processes.py."""
 
 from __future__ import annotations
 
 import asyncio
-import random
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from examples import aiohttp_app
+from aiolocks.testing import EtcdServer, PostgresServer, lose
+from examples import aiohttp_app, shop
 
-from .conftest import run_example
+from .conftest import fresh_schema, run_example, wait_for_file
+
+ORDER = 1043
+
+
+@asynccontextmanager
+async def _client(
+    settings: shop.Settings,
+) -> AsyncIterator[tuple[TestClient[web.Request, web.Application], web.Application]]:
+    app = aiohttp_app.create_app(settings)
+    async with TestClient(TestServer(app)) as client:
+        yield client, app
+        assert not app[aiohttp_app.BACKEND]._holds, "a request left its lock held"
+    assert app[aiohttp_app.BACKEND].closed, "cleanup_ctx must close the backend"
+
+
+def _pause(settings: shop.Settings, phase: str) -> tuple[Path, Path]:
+    """Ask the next payment to pause at ``phase``; the ``.held`` and ``.taken`` files."""
+    assert settings.pause_file is not None
+    pause = Path(settings.pause_file)
+    pause.write_text(phase)
+    return pause.with_name("pause.held"), pause.with_name("pause.taken")
 
 
 @pytest.mark.asyncio
-async def test_concurrent_payments_one_pays_others_409(example_url: str) -> None:
-    shop = aiohttp_app.Shop(latency=0.01)
-    app = aiohttp_app.create_app(example_url, shop=shop)
-    order_id = random.randrange(1000, 1100)
-    async with TestClient(TestServer(app)) as client:
-        backend = app[aiohttp_app.BACKEND]
-
-        async def pay() -> tuple[int, str]:
-            async with client.post(f"/orders/{order_id}/pay") as response:
-                return response.status, await response.text()
-
-        results = await asyncio.gather(*(pay() for _ in range(8)))
-        assert not backend._holds, "a request left its lock held"
-    assert sorted(status for status, _ in results) == [200] + [409] * 7
-    assert shop.paid == {order_id}
-    assert len(shop.charges) == 1
-    assert backend.closed, "cleanup_ctx must close the backend"
-
-
-@pytest.mark.asyncio
-async def test_busy_lock_answers_409_while_payment_is_in_flight(example_url: str) -> None:
-    gate = asyncio.Event()
-    shop = aiohttp_app.Shop(latency=0, gate=gate, lock_timeout=0.2)
-    app = aiohttp_app.create_app(example_url, shop=shop)
-    order_id = random.randrange(1000, 1100)
-    async with TestClient(TestServer(app)) as client:
-        first = asyncio.create_task(client.post(f"/orders/{order_id}/pay"))
-        lock = app[aiohttp_app.BACKEND].mutex(f"locks/pay/order-{order_id}")
-        async with asyncio.timeout(30):
-            while not await lock.participants():
-                await asyncio.sleep(0.01)
+async def test_busy_lock_answers_409_while_payment_is_in_flight(
+    shop_settings: shop.Settings,
+) -> None:
+    settings = dataclasses.replace(shop_settings, lock_timeout=0.2)
+    held, taken = _pause(settings, "before-charge")
+    async with _client(settings) as (client, _):
+        first = asyncio.create_task(client.post(f"/orders/{ORDER}/pay"))
+        await wait_for_file(held)
         others = []
         for _ in range(3):
-            async with client.post(f"/orders/{order_id}/pay") as response:
+            async with client.post(f"/orders/{ORDER}/pay") as response:
                 others.append(
                     (response.status, await response.text(), response.headers.get("Retry-After"))
                 )
         assert not first.done()
-        gate.set()
+        taken.unlink()
         async with await first as paid:
             assert paid.status == 200
             body = await paid.json()
-        async with client.post(f"/orders/{order_id}/pay") as after:
+        async with client.post(f"/orders/{ORDER}/pay") as after:
             assert after.status == 409
-            assert await after.text() == f"order {order_id} is already paid"
-    busy = f"order {order_id} is being paid by another request"
+            assert await after.text() == f"order {ORDER} is already paid"
+        async with client.get(f"/orders/{ORDER}") as state:
+            assert await state.json() == {
+                "order": ORDER,
+                "status": "paid",
+                "charged_by": body["fencing_token"],
+            }
+    busy = f"order {ORDER} is being paid by another request"
     assert others == [(409, busy, "1")] * 3
-    assert body["order"] == order_id
-    assert shop.charges == [(order_id, shop.due[order_id], body["fencing_token"])]
 
 
-def test_script_runs_as_a_user_would(example_url: str) -> None:
-    result = run_example("aiohttp_app", "--url", example_url, "--requests", "4")
+@pytest.mark.asyncio
+@pytest.mark.parametrize("phase", ["before-charge", "after-charge"])
+async def test_lock_lost_during_payment_answers_503_not_500(
+    shop_settings: shop.Settings, phase: str
+) -> None:
+    held, _ = _pause(shop_settings, phase)  # stays paused until the loss
+    async with _client(shop_settings) as (client, app):
+        paying = asyncio.create_task(client.post(f"/orders/{ORDER}/pay"))
+        await wait_for_file(held)
+        await lose(app[aiohttp_app.BACKEND].mutex(f"locks/pay/order-{ORDER}"))
+        async with await paying as response:
+            lost = (response.status, await response.text(), response.headers.get("Retry-After"))
+        async with client.post(f"/orders/{ORDER}/pay") as again:
+            retry = again.status, await again.text()
+    assert lost == (503, aiohttp_app.lost_detail(ORDER), "1")
+    async with shop.open_pool(shop_settings) as pool:
+        charges = await shop.charges(pool, ORDER)
+    assert len(charges) == 1
+    if phase == "before-charge":
+        assert retry[0] == 200
+    else:
+        assert retry == (409, f"order {ORDER} is already paid")
+
+
+@pytest.mark.asyncio
+async def test_unknown_order_is_404(shop_settings: shop.Settings) -> None:
+    async with _client(shop_settings) as (client, _):
+        async with client.post("/orders/5/pay") as paid:
+            assert paid.status == 404
+        async with client.get("/orders/5") as read:
+            assert read.status == 404
+
+
+# The demo (examples/shop_demo.py) is the same code for both apps: run from aiohttp's script.
+def test_script_runs_as_a_user_would(
+    etcd_server: EtcdServer, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with fresh_schema(postgres_server) as schema:
+        result = run_example(
+            "aiohttp_app", "--url", etcd_server.url, "--database", postgres_server.url,
+            "--schema", schema, "--requests", "4", "--order", "31337", module=True,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "to 2 aiohttp worker processes" in result.stdout
+        assert "paid: 1, conflict (409): 3" in result.stdout
+        assert result.stdout.count("charge in the database") == 1
+        # Again, breaking the lock while a payment is at the provider (1 s): whatever
+        # the timing, one charge, no 500, and the 503s' retries do not charge again.
+        monkeypatch.setenv("SHOP_PROVIDER_LATENCY", "1")
+        result = run_example(
+            "aiohttp_app", "--url", etcd_server.url, "--database", postgres_server.url,
+            "--schema", schema, "--requests", "4", "--lose-after", "0.5", module=True,
+        )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "paid: 1, conflict (409): 3" in result.stdout
+    assert "broke the order's lock after 0.5 s" in result.stdout
+    assert result.stdout.count("charge in the database") == 1

@@ -1,126 +1,110 @@
-"""examples/fastapi_app.py: concurrent payments of one order, one pays, the rest get 409."""
+"""examples/fastapi_app.py in this process (memory:// locks, orders in PostgreSQL): the HTTP
+answers one by one. The worker processes on real lock servers are in
+test_payments_across_processes.py."""
 
 from __future__ import annotations
 
 import asyncio
-import random
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 
 import httpx
 import pytest
+from starlette.datastructures import State
 
 from aiolocks.testing import lose
-from examples import fastapi_app
+from examples import fastapi_app, shop
 
-from .conftest import run_example
+from .conftest import wait_for_file
 
-
-def _order_id() -> int:
-    # a fresh order per test, so runs sharing a server never meet on one lock name
-    return random.randrange(1000, 1100)
+ORDER = 1042
 
 
-@pytest.mark.asyncio
-async def test_concurrent_payments_one_pays_others_409(example_url: str) -> None:
-    gateway = fastapi_app.PaymentGateway(latency=0.01)
-    app = fastapi_app.create_app(example_url, gateway=gateway)
-    order_id = _order_id()
-    async with app.router.lifespan_context(app):
-        backend = app.state.backend
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://shop"
-        ) as client:
-            responses = await asyncio.gather(
-                *(client.post(f"/orders/{order_id}/pay") for _ in range(8))
-            )
-            state = await client.get(f"/orders/{order_id}")
-        assert not backend._holds, "a request left its lock held"
-    codes = sorted(response.status_code for response in responses)
-    assert codes == [200] + [409] * 7
-    paid = next(response.json() for response in responses if response.status_code == 200)
-    assert paid["order"] == order_id
-    assert [charge[0] for charge in gateway.charges] == [order_id]
-    assert gateway.charges[0][2] == paid["fencing_token"]
-    assert state.json() == {"order": order_id, "paid": True}
-    assert backend.closed, "the lifespan must close the backend"
-
-
-@pytest.mark.asyncio
-async def test_busy_lock_answers_409_while_payment_is_in_flight(example_url: str) -> None:
-    gate = asyncio.Event()
-    gateway = fastapi_app.PaymentGateway(latency=0, gate=gate)
-    app = fastapi_app.create_app(example_url, gateway=gateway, lock_timeout=0.2)
-    order_id = _order_id()
+@asynccontextmanager
+async def _client(settings: shop.Settings) -> AsyncIterator[tuple[httpx.AsyncClient, State]]:
+    app = fastapi_app.create_app(settings)
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://shop") as client,
     ):
-        first = asyncio.create_task(client.post(f"/orders/{order_id}/pay"))
-        # The first request holds the lock while the gateway is gated.
-        lock = app.state.backend.mutex(f"locks/pay/order-{order_id}")
-        async with asyncio.timeout(30):
-            while not await lock.participants():
-                await asyncio.sleep(0.01)
-        others = await asyncio.gather(*(client.post(f"/orders/{order_id}/pay") for _ in range(3)))
+        yield client, app.state
+        assert not app.state.backend._holds, "a request left its lock held"
+
+
+def _pause(settings: shop.Settings, phase: str) -> tuple[Path, Path]:
+    """Ask the next payment to pause at ``phase``; the ``.held`` and ``.taken`` files."""
+    assert settings.pause_file is not None
+    pause = Path(settings.pause_file)
+    pause.write_text(phase)
+    return pause.with_name("pause.held"), pause.with_name("pause.taken")
+
+
+@pytest.mark.asyncio
+async def test_busy_lock_answers_409_while_payment_is_in_flight(
+    shop_settings: shop.Settings,
+) -> None:
+    settings = dataclasses.replace(shop_settings, lock_timeout=0.2)
+    held, taken = _pause(settings, "before-charge")
+    async with _client(settings) as (client, _):
+        first = asyncio.create_task(client.post(f"/orders/{ORDER}/pay"))
+        await wait_for_file(held)  # the first request holds the lock, paused
+        others = await asyncio.gather(*(client.post(f"/orders/{ORDER}/pay") for _ in range(3)))
         assert not first.done()
-        gate.set()
+        taken.unlink()  # let it go on
         paid = await first
-        after = await client.post(f"/orders/{order_id}/pay")
+        after = await client.post(f"/orders/{ORDER}/pay")
+        state = await client.get(f"/orders/{ORDER}")
     assert [response.status_code for response in others] == [409, 409, 409]
     for response in others:
-        assert response.json()["detail"] == f"order {order_id} is being paid by another request"
+        assert response.json()["detail"] == f"order {ORDER} is being paid by another request"
         assert response.headers["retry-after"] == "1"
     assert paid.status_code == 200
     assert after.status_code == 409
-    assert after.json()["detail"] == f"order {order_id} is already paid"
-    assert len(gateway.charges) == 1
+    assert after.json()["detail"] == f"order {ORDER} is already paid"
+    token = paid.json()["fencing_token"]
+    assert state.json() == {"order": ORDER, "status": "paid", "charged_by": token}
 
 
 @pytest.mark.asyncio
-async def test_lock_lost_during_payment_answers_503_and_leaks_nothing(example_url: str) -> None:
-    gate = asyncio.Event()  # never set: the payment stays in flight until the loss
-    gateway = fastapi_app.PaymentGateway(latency=0, gate=gate)
-    app = fastapi_app.create_app(example_url, gateway=gateway)
-    order_id = _order_id()
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://shop") as client,
-    ):
-        backend = app.state.backend
-        paying = asyncio.create_task(client.post(f"/orders/{order_id}/pay"))
-        lock = backend.mutex(f"locks/pay/order-{order_id}")
-        async with asyncio.timeout(30):
-            while not lock.is_acquired_in_this_process():
-                await asyncio.sleep(0.01)
-        await lose(lock)  # as if the session expired in the middle of the payment
+async def test_lock_lost_during_payment_answers_503_and_leaks_nothing(
+    shop_settings: shop.Settings,
+) -> None:
+    held, _ = _pause(shop_settings, "before-charge")  # stays paused until the loss
+    async with _client(shop_settings) as (client, state):
+        paying = asyncio.create_task(client.post(f"/orders/{ORDER}/pay"))
+        await wait_for_file(held)
+        await lose(state.backend.mutex(f"locks/pay/order-{ORDER}"))
         response = await paying
-        state = await client.get(f"/orders/{order_id}")
-        assert not backend._holds, "the lost request left its lock held"
-        # the order's lock is usable again at once
-        gateway.gate = None
-        again = await client.post(f"/orders/{order_id}/pay")
+        before = await client.get(f"/orders/{ORDER}")
+        again = await client.post(f"/orders/{ORDER}/pay")  # the lock is usable again at once
     assert response.status_code == 503
-    assert response.json()["detail"] == (
-        f"lost the lock on order {order_id} while processing the request; "
-        "the outcome is unknown: check the order before retrying"
-    )
-    assert state.json() == {"order": order_id, "paid": False}
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["detail"] == fastapi_app.lost_detail(ORDER)
+    assert before.json() == {"order": ORDER, "status": "due", "charged_by": None}
     assert again.status_code == 200
-    assert [charge[0] for charge in gateway.charges] == [order_id]
+    async with shop.open_pool(shop_settings) as pool:
+        charges = await shop.charges(pool, ORDER)
+    assert [charge.fencing_token for charge in charges] == [again.json()["fencing_token"]]
 
 
 @pytest.mark.asyncio
-async def test_unknown_order_is_404_and_leaves_nothing_held() -> None:
-    app = fastapi_app.create_app("memory://")
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://shop") as client,
-    ):
-        response = await client.post("/orders/5/pay")
-        assert response.status_code == 404
-        assert not app.state.backend._holds
+async def test_unknown_order_is_404_and_leaves_nothing_held(shop_settings: shop.Settings) -> None:
+    async with _client(shop_settings) as (client, _):
+        paid = await client.post("/orders/5/pay")
+        read = await client.get("/orders/5")
+    assert paid.status_code == 404
+    assert read.status_code == 404
 
 
-def test_script_runs_as_a_user_would(example_url: str) -> None:
-    result = run_example("fastapi_app", "--url", example_url, "--requests", "4")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "paid: 1, conflict (409): 3" in result.stdout
+def test_demo_says_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The demo itself (worker processes, concurrent payments) runs in test_aiohttp_app.py:
+    # both apps share examples/shop_demo.py.
+    monkeypatch.delenv("SHOP_DATABASE_URL", raising=False)
+    assert fastapi_app.main(["--url", "memory://"]) == 2
+    assert "memory:// locks only the tasks of one process" in capsys.readouterr().out
+    assert fastapi_app.main(["--url", "redis://127.0.0.1:6379/0"]) == 2
+    assert "no database: set SHOP_DATABASE_URL (or --database)" in capsys.readouterr().out
