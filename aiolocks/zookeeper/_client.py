@@ -561,6 +561,8 @@ class ZooKeeperClient:
     ) -> str:
         """Create a node with the backend's default ACL; the path created (below the chroot).
 
+        A missing chroot is created first (as the backend's locks do).
+
         ``ephemeral`` nodes go with the backend's session; ``sequential``
         appends the server's 10-digit counter; ``container`` makes a
         container node (removed by the server once its last child goes).
@@ -578,8 +580,29 @@ class ZooKeeperClient:
         else:
             flags = (1 if ephemeral else 0) | (2 if sequential else 0)
             request = protocol.CreateRequest(path=abs_path, data=data, acl=acl, flags=flags)
-        response = await self._call(request)
+        try:
+            response = await self._call(request)
+        except zk_exc.NoNode:
+            if not await self._make_chroot():
+                raise
+            response = await self._call(request)
         return self._link.denormalize_path(str(response.path))
+
+    async def _make_chroot(self) -> bool:
+        """Create the chroot if it is missing (as the backend's locks do); ``False`` if not."""
+        chroot = self._link.chroot
+        if not chroot or await self.exists("/") is not None:
+            return False
+        prefix = ""
+        for segment in [s for s in chroot.split("/") if s]:
+            prefix = f"{prefix}/{segment}"
+            with contextlib.suppress(zk_exc.NodeExists):
+                await self._call(
+                    protocol.CreateRequest(
+                        path=prefix, data=b"", acl=self._link.default_acl, flags=0
+                    )
+                )
+        return True
 
     async def ensure_path(self, path: str) -> None:
         """Create ``path`` and its missing ancestors as persistent nodes (existing ones kept)."""

@@ -411,7 +411,7 @@ class Session:
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.abort()
-        fut = self._connected
+        fut, self._connected = self._connected, None  # no longer connected
         if fut is not None and not fut.done():
             fut.cancel()
 

@@ -417,19 +417,29 @@ class ZooKeeperDriver:
             waker, target, wake = room
             if self._link is not None:
                 self._link.remove_watch_callback(protocol.WatchEvent.CHILDREN_CHANGED, target, wake)
-            waker.cancel()
+            if self._monitor is not None:
+                self._monitor.drop_waker(waker)
+            else:
+                waker.cancel()
 
-    async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
-        """Wait on the watched predecessor (or the leases' child watch)."""
+    def wait_for_change(self, attempt: Attempt, bound: float | None) -> Coroutine[Any, Any, None]:
+        """Wait on the watched predecessor (or the leases' child watch).
+
+        Hands back the recipe's wait itself for a queued entry: one
+        coroutine frame less per waiting task.
+        """
         a = cast(_ZkAttempt, attempt)
+        if a.room is None and not a.turnstile_held:
+            return self.internals.wait(a.entry, bound)
+        return self._wait_room(a, bound)
+
+    async def _wait_room(self, a: _ZkAttempt, bound: float | None) -> None:
         if a.room is not None:
             waker = a.room[0]
             await wait_own(waker, None if bound is None else time.monotonic() + bound)
             self._unwatch_room(a)
             return
-        if a.turnstile_held:
-            return
-        await self.internals.wait(a.entry, bound)
+        # a turnstile holder between two tries: no wait
 
     async def abandon(self, attempt: Attempt) -> None:
         """Delete every node the attempt made (or sweep for one whose create went unanswered).

@@ -390,7 +390,7 @@ class LockInternals:
             if not await wait_future(waker, deadline):
                 raise TimeoutError("deadline passed waiting for a new session")
         finally:
-            waker.cancel()
+            self.monitor.drop_waker(waker)
 
     async def _find_protected(self, parent: str, uid: str, deadline: float | None) -> Node | None:
         """After a lost create reply: adopt our node if it exists in the current session."""
@@ -524,7 +524,7 @@ class LockInternals:
             link.remove_watch_callback(protocol.WatchEvent.DATA_CHANGED, entry.target, wake)
         waker, entry.waker = entry.waker, None
         if waker is not None:
-            waker.cancel()
+            self.monitor.drop_waker(waker)
 
     async def wait(self, entry: QueueEntry, bound: float | None) -> None:
         """Wait for the watched node to change, a (re)connection, or ``bound`` seconds."""
@@ -534,7 +534,11 @@ class LockInternals:
         waker = entry.waker
         if waker is None:
             return
-        await wait_own(waker, None if bound is None else time.monotonic() + bound)
+        if bound is None:
+            # the common case, awaited here: no timeout object, no frame more
+            await waker
+        else:
+            await wait_own(waker, time.monotonic() + bound)
         if waker.done() and entry.deleted and entry.sole_blocker:
             # Handoff without a second listing: the node we watched was the
             # only one ahead of us, and a new node can only sort after ours

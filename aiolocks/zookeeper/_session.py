@@ -289,9 +289,17 @@ class SessionMonitor:
         self._waker_count += 1
         if self._waker_count % 1024 == 0:
             self.purge_watch_keys()
+            # safety net: a waker resolved and never dropped goes here
+            self._wakers = {f for f in self._wakers if not f.done()}
+        # No done-callback to leave the set (a bound method and a callback
+        # entry per waiting task): the owner drops it with drop_waker().
         self._wakers.add(fut)
-        fut.add_done_callback(self._wakers.discard)
         return fut
+
+    def drop_waker(self, fut: asyncio.Future[None]) -> None:
+        """Forget a future from :meth:`new_waker` (cancelled if still pending)."""
+        fut.cancel()
+        self._wakers.discard(fut)
 
     def wake_all(self) -> None:
         """Resolve every waiter's wake-up future (they re-list and re-decide)."""
@@ -344,7 +352,7 @@ class SessionMonitor:
             if await wait_future(waker, limit):
                 return
         finally:
-            waker.cancel()
+            self.drop_waker(waker)
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError("deadline passed waiting for a new session")
         raise BackendUnavailableError(
@@ -385,6 +393,8 @@ class SessionMonitor:
         link = self.link
         expired_in: int | None = None  # the session a SESSION_EXPIRED answer came from
         while True:
+            if self._closed:
+                raise BackendUnavailableError("the ZooKeeper backend is closed")
             unavailable_after = (
                 time.monotonic() + self.connect_timeout if wait_for_connection else None
             )
