@@ -291,3 +291,33 @@ async def test_wrapped_client_must_be_an_aiozk_client_and_started(
     client = aiozk.ZKClient(zookeeper_server.hosts)  # never started
     with pytest.raises(aiolocks.BackendUnavailableError, match="not connected"):
         await ZooKeeperBackend(client, connect_timeout=0.3).open()
+
+
+async def test_a_node_created_twice_is_not_waited_for(
+    backend: ZooKeeperBackend, observer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiozk re-sends a create after a dropped connection, so a backend on an aiozk client
+    may find a first node with its own uid ahead of the one it was answered: it deletes
+    it instead of waiting behind it forever."""
+    from aiolocks._core.driver import Family
+    from aiolocks.zookeeper import lock_path
+
+    name = f"twice/{uuid.uuid4().hex}"
+    holder = Held(backend.mutex(name))
+    assert await holder.wait()
+    uid = uuid.uuid4()
+    parent = lock_path(Family.MUTEX, name)
+    # the "first" create of the waiter, applied but never answered
+    twin = await observer.create(f"{parent}/_c_{uid}-lock-", sequential=True, ephemeral=True)
+    monkeypatch.setattr(uuid, "uuid4", lambda: uid)  # the waiter's uid is the twin's
+    waiter = Held(backend.mutex(name), timeout=30)
+
+    async def settled() -> bool:
+        nodes = await lock_nodes(observer)
+        return len(nodes) == 2 and twin not in nodes
+
+    await until(settled, what="the twin deleted, the waiter queued")
+    assert await observer.exists(twin) is False
+    await holder.release()
+    assert await waiter.wait()  # behind the holder only
+    await waiter.release()
