@@ -190,7 +190,12 @@ async def test_wrapped_backend_runs_in_the_clients_session(
                 # one session per process: the lock node is the client's
                 assert stat.ephemeral_owner == client.session.session_id
             assert await lock_nodes(observer) == []
-        # closing the backend left the client open and usable
+            kept = backend.mutex(f"wrapped/kept-{uuid.uuid4().hex}")
+            assert await kept.acquire()
+        # closing the backend ended the hold and deleted its node in the client's
+        # session, and left the client open and usable
+        assert kept.is_lost
+        assert await lock_nodes(observer) == []
         assert client.session.state == "connected"
         assert await client.exists("/") is True
     finally:
