@@ -5,19 +5,21 @@
 ...     async with backend.mutex("orders/42") as lock:
 ...         print(lock.fencing_token)      # czxid of our lock node
 
-Or with the configuration of an ``aiozk.ZKClient`` the application already
-has (servers, chroot, session timeout, default ACL); the backend runs its own
-session and never starts, uses or closes the client's::
+Or on the session of an ``aiozk.ZKClient`` the application already has
+(started by the application; its authentication and chroot apply, and the
+process keeps one session; closing the backend leaves the client open)::
 
     client = aiozk.ZKClient("zk1:2181,zk2:2181")
+    await client.start()
     backend = ZooKeeperBackend(client)
 
 One ZooKeeper session per backend, shared by every lock and task. Holds live
 as long as the session: when it expires (or when we have been disconnected for
 a whole session timeout), every hold is lost (``LockLostError`` in its
 ``async with`` body) while tasks still waiting keep waiting and queue again in
-the new session. The session and its connections are aiolocks' own
-(``_connection.py``); aiozk supplies the wire types and serializers. See
+the new session. A URL-built backend's session and connections are
+aiolocks' own (``_connection.py``, reached through ``_client.py``); aiozk
+supplies the wire types and serializers. See
 ``docs/zookeeper.md`` for the recipe, the node layout, the connection-state
 policy and the session layer.
 """
@@ -31,15 +33,18 @@ from .._core.backend import Backend
 from .._core.names import has_control_character
 from .._core.timeouts import SETTING_RANGE, check_seconds
 from .._core.urls import parse_bool, parse_positive_float, parse_url
+from ._client import AiozkLink, ZooKeeperClient
 from ._driver import ZooKeeperDriver, lock_path
 from ._layout import DEFAULT_LAYOUT, parse_layout
-from ._session import ConnectionState
+from ._session import AmbiguousResult, ConnectionState
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_SESSION_TIMEOUT",
+    "AmbiguousResult",
     "ConnectionState",
     "ZooKeeperBackend",
+    "ZooKeeperClient",
     "from_url",
     "lock_path",
 ]
@@ -57,30 +62,34 @@ _URL_OPTIONS: Final = {
 
 @final
 class ZooKeeperBackend(Backend):
-    """A ZooKeeper lock backend configured like an ``aiozk.ZKClient`` you already have.
+    """A ZooKeeper lock backend on the session of an ``aiozk.ZKClient`` you already have.
 
+    >>> await client.start()                # doctest: +SKIP
     >>> backend = ZooKeeperBackend(client)  # doctest: +SKIP
-    >>> async with backend:                 # opens; close() leaves `client` alone
+    >>> async with backend:                 # opens; close() leaves `client` open
     ...     async with backend.mutex("orders/42"):
     ...         ...
 
-    :param client: an ``aiozk.ZKClient``. The backend takes its servers,
-        chroot, session timeout and default ACL, and runs a session of its
-        own (with aiolocks' reconnect, request deadlines and watch
-        re-arming); it never starts, uses or closes the client's session.
-        So holds do not share the client's session, and authentication sent
-        through the client (per connection in ZooKeeper) does not apply to
-        the backend's session.
-    :param connect_timeout: seconds a request may wait for a connection
-        before :class:`aiolocks.BackendUnavailableError` (default 10)
+    :param client: a started ``aiozk.ZKClient``. Lock nodes are created in
+        its session, below its chroot, with its default ACL, so the
+        authentication the application sent through it applies and the
+        process keeps one session. The backend never starts or closes the
+        client: ``open()`` waits up to ``connect_timeout`` for it to be
+        connected, ``close()`` leaves it open. Reconnection, pings and watch
+        re-arming are aiozk's; the backend follows aiozk's session states
+        (see ``docs/zookeeper.md``).
+    :param connect_timeout: seconds ``open()`` and any request may wait for a
+        connection before :class:`aiolocks.BackendUnavailableError` (default 10)
     :param suspended_is_lost: treat a suspended connection as the loss of
         every hold (Curator's ``StandardConnectionStateErrorPolicy``). Default
         ``False``: holds are lost when the session expires, or after a whole
         session timeout without contact (client-side expiry).
+    :param layout: ``"aiolocks"`` (the default: nodes below
+        ``/aiolocks/<family>/``) or ``"curator"`` (a name is the path Apache
+        Curator's recipes use), as the ``layout=`` URL option.
 
     Build one from a URL with :func:`aiolocks.connect` (``zk://...``).
     """
-
 
     def __init__(
         self,
@@ -88,20 +97,23 @@ class ZooKeeperBackend(Backend):
         *,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         suspended_is_lost: bool = False,
+        layout: str = DEFAULT_LAYOUT,
     ) -> None:
         connect_timeout = _check_seconds("connect_timeout", connect_timeout)
-        hosts = ",".join(
-            f"[{h}]:{p}" if ":" in str(h) else f"{h}:{p}" for h, p in client.session.hosts
-        )
-        chroot = client.chroot or ""
+        suspended_is_lost = _check_bool("suspended_is_lost", suspended_is_lost)
+        layout = parse_layout(layout)
+        link = AiozkLink(client)
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in link.hosts)
+        chroot = link.chroot or ""
         driver = ZooKeeperDriver(
-            client=client,
+            given=link,
             servers=hosts,
-            chroot=client.chroot,
-            session_timeout=float(client.session.timeout or DEFAULT_SESSION_TIMEOUT),
+            chroot=link.chroot,
+            session_timeout=link.timeout,
             connect_timeout=connect_timeout,
-            suspended_is_lost=bool(suspended_is_lost),
+            suspended_is_lost=suspended_is_lost,
             description=f"zk://{hosts}{chroot}",
+            layout=layout,
         )
         super().__init__(driver)
 
@@ -113,16 +125,16 @@ class ZooKeeperBackend(Backend):
     def client(self) -> Any:
         """The ``aiozk.ZKClient`` this backend was built on; for a URL-built one, its own client.
 
-        The backend's own client (``None`` before ``open()``) has the session
-        in ``.session`` (``session_id``, ``password``, ``timeout``).
+        A URL-built backend's client is a :class:`ZooKeeperClient` (``None``
+        before ``open()``): node operations in the backend's session.
         """
         return self._zk.client
 
     @property
     def session_id(self) -> int | None:
-        """The current id of the backend's own ZooKeeper session (``None`` before ``open()``)."""
-        client = self._zk.session_client
-        return None if client is None else client.session.session_id
+        """The id of the ZooKeeper session the locks live in (``None`` before ``open()``)."""
+        link = self._zk.link
+        return None if link is None else link.session_id
 
     @property
     def connection_state(self) -> ConnectionState | None:
@@ -209,7 +221,7 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
     layout = parse_layout(values.get("layout", DEFAULT_LAYOUT))
     servers = ",".join(str(h) for h in parsed.hosts)
     driver = ZooKeeperDriver(
-        client=None,
+        given=None,
         servers=servers,
         chroot=chroot or None,
         session_timeout=session_timeout,

@@ -20,8 +20,8 @@ that hold aiozk objects instead of patching them:
   connect loop, so a drop during it cannot stall reconnection. Pings go
   out every third of the session timeout; a connection silent for two
   thirds of it is dropped, as the Java client does.
-* :class:`SessionClient` gives the lock recipe the little it needs of a
-  client: the chroot, the default ACL, path mapping and the session.
+* The lock recipe reaches the session through :class:`~._client.OwnLink`
+  (the chroot, the default ACL and path mapping are there).
 
 Nothing here changes aiozk's module state, so other aiozk users in the
 process are unaffected.
@@ -35,16 +35,15 @@ import logging
 import random
 import struct
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, Protocol
 
-import aiozk
 from aiozk import exc as zk_exc
 from aiozk import protocol
 
 from ._protocol import decode_reply, decode_watch_event, encode_request
 
-__all__ = ["Connection", "Session", "SessionClient", "SessionEvents"]
+__all__ = ["Connection", "Session", "SessionEvents", "parse_hosts"]
 
 logger = logging.getLogger("aiolocks.zookeeper")
 
@@ -412,7 +411,7 @@ class Session:
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.abort()
-        fut = self._connected
+        fut, self._connected = self._connected, None  # no longer connected
         if fut is not None and not fut.done():
             fut.cancel()
 
@@ -576,56 +575,3 @@ def _log_failure(conn: Connection) -> Callable[[asyncio.Future[Any]], None]:
             logger.warning("re-arming watches on %s:%s failed: %r", conn.host, conn.port, error)
 
     return done
-
-
-class SessionClient(aiozk.ZKClient):  # type: ignore[misc]
-    """An ``aiozk.ZKClient`` whose requests go through the backend's own session.
-
-    The lock recipe uses its chroot, default ACL, path mapping and
-    :attr:`session`; applications get aiozk's whole client API
-    (``get_data``, ``set_data``, ``create``, ``exists``, recipes...) in the
-    backend's session. The aiozk session that ``ZKClient.__init__`` builds
-    is never started: :attr:`session` is ours, and :meth:`send` sends with
-    aiolocks' rules: a request waits at most ``connect_timeout`` for a
-    connection (then ``BackendUnavailableError``), a read is sent again
-    after a dropped connection, and a write whose reply was lost raises
-    ``AmbiguousResult`` instead of being sent twice.
-    """
-
-    session: Session
-    chroot: str | None
-
-    def __init__(self, session: Session, *, chroot: str | None, default_acl: Any = None) -> None:
-        servers = ",".join(
-            f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in session.hosts
-        )
-        super().__init__(
-            servers,
-            chroot=chroot,
-            session_timeout=session.requested_timeout,
-            default_acl=default_acl,
-        )
-        if self.chroot == "/":
-            self.chroot = None
-        self.session = session
-        #: sends one request (set by the backend when it opens)
-        self.sender: Callable[[Any], Awaitable[Any]] | None = None
-
-    async def send(self, request: Any) -> Any:
-        """Send ``request`` in the backend's session (see the class doc); its response."""
-        sender = self.sender
-        if sender is None:
-            raise zk_exc.ConnectError("aiolocks", 0)
-        response = await sender(request)
-        if getattr(request, "path", None) and getattr(response, "stat", None):
-            self.stat_cache[self.denormalize_path(request.path)] = response.stat
-        return response
-
-    async def start(self) -> None:
-        """The backend starts its session; this only checks that it is up."""
-        if not self.session.connected:
-            raise zk_exc.ConnectError("aiolocks", 0)
-
-    async def close(self) -> None:
-        """Close the backend's session (prefer closing the backend)."""
-        await self.session.close(self.session.timeout)

@@ -243,7 +243,7 @@ def _is_lock_node(name: str) -> bool:
 async def walk_lock_root(driver: ZooKeeperDriver, root: str) -> Leftovers:
     """Breadth-first over ``root`` (below the chroot), at most :data:`WALK_LIMIT` znodes."""
     monitor = driver.monitor
-    client = driver.monitor.client
+    link = driver.monitor.link
     found = Leftovers()
     queue = [root]
     while queue:
@@ -253,7 +253,7 @@ async def walk_lock_root(driver: ZooKeeperDriver, root: str) -> Leftovers:
             break
         try:
             reply = await monitor.call(
-                protocol.GetChildren2Request(path=client.normalize_path(path), watch=False),
+                protocol.GetChildren2Request(path=link.normalize_path(path), watch=False),
                 time.monotonic() + CHECK_TIMEOUT,
                 retry=True,
             )
@@ -429,8 +429,7 @@ async def diagnose_zookeeper(driver: ZooKeeperDriver, root: str) -> Diagnosis:
             )
         )
     # session timeout (of the backend's own session)
-    client = driver.monitor.client
-    negotiated = float(getattr(client.session, "timeout", 0) or 0)
+    negotiated = float(driver.monitor.link.timeout or 0)
     clamped = session_timeout_finding(driver._session_timeout, negotiated, bounds)
     if clamped is not None:
         findings.append(clamped)

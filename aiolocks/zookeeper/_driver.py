@@ -31,7 +31,6 @@ failure the partial leases are deleted (all or nothing).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
@@ -45,7 +44,8 @@ from .._core.errors import BackendUnavailableError
 from .._core.options import check_portable_options
 from .._core.participants import Participant
 from .._core.tasks import TaskSet
-from ._connection import Session, SessionClient, parse_hosts
+from ._client import AiozkLink, Link, OwnLink, ZooKeeperClient
+from ._connection import Session, parse_hosts
 from ._internals import (
     HoldWatch,
     LockInternals,
@@ -87,7 +87,7 @@ class ZooKeeperDriver:
     def __init__(
         self,
         *,
-        client: Any | None,
+        given: AiozkLink | None,
         servers: str,
         chroot: str | None,
         session_timeout: float,
@@ -96,10 +96,12 @@ class ZooKeeperDriver:
         description: str,
         layout: str = DEFAULT_LAYOUT,
     ) -> None:
-        #: an ``aiozk.ZKClient`` the application gave us (configuration only)
-        self._given = client
-        #: our own session's client; set by ``open()``
-        self._client: SessionClient | None = None
+        #: the session of an ``aiozk.ZKClient`` the application gave us
+        self._given = given
+        #: the session the recipe runs on; set by ``open()``
+        self._link: Link | None = None
+        #: ``backend.client`` of a URL-built backend; set by ``open()``
+        self._client: ZooKeeperClient | None = None
         self._servers = servers
         self._chroot = chroot
         self._session_timeout = session_timeout
@@ -151,13 +153,19 @@ class ZooKeeperDriver:
 
     @property
     def client(self) -> Any:
-        """The ``aiozk.ZKClient`` given, else our session's client (``None`` before ``open()``)."""
-        return self._given if self._given is not None else self._client
+        """The ``aiozk.ZKClient`` given, else our :class:`ZooKeeperClient` (after ``open()``)."""
+        return self._given.client if self._given is not None else self._client
 
     @property
-    def session_client(self) -> SessionClient | None:
-        """The client of the backend's own session (``None`` before ``open()``)."""
-        return self._client
+    def link(self) -> Link | None:
+        """The session the recipe runs on (``None`` before ``open()``)."""
+        return self._link
+
+    @property
+    def session(self) -> Session | None:
+        """The backend's own session (``None`` before ``open()`` and on a given client)."""
+        link = self._link
+        return link.session if isinstance(link, OwnLink) else None
 
     @property
     def monitor(self) -> SessionMonitor:
@@ -175,25 +183,29 @@ class ZooKeeperDriver:
     # -- lifecycle ------------------------------------------------------------------
 
     async def open(self, tasks: TaskSet) -> None:
-        """Start the backend's own session; on a given client, with its configuration."""
+        """Start the backend's own session, or wait for the given client's to be connected."""
         self._tasks = tasks
-        if self._client is not None:
+        if self._link is not None:
             return
-        default_acl = None
+        link: Link
         if self._given is not None:
-            default_acl = getattr(self._given, "default_acl", None)
-        session = Session(parse_hosts(self._servers), timeout=self._session_timeout, events=None)
-        client = SessionClient(session, chroot=self._chroot, default_acl=default_acl)
+            link = self._given
+        else:
+            session = Session(
+                parse_hosts(self._servers), timeout=self._session_timeout, events=None
+            )
+            link = OwnLink(session, chroot=self._chroot, default_acl=None)
         try:
-            await session.start(self._connect_timeout)
+            await link.start(self._connect_timeout)
         except TimeoutError as exc:
+            what = "the given aiozk client is not connected" if self._given else "cannot connect"
             raise BackendUnavailableError(
-                f"cannot connect to ZooKeeper at {self._description} within "
+                f"{what} to ZooKeeper at {self._description} within "
                 f"{self._connect_timeout:g} s (connect_timeout)"
             ) from exc
-        self._client = client
+        self._link = link
         monitor = SessionMonitor(
-            client,
+            link,
             connect_timeout=self._connect_timeout,
             suspended_is_lost=self._suspended_is_lost,
             on_lost=self._on_lost,
@@ -201,14 +213,15 @@ class ZooKeeperDriver:
         for listener in self._listeners:
             monitor.add_listener(listener)
         self._monitor = monitor
-        client.sender = functools.partial(_send, monitor)
+        if self._given is None:
+            self._client = ZooKeeperClient(monitor)
         self._internals = LockInternals(monitor)
         monitor.start()
 
     def _horizon(self) -> float:
         """How long from now our holds are vouched for while the loop keeps running."""
-        client = self._client
-        timeout = client.session.timeout if client else 0.0
+        link = self._link
+        timeout = link.timeout if link else 0.0
         return time.monotonic() + STALL_FRACTION * (timeout or self._session_timeout)
 
     def _keep_grants_valid(self) -> None:
@@ -227,14 +240,14 @@ class ZooKeeperDriver:
         horizon = self._horizon()
         for grant in self._grants:
             grant.valid_until = horizon
-        client = self._client
-        timeout = client.session.timeout if client else 0.0
+        link = self._link
+        timeout = link.timeout if link else 0.0
         self._ticker = asyncio.get_running_loop().call_later(
             (timeout or self._session_timeout) / 8, self._keep_grants_valid
         )
 
     async def close(self) -> None:
-        """Stop background work; close the client only if we made it."""
+        """Stop background work; close the session only if it is our own."""
         ticker, self._ticker = self._ticker, None
         if ticker is not None:
             ticker.cancel()
@@ -243,13 +256,10 @@ class ZooKeeperDriver:
         # session's close removes every ephemeral node anyway.
         if monitor is not None:
             await monitor.stop()
-        client, self._client = self._client, None
-        if client is not None:
-            try:
-                await client.session.close(self._connect_timeout)
-            except Exception:
-                logger.warning("closing the ZooKeeper session failed", exc_info=True)
-                await client.session.abort()
+        self._client = None
+        link, self._link = self._link, None
+        if link is not None:
+            await link.close(self._connect_timeout)
 
     async def diagnose(self) -> Diagnosis:
         """``backend.doctor()``'s findings for this ensemble (see :mod:`._doctor`)."""
@@ -382,9 +392,7 @@ class ZooKeeperDriver:
                 waker.set_result(None)
 
         a.room = (waker, target, wake)
-        internals.client.session.add_watch_callback(
-            protocol.WatchEvent.CHILDREN_CHANGED, target, wake
-        )
+        internals.link.add_watch_callback(protocol.WatchEvent.CHILDREN_CHANGED, target, wake)
         children = await internals.list_children(a.leases_dir, a.deadline, watch=True)
         if len(sort_nodes(a.leases_dir, children)) < max_leases:
             self._unwatch_room(a)
@@ -395,23 +403,31 @@ class ZooKeeperDriver:
         room, a.room = a.room, None
         if room is not None:
             waker, target, wake = room
-            if self._client is not None:
-                self._client.session.remove_watch_callback(
-                    protocol.WatchEvent.CHILDREN_CHANGED, target, wake
-                )
-            waker.cancel()
+            if self._link is not None:
+                self._link.remove_watch_callback(protocol.WatchEvent.CHILDREN_CHANGED, target, wake)
+            if self._monitor is not None:
+                self._monitor.drop_waker(waker)
+            else:
+                waker.cancel()
 
-    async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
-        """Wait on the watched predecessor (or the leases' child watch)."""
+    def wait_for_change(self, attempt: Attempt, bound: float | None) -> Coroutine[Any, Any, None]:
+        """Wait on the watched predecessor (or the leases' child watch).
+
+        Hands back the recipe's wait itself for a queued entry: one
+        coroutine frame less per waiting task.
+        """
         a = cast(_ZkAttempt, attempt)
+        if a.room is None and not a.turnstile_held:
+            return self.internals.wait(a.entry, bound)
+        return self._wait_room(a, bound)
+
+    async def _wait_room(self, a: _ZkAttempt, bound: float | None) -> None:
         if a.room is not None:
             waker = a.room[0]
             await wait_own(waker, None if bound is None else time.monotonic() + bound)
             self._unwatch_room(a)
             return
-        if a.turnstile_held:
-            return
-        await self.internals.wait(a.entry, bound)
+        # a turnstile holder between two tries: no wait
 
     async def abandon(self, attempt: Attempt) -> None:
         """Delete every node the attempt made (or sweep for one whose create went unanswered).
@@ -423,8 +439,8 @@ class ZooKeeperDriver:
         """
         a = cast(_ZkAttempt, attempt)
         self._unwatch_room(a)
-        client = self._client
-        if client is None or not client.session.connected:
+        link = self._link
+        if link is None or not link.connected:
             self._tasks.spawn(self._abandon_now(a), name=f"aiolocks-zk-abandon:{a.entry.parent}")
             return
         try:
@@ -549,11 +565,6 @@ class ZooKeeperDriver:
     def states(self) -> AsyncIterator[ConnectionState]:
         """Async iterator over connection-state changes (after ``open()``)."""
         return self.monitor.states()
-
-
-async def _send(monitor: SessionMonitor, request: Any) -> Any:
-    """What the backend's client sends with: reads retried, writes once."""
-    return await monitor.call(request, None, retry=not request.writes_data)
 
 
 class _ZkAttempt(Attempt):

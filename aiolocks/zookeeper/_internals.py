@@ -156,12 +156,12 @@ class LockInternals:
 
     def __init__(self, monitor: SessionMonitor) -> None:
         self.monitor = monitor
-        self.client = monitor.client
+        self.link = monitor.link
 
     # -- small request helpers -------------------------------------------------
 
     def _abs(self, path: str) -> str:
-        return str(self.client.normalize_path(path))
+        return self.link.normalize_path(path)
 
     async def list_children(
         self, parent: str, deadline: float | None, *, watch: bool = False
@@ -204,7 +204,7 @@ class LockInternals:
                 # NodeExists on a re-send is success, so retrying is safe.
                 await self.monitor.call(
                     CreateContainerRequest(
-                        path=self._abs(target), data=b"", acl=self.client.default_acl
+                        path=self._abs(target), data=b"", acl=self.link.default_acl
                     ),
                     deadline,
                     retry=True,
@@ -213,21 +213,21 @@ class LockInternals:
                 pass
             except zk_exc.NoNode:
                 parent = target.rsplit("/", 1)[0]
-                if not parent and not self.client.chroot:
+                if not parent and not self.link.chroot:
                     raise
                 missing.append(parent)
                 continue
             missing.pop()
 
     async def _ensure_chroot(self, deadline: float | None) -> None:
-        chroot = self.client.chroot or ""
+        chroot = self.link.chroot or ""
         prefix = ""
         for segment in [s for s in chroot.split("/") if s]:
             prefix = f"{prefix}/{segment}"
             try:
                 await self.monitor.call(
                     protocol.CreateRequest(
-                        path=prefix, data=b"", acl=self.client.default_acl, flags=0
+                        path=prefix, data=b"", acl=self.link.default_acl, flags=0
                     ),
                     deadline,
                     retry=True,
@@ -277,10 +277,10 @@ class LockInternals:
             request = protocol.Create2Request(
                 path=self._abs(f"{parent}/{prefix}"),
                 data=entry.data,
-                acl=self.client.default_acl,
+                acl=self.link.default_acl,
                 flags=_EPHEMERAL_SEQUENTIAL,
             )
-            sid = self.monitor.client.session.session_id
+            sid = self.link.session_id
             # From here on the server may apply the create even if we never
             # see the reply (cancelled, deadline, broken connection): the
             # entry remembers it, so that give_up() sweeps by uid.
@@ -329,7 +329,7 @@ class LockInternals:
                     _discard(listing)  # a pipelined listing we will not read
             stat = response.stat
             node = parse_node(
-                parent, str(self.client.denormalize_path(response.path)).rsplit("/", 1)[1]
+                parent, self.link.denormalize_path(str(response.path)).rsplit("/", 1)[1]
             )
             assert node is not None, response.path
             node = _with_stat(node, stat)
@@ -359,20 +359,19 @@ class LockInternals:
             _discard([reply])
             return None
         zxid, response = reply.result()
-        session = self.client.session
         if zxid:
-            session.last_zxid = max(session.last_zxid or 0, zxid)
+            self.link.saw_zxid(zxid)
         return list(response.children)
 
     async def _wait_state_change(self, sid: int | None, deadline: float | None) -> None:
-        if self.monitor.client.session.session_id != sid:
+        if self.link.session_id != sid:
             return
         waker = self.monitor.new_waker()
         try:
             if not await wait_future(waker, deadline):
                 raise TimeoutError("deadline passed waiting for a new session")
         finally:
-            waker.cancel()
+            self.monitor.drop_waker(waker)
 
     async def _find_protected(self, parent: str, uid: str, deadline: float | None) -> Node | None:
         """After a lost create reply: adopt our node if it exists in the current session."""
@@ -384,7 +383,7 @@ class LockInternals:
             if found is None:
                 return None
             stat = found[1]
-            if stat.ephemeral_owner == self.client.session.session_id:
+            if stat.ephemeral_owner == self.link.session_id:
                 return _with_stat(node, stat)
             # Created by an earlier connection's session that is still alive
             # (or being expired): not ours to use. Delete it and create anew.
@@ -426,7 +425,7 @@ class LockInternals:
             entry.handoff = False
             assert node is not None
             # CURATOR-696: hold only with a node of the current session.
-            if node.session_id != self.client.session.session_id:
+            if node.session_id != self.link.session_id:
                 raise _Vanished
             # The predecessor went, but our own node may have gone too
             # (deleted behind our back): read it with a watch, which both
@@ -448,9 +447,11 @@ class LockInternals:
         index = next((i for i, n in enumerate(nodes) if n.name == node.name), -1)
         if index < 0:
             raise _Vanished
+        if any(n.uid == node.uid and n is not nodes[index] for n in nodes):
+            nodes, index = await self._drop_twins(nodes, index)
         holds, watch = entry.predicate(nodes, index)
         if holds:
-            if node.session_id != self.client.session.session_id:
+            if node.session_id != self.link.session_id:
                 raise _Vanished
             return True
         entry.drop_guard()
@@ -467,6 +468,20 @@ class LockInternals:
             entry.retry = True  # predecessor already gone: list again at once
         return False
 
+    async def _drop_twins(self, nodes: list[Node], index: int) -> tuple[list[Node], int]:
+        """Delete other nodes with our uid: a create that a client sent twice.
+
+        aiolocks never re-sends a create, but aiozk does after a dropped
+        connection (a backend on an application's ``aiozk.ZKClient``): the
+        first node would sit ahead of ours forever.
+        """
+        me = nodes[index]
+        for twin in [n for n in nodes if n.uid == me.uid and n is not me]:
+            logger.info("deleting %s: a second create of %s", twin.path, me.path)
+            await self.delete(twin)
+        kept = [n for n in nodes if n.uid != me.uid or n is me]
+        return kept, kept.index(me)
+
     def _watch(self, entry: QueueEntry, target: str) -> None:
         entry.waker = self.monitor.new_waker()
         entry.target = target
@@ -474,23 +489,23 @@ class LockInternals:
         # bound methods, not closures: a third of the size, per waiting task
         wake, wake_deleted = entry.wake, entry.wake_deleted
         entry.callbacks = (wake, wake_deleted)
-        session = self.client.session
+        link = self.link
         # DATA_CHANGED as well as DELETED: aiozk re-arms only data watches
         # after a reconnect (SetWatches), so the watch survives a blip.
-        session.add_watch_callback(protocol.WatchEvent.DELETED, target, wake_deleted)
-        session.add_watch_callback(protocol.WatchEvent.DATA_CHANGED, target, wake)
+        link.add_watch_callback(protocol.WatchEvent.DELETED, target, wake_deleted)
+        link.add_watch_callback(protocol.WatchEvent.DATA_CHANGED, target, wake)
 
     def unwatch(self, entry: QueueEntry) -> None:
         """Drop ``entry``'s watch callbacks and wake-up future (no I/O)."""
         callbacks, entry.callbacks = entry.callbacks, None
         if callbacks is not None:
             wake, wake_deleted = callbacks
-            session = self.client.session
-            session.remove_watch_callback(protocol.WatchEvent.DELETED, entry.target, wake_deleted)
-            session.remove_watch_callback(protocol.WatchEvent.DATA_CHANGED, entry.target, wake)
+            link = self.link
+            link.remove_watch_callback(protocol.WatchEvent.DELETED, entry.target, wake_deleted)
+            link.remove_watch_callback(protocol.WatchEvent.DATA_CHANGED, entry.target, wake)
         waker, entry.waker = entry.waker, None
         if waker is not None:
-            waker.cancel()
+            self.monitor.drop_waker(waker)
 
     async def wait(self, entry: QueueEntry, bound: float | None) -> None:
         """Wait for the watched node to change, a (re)connection, or ``bound`` seconds."""
@@ -500,7 +515,11 @@ class LockInternals:
         waker = entry.waker
         if waker is None:
             return
-        await wait_own(waker, None if bound is None else time.monotonic() + bound)
+        if bound is None:
+            # the common case, awaited here: no timeout object, no frame more
+            await waker
+        else:
+            await wait_own(waker, time.monotonic() + bound)
         if waker.done() and entry.deleted and entry.sole_blocker:
             # Handoff without a second listing: the node we watched was the
             # only one ahead of us, and a new node can only sort after ours
@@ -547,7 +566,7 @@ class LockInternals:
 
     async def _sweep(self, parent: str, uid: str, session_id: int | None) -> None:
         """Delete our node with ``uid`` under ``parent``, if it exists in ``session_id``."""
-        if self.client.session.session_id != session_id:
+        if self.link.session_id != session_id:
             return  # that session is gone, and its ephemerals with it
         try:
             children = await self.monitor.call(
@@ -616,7 +635,7 @@ class HoldWatch:
         if parent is not None:
             self._parent_path = internals._abs(parent)
             self._on_children = self._children_changed
-            internals.client.session.add_watch_callback(
+            internals.link.add_watch_callback(
                 protocol.WatchEvent.CHILDREN_CHANGED, self._parent_path, self._on_children
             )
 
@@ -662,13 +681,11 @@ class HoldWatch:
         if self._closed:
             return True  # released before the background read started
         internals = self._internals
-        session = internals.client.session
+        link = internals.link
         if self._own_path is None:
             self._own_path = internals._abs(node.path)
             self._on_deleted = self._deleted
-            session.add_watch_callback(
-                protocol.WatchEvent.DELETED, self._own_path, self._on_deleted
-            )
+            link.add_watch_callback(protocol.WatchEvent.DELETED, self._own_path, self._on_deleted)
         try:
             await internals.monitor.call(
                 protocol.GetDataRequest(path=self._own_path, watch=True),
@@ -695,7 +712,7 @@ class HoldWatch:
         path, callback = self._parent_path, self._on_children
         self._on_children = None
         if path is not None and callback is not None:
-            self._internals.client.session.remove_watch_callback(
+            self._internals.link.remove_watch_callback(
                 protocol.WatchEvent.CHILDREN_CHANGED, path, callback
             )
 
@@ -708,9 +725,7 @@ class HoldWatch:
         path, callback = self._own_path, self._on_deleted
         self._on_deleted = None
         if path is not None and callback is not None:
-            self._internals.client.session.remove_watch_callback(
-                protocol.WatchEvent.DELETED, path, callback
-            )
+            self._internals.link.remove_watch_callback(protocol.WatchEvent.DELETED, path, callback)
 
 
 class QueueEntry:

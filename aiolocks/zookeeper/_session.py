@@ -34,7 +34,7 @@ from aiozk import exc as zk_exc
 from .._core.errors import BackendUnavailableError
 from .._core.states import StateFeed
 from .._core.tasks import wait_done
-from ._connection import SessionClient
+from ._client import Link
 
 __all__ = [
     "AmbiguousResult",
@@ -125,8 +125,8 @@ async def wait_own(fut: asyncio.Future[Any], deadline: float | None) -> bool:
 class SessionMonitor:
     """Watches one session (it reports to the monitor); sends requests with deadlines.
 
-    :param client: the :class:`~._connection.SessionClient` whose session
-        reports to this monitor (``client.session.events = monitor``)
+    :param link: the session (:class:`~._client.Link`) that reports to this
+        monitor (``link.events = monitor``)
     :param connect_timeout: how long a request may wait for a connection
         before :class:`BackendUnavailableError`
     :param suspended_is_lost: treat SUSPENDED as loss of every hold
@@ -137,13 +137,13 @@ class SessionMonitor:
 
     def __init__(
         self,
-        client: SessionClient,
+        link: Link,
         *,
         connect_timeout: float,
         suspended_is_lost: bool,
         on_lost: Callable[[int | None, str], None],
     ) -> None:
-        self.client = client
+        self.link = link
         self.connect_timeout = connect_timeout
         #: how long a sent request may wait for its reply past the deadline
         self.reply_grace = min(2.0, connect_timeout)
@@ -164,17 +164,17 @@ class SessionMonitor:
 
     def start(self) -> None:
         """Begin reporting; the session must be connected."""
-        session = self.client.session
-        self.session_id = session.session_id
+        link = self.link
+        self.session_id = link.session_id
         self._closed_fut = asyncio.get_running_loop().create_future()
-        session.events = self
+        link.events = self
         self._emit(ConnectionState.CONNECTED)
 
     async def stop(self) -> None:
         """Stop reporting (awaited by ``close()``); ends every state iterator."""
         self._closed = True
-        if self.client.session.events is self:
-            self.client.session.events = None
+        if self.link.events is self:
+            self.link.events = None
         if self._closed_fut is not None and not self._closed_fut.done():
             self._closed_fut.set_result(None)
         self._cancel_timer()
@@ -223,9 +223,7 @@ class SessionMonitor:
         The session removes a key with its last callback; this also drops
         any left empty by a caller that edited the mapping directly.
         """
-        callbacks = self.client.session.watch_callbacks
-        for key in [k for k, v in callbacks.items() if not v]:
-            callbacks.pop(key, None)
+        self.link.purge_watches()
 
     def _enter_suspended(self) -> None:
         if self._suspended:
@@ -235,7 +233,7 @@ class SessionMonitor:
         self._emit(ConnectionState.SUSPENDED)
         if self.suspended_is_lost:
             self._on_lost(self.session_id, "the ZooKeeper connection was suspended")
-        timeout = float(self.client.session.timeout or 10.0)
+        timeout = float(self.link.timeout or 10.0)
         self._cancel_timer()
         # Curator's simulated expiry: the server expires the session
         # `timeout` after it last heard from us, which is earlier than now;
@@ -291,9 +289,17 @@ class SessionMonitor:
         self._waker_count += 1
         if self._waker_count % 1024 == 0:
             self.purge_watch_keys()
+            # safety net: a waker resolved and never dropped goes here
+            self._wakers = {f for f in self._wakers if not f.done()}
+        # No done-callback to leave the set (a bound method and a callback
+        # entry per waiting task): the owner drops it with drop_waker().
         self._wakers.add(fut)
-        fut.add_done_callback(self._wakers.discard)
         return fut
+
+    def drop_waker(self, fut: asyncio.Future[None]) -> None:
+        """Forget a future from :meth:`new_waker` (cancelled if still pending)."""
+        fut.cancel()
+        self._wakers.discard(fut)
 
     def wake_all(self) -> None:
         """Resolve every waiter's wake-up future (they re-list and re-decide)."""
@@ -306,13 +312,13 @@ class SessionMonitor:
     @property
     def connected(self) -> bool:
         """The session is connected: requests can be sent."""
-        return self.client.session.connected
+        return self.link.connected
 
     async def _wait_connected(
         self, deadline: float | None, unavailable_after: float | None
     ) -> None:
-        session = self.client.session
-        while not session.connected:
+        link = self.link
+        while not link.connected:
             if self._closed:
                 raise BackendUnavailableError("the ZooKeeper backend is closed")
             limit = deadline
@@ -320,7 +326,7 @@ class SessionMonitor:
                 limit = unavailable_after
             # close() must also end this wait (background deletes wait here
             # without a time limit).
-            waits: list[asyncio.Future[Any]] = [session.connected_future()]
+            waits: list[asyncio.Future[Any]] = [link.connected_future()]
             if self._closed_fut is not None:
                 waits.append(self._closed_fut)
             timeout = remaining(limit)
@@ -328,11 +334,11 @@ class SessionMonitor:
                 await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if self._closed:
                 raise BackendUnavailableError("the ZooKeeper backend is closed")
-            if not session.connected and timeout is not None and remaining(limit) == 0:
+            if not link.connected and timeout is not None and remaining(limit) == 0:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise _DeadlinePassed
                 raise BackendUnavailableError(
-                    f"ZooKeeper {session.hosts} unreachable for "
+                    f"ZooKeeper {link.hosts} unreachable for "
                     f"{self.connect_timeout:g} s (connect_timeout)"
                 )
 
@@ -346,7 +352,7 @@ class SessionMonitor:
             if await wait_future(waker, limit):
                 return
         finally:
-            waker.cancel()
+            self.drop_waker(waker)
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError("deadline passed waiting for a new session")
         raise BackendUnavailableError(
@@ -384,9 +390,11 @@ class SessionMonitor:
         :raises BackendUnavailableError: no connection within ``connect_timeout``
         :raises aiozk.exc.ResponseError: the server's answer (``NoNode``...)
         """
-        session = self.client.session
+        link = self.link
         expired_in: int | None = None  # the session a SESSION_EXPIRED answer came from
         while True:
+            if self._closed:
+                raise BackendUnavailableError("the ZooKeeper backend is closed")
             unavailable_after = (
                 time.monotonic() + self.connect_timeout if wait_for_connection else None
             )
@@ -394,14 +402,13 @@ class SessionMonitor:
                 await self._wait_connected(deadline, unavailable_after)
             except _DeadlinePassed:
                 raise TimeoutError("deadline passed while waiting for a connection") from None
-            if session_id is not None and session.session_id != session_id:
+            if session_id is not None and link.session_id != session_id:
                 raise SessionChanged
-            conn = session.conn
-            assert conn is not None
-            sent_in = session.session_id
-            fut = conn.send(request, xid=session.next_xid())
+            conn = link.connection()
+            sent_in = link.session_id
+            fut = link.send(request)
             if then is not None and then_reply is not None:
-                then_reply.append(conn.send(then, xid=session.next_xid()))
+                then_reply.append(link.send(then))
                 then = None
             # Once sent, the reply gets at least `reply_grace` seconds even if
             # the lock deadline has passed: a deadline in the past means "try
@@ -431,14 +438,13 @@ class SessionMonitor:
                 if session_id is not None or not retry or expired_in == sent_in:
                     raise SessionChanged from None
                 expired_in = sent_in
-                if session.session_id == sent_in:
+                if link.session_id == sent_in:
                     await self._next_connection(deadline)
                 continue
             except _CONNECTION_ERRORS as exc:
                 # The connection broke: make sure it is dropped, so that the
                 # session reconnects (it reports the drop to us).
-                if session.conn is conn:
-                    conn.abort()
+                link.drop(conn)
                 if not retry:
                     raise AmbiguousResult(
                         f"connection lost during {type(request).__name__}"

@@ -60,8 +60,8 @@ class RegisterClient:
 
 def session_of(backend: aiolocks.Backend) -> list[object] | None:
     """``[session id, password hex]`` of a ZooKeeper backend; ``None`` for other backends."""
-    client = getattr(backend, "client", None)
-    session = getattr(client, "session", None)
+    driver = getattr(backend, "_zk", None)  # a URL-built ZooKeeper backend's own session
+    session = getattr(driver, "session", None)
     session_id = getattr(session, "session_id", None)
     password = getattr(session, "password", None)
     if not session_id or not isinstance(password, bytes):

@@ -22,6 +22,14 @@ pytestmark = pytest.mark.zookeeper
 SESSION_TIMEOUT = 4.0
 
 
+def own_session(backend: ZooKeeperBackend) -> Any:
+    """The backend's own ``Session`` (a URL-built backend, opened); typed loosely,
+    as tests patch its connection."""
+    session = backend._zk.session
+    assert session is not None, "not open, or built on an aiozk client"
+    return session
+
+
 @pytest.fixture
 def chroot() -> str:
     """A private chroot per test, so that leftovers are easy to find."""
@@ -86,8 +94,7 @@ async def expire_session(hosts: str, backend: ZooKeeperBackend) -> None:
     """
     from aiolocks.zookeeper._connection import Session, parse_hosts
 
-    session_id = backend.client.session.session_id
-    password = backend.client.session.password
+    session_id, password = session_credentials(backend)
     for _ in range(20):
         if backend.session_id != session_id:
             break
@@ -110,9 +117,18 @@ async def expire_session(hosts: str, backend: ZooKeeperBackend) -> None:
     await until(lambda: backend.session_id not in (None, session_id), what="new session")
 
 
+def session_credentials(backend: ZooKeeperBackend) -> tuple[int, bytes]:
+    """The id and password of the session the backend's locks live in (own or aiozk's)."""
+    session: Any = backend._zk.session
+    if session is None:
+        session = backend.client.session  # an aiozk client's session
+    assert session.session_id is not None
+    return int(session.session_id), bytes(session.password)
+
+
 def count_requests(backend: ZooKeeperBackend) -> Callable[[], list[str]]:
     """Record the request classes the backend's connection sends (pings excluded)."""
-    conn = backend.client.session.conn
+    conn = own_session(backend).conn
     sent: list[str] = []
     original = conn.send
 

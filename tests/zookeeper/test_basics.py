@@ -15,7 +15,7 @@ import aiolocks
 from aiolocks.testing.servers import ZooKeeperServer, free_port
 from aiolocks.zookeeper import ConnectionState, ZooKeeperBackend, from_url, lock_path
 
-from .conftest import Held, count_requests, lock_nodes, until
+from .conftest import Held, count_requests, lock_nodes, own_session, until
 
 pytestmark = pytest.mark.zookeeper
 
@@ -118,7 +118,7 @@ async def test_acquire_lists_in_the_same_round_trip_as_the_create(
     lock = backend.mutex(name)
     async with lock:
         pass
-    conn = backend.client.session.conn
+    conn = own_session(backend).conn
     original = conn.send
     log: list[tuple[str, bool]] = []
     replies: dict[str, Any] = {}

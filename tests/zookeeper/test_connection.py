@@ -26,6 +26,8 @@ from aiozk.protocol.stat import Stat
 from aiolocks.zookeeper import ZooKeeperBackend
 from aiolocks.zookeeper._connection import Connection, Session
 
+from .conftest import own_session
+
 pytestmark = [pytest.mark.asyncio]
 
 GET_CHILDREN = 8
@@ -179,7 +181,7 @@ async def test_a_reply_nobody_waits_for_is_dropped() -> None:
 @pytest.mark.zookeeper
 async def test_backends_built_from_a_url_read_with_it(backend: ZooKeeperBackend) -> None:
     async with backend.mutex("reader/check"):
-        conn = backend.client.session.conn
+        conn = own_session(backend).conn
         assert type(conn) is Connection
         assert conn.is_open
 
@@ -189,8 +191,9 @@ async def test_watch_callbacks_run_as_the_event_is_read(
     backend: ZooKeeperBackend, observer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No ``call_soon`` hop: callbacks run in the reader; one failing does not stop the rest."""
-    client = backend.client
-    session = client.session
+    session = own_session(backend)
+    link = backend._zk.link
+    assert link is not None
     path = f"/watch-dispatch-{uuid.uuid4().hex}"
     await observer.create(path, b"x")
     ran_in: list[asyncio.Task[Any] | None] = []
@@ -203,7 +206,7 @@ async def test_watch_callbacks_run_as_the_event_is_read(
         ran_in.append(asyncio.current_task())
         delivered.set()
 
-    full = client.normalize_path(path)  # events name the path with the chroot
+    full = link.normalize_path(path)  # events name the path with the chroot
     for callback in (failing, recording):
         session.add_watch_callback(protocol.WatchEvent.DELETED, full, callback)
     try:

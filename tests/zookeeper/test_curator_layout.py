@@ -220,3 +220,25 @@ async def test_list_and_force_release_on_the_curator_layout(
 
 async def _queued(backend: aiolocks.Backend, name: str, n: int) -> bool:
     return len(await backend.mutex(name).participants()) == n
+
+
+@pytest.mark.asyncio
+async def test_wrapped_backend_takes_the_curator_layout(
+    zookeeper_server: ZooKeeperServer, chroot: str
+) -> None:
+    """``ZooKeeperBackend(client, layout="curator")`` puts a mutex at Curator's path."""
+    import aiozk
+
+    client = aiozk.ZKClient(zookeeper_server.hosts, chroot=chroot, session_timeout=10)
+    await client.start()
+    try:
+        name = f"wrapped/{uuid.uuid4().hex}"
+        backend = ZooKeeperBackend(client, layout="curator")
+        async with backend, backend.mutex(name):
+            children = await client.get_children(f"/{name}")
+            assert len(children) == 1
+            assert "lock-" in children[0]
+        with pytest.raises(ValueError, match="layout"):
+            ZooKeeperBackend(client, layout="kazoo")
+    finally:
+        await client.close()

@@ -19,7 +19,7 @@ import aiolocks
 from aiolocks.testing.servers import ZooKeeperServer
 from aiolocks.zookeeper import ZooKeeperBackend
 
-from .conftest import Held, count_requests, expire_session, lock_nodes, until
+from .conftest import Held, count_requests, expire_session, lock_nodes, own_session, until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.zookeeper]
 
@@ -217,7 +217,7 @@ async def test_session_expiry_cancels_the_body(
 
 
 def _live_callbacks(backend: ZooKeeperBackend) -> list[tuple[int, str]]:
-    callbacks = backend.client.session.watch_callbacks
+    callbacks = own_session(backend).watch_callbacks
     return [key for key, cbs in callbacks.items() if cbs]
 
 

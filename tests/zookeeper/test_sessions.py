@@ -16,7 +16,7 @@ from aiolocks.testing.proxy import TcpProxy
 from aiolocks.testing.servers import ZooKeeperEnsemble, ZooKeeperServer
 from aiolocks.zookeeper import ConnectionState, ZooKeeperBackend
 
-from .conftest import SESSION_TIMEOUT, Held, expire_session, lock_nodes, until
+from .conftest import SESSION_TIMEOUT, Held, expire_session, lock_nodes, own_session, until
 
 pytestmark = pytest.mark.zookeeper
 
@@ -28,7 +28,8 @@ async def _connect(url: str) -> ZooKeeperBackend:
 
 
 def _session(backend: ZooKeeperBackend) -> tuple[int, bytes]:
-    session = backend.client.session
+    session = own_session(backend)
+    assert session.session_id is not None
     return session.session_id, session.password
 
 
@@ -198,11 +199,11 @@ async def test_connection_dropped_while_rearming_watches_reconnects(
         await until(lambda: _count(b, name, 2), what="waiter queued")
         sid = a.session_id
         monkeypatch.setattr(Connection, "send", send)
-        a.client.session.conn.transport.abort()
+        own_session(a).conn.transport.abort()
         await until(lambda: bool(dropped), what="SetWatches sent on the new connection")
         # suspended twice (the cut, then the drop), reconnected twice
         await until(
-            lambda: states.count(ConnectionState.RECONNECTED) >= 2 and a.client.session.connected,
+            lambda: states.count(ConnectionState.RECONNECTED) >= 2 and own_session(a).connected,
             what="reconnected after the drop",
         )
         assert a.session_id == sid  # the same session all along: nothing lost
@@ -400,7 +401,7 @@ async def test_a_server_closing_the_handshake_is_skipped_and_the_session_kept(
         # the server order is random: drop the connection until the refusing
         # server has been tried a few times
         while refused < 3 and drops < 100:
-            session = a.client.session
+            session = own_session(a)
             conn = session.conn
             conn.abort()
             drops += 1
@@ -475,7 +476,7 @@ async def test_closing_leaves_no_task_or_socket_behind(
         await lock.acquire()
         proxy.refuse()
         proxy.cut()
-        await until(lambda: not cut_off.client.session.connected, what="disconnected")
+        await until(lambda: not own_session(cut_off).connected, what="disconnected")
         await cut_off.close()
         assert lock.is_lost  # closing the backend ends its holds
         await until(lambda: proxy.active_connections == 0, what="sockets closed")
@@ -493,8 +494,6 @@ async def test_watches_are_rearmed_and_fire_for_changes_made_while_away(
     """A watch set through the backend's client (no waiter re-lists for it)
     fires for a deletion that happened while the connection was down: the
     reconnection re-arms it with SetWatches from the last zxid seen."""
-    from aiozk import protocol
-
     path = f"/rearm-{uuid.uuid4().hex}"
     await observer.create(path, b"x")
     async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
@@ -503,15 +502,15 @@ async def test_watches_are_rearmed_and_fire_for_changes_made_while_away(
         a.add_connection_listener(states.append)
         try:
             sid = a.session_id
-            deleted = a.client.wait_for_events([protocol.WatchEvent.DELETED], path)
-            assert await a.client.exists(path, watch=True) is True
+            deleted: asyncio.Future[tuple[str, str]] = asyncio.get_running_loop().create_future()
+            assert await a.client.exists(path, watch=lambda *e: deleted.set_result(e)) is not None
             proxy.refuse()
             proxy.cut()
             await until(lambda: ConnectionState.SUSPENDED in states, what="disconnected")
             await observer.delete(path)
             assert not deleted.done()
             proxy.heal()
-            await asyncio.wait_for(deleted, 20)
+            assert await asyncio.wait_for(deleted, 20) == ("deleted", path)
             assert a.session_id == sid
             assert ConnectionState.LOST not in states
         finally:

@@ -36,9 +36,9 @@ async def counter(url: str, name: str, tasks: int, rounds: int, counter_path: st
     async def worker() -> None:
         for _ in range(rounds):
             async with backend.mutex(name):
-                value = int(await client.get_data(counter_path))
+                data, _stat = await client.get_data(counter_path)
                 await asyncio.sleep(0)  # let everyone else run: a race without the lock
-                await client.set_data(counter_path, str(value + 1).encode(), force=True)
+                await client.set_data(counter_path, str(int(data) + 1).encode())
 
     try:
         await asyncio.gather(*(worker() for _ in range(tasks)))
