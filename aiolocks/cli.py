@@ -45,12 +45,20 @@ from . import _connect, _doctor_cli
 from ._core.admin import KINDS as ADMIN_KINDS
 from ._core.backend import Backend
 from ._core.driver import Grant
-from ._core.errors import BackendUnavailableError, LockError, LockLostError, LockTimeoutError
+from ._core.errors import (
+    AccessDeniedError,
+    BackendUnavailableError,
+    LockError,
+    LockLostError,
+    LockTimeoutError,
+)
 from ._core.leader import LeaderLatch
 from ._core.names import validate_name
+from ._core.urls import scrub
 from ._procgroup import ProcessGroup, exit_status
 
 __all__ = [
+    "EXIT_ACCESS_DENIED",
     "EXIT_CANNOT_EXECUTE",
     "EXIT_CODES",
     "EXIT_COMMAND_NOT_FOUND",
@@ -67,6 +75,8 @@ EXIT_NOT_ACQUIRED = 75
 EXIT_LOCK_LOST = 76
 #: the backend could not be reached (sysexits EX_UNAVAILABLE)
 EXIT_UNAVAILABLE = 69
+#: the server refused the credentials, a permission or the TLS handshake (sysexits EX_NOPERM)
+EXIT_ACCESS_DENIED = 77
 #: bad arguments or options (sysexits EX_USAGE)
 EXIT_USAGE = 64
 #: ``run``/``elect``: CMD was found but cannot be executed (as in the shell)
@@ -82,6 +92,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_LOCK_ERROR: "a lock error (status/list/break), or CMD's own status 1",
     EXIT_USAGE: "bad arguments, options or URL",
     EXIT_UNAVAILABLE: "the backend could not be reached",
+    EXIT_ACCESS_DENIED: "the backend refused the credentials, a permission or the certificate",
     EXIT_NOT_ACQUIRED: "run/elect: not acquired in time (-n, -w); -E N changes it",
     EXIT_LOCK_LOST: "run/elect: the lock (leadership) was lost; CMD's process group was stopped",
     EXIT_CANNOT_EXECUTE: "run/elect: CMD cannot be executed",
@@ -601,7 +612,8 @@ AIOLOCKS_URL is set.
 exit status: 0 success; run/elect: CMD's own status, 128+N if CMD died of
 signal N, 75 not acquired in time (-E N to change), 76 lock lost (CMD's
 process group stopped), 126 CMD cannot be executed, 127 CMD not found;
-64 bad usage, 69 backend unreachable, 1 other lock errors.
+64 bad usage, 69 backend unreachable, 77 access denied (credentials,
+permission, certificate), 1 other lock errors.
 """
 
 _RUN_DESCRIPTION = """\
@@ -949,6 +961,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _failed(command: str, exc: BaseException, urls: list[str], status: int) -> int:
+    """Print ``exc`` for ``command`` with every URL's password redacted; return ``status``."""
+    print(f"aiolocks {command}: {scrub(str(exc), *urls)}", file=sys.stderr)
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aiolocks`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -972,23 +990,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command and not spec.takes_command:
         print(f"aiolocks {spec.name}: unexpected arguments after '--'", file=sys.stderr)
         return EXIT_USAGE
+    urls = [a for a in argv if "://" in a] + [os.environ.get(URL_ENV, "")]
     try:
         return spec.handler(args, command)
     except (UsageError, ValueError) as exc:
-        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _failed(spec.name, exc, urls, EXIT_USAGE)
+    except AccessDeniedError as exc:
+        return _failed(spec.name, exc, urls, EXIT_ACCESS_DENIED)
     except BackendUnavailableError as exc:
-        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return _failed(spec.name, exc, urls, EXIT_UNAVAILABLE)
     except LockTimeoutError as exc:
-        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
-        return EXIT_NOT_ACQUIRED
+        return _failed(spec.name, exc, urls, EXIT_NOT_ACQUIRED)
     except LockError as exc:
-        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
-        return EXIT_LOCK_ERROR
+        return _failed(spec.name, exc, urls, EXIT_LOCK_ERROR)
     except NotImplementedError as exc:  # list/break on a backend without admin support
-        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
-        return EXIT_LOCK_ERROR
+        return _failed(spec.name, exc, urls, EXIT_LOCK_ERROR)
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
 

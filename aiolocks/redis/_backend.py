@@ -398,7 +398,7 @@ def _db(url: ParsedURL, text: str) -> int:
     if text == "":
         return 0
     if not text.isdigit():
-        raise ValueError(f"invalid database {text!r} in {url.raw!r}: expected /<number>")
+        raise ValueError(f"invalid database {text!r} in {url.redacted!r}: expected /<number>")
     return int(text)
 
 
@@ -471,7 +471,6 @@ class RedisBackend(Backend):
         )
 
 
-
 @final
 class RedlockBackend(Backend):
     """Redlock: a mutex taken on a majority of N independent Redis masters.
@@ -488,7 +487,6 @@ class RedlockBackend(Backend):
     ``docs/redis.md``). Supports ``mutex``, ``semaphore_mutex`` and
     ``leader_latch``. Built with :func:`from_url`.
     """
-
 
 
 def from_url(url: str, **options: object) -> Backend:
@@ -517,7 +515,7 @@ def from_url(url: str, **options: object) -> Backend:
     if scheme in ("redis", "rediss"):
         if len(hosts) != 1:
             raise ValueError(
-                f"{scheme}:// takes one host, got {len(hosts)} in {url!r} "
+                f"{scheme}:// takes one host, got {len(hosts)} in {parsed.redacted!r} "
                 "(use redis+sentinel://, redis+cluster:// or redlock:// for several)"
             )
         db = _db(parsed, path)
@@ -542,16 +540,18 @@ def from_url(url: str, **options: object) -> Backend:
             min_replicas=min_replicas,
             keyspace_events=keyspace_events,
         )
-        return RedisBackend._around(
-            RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
-        )
+        return RedisBackend._around(RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix))
 
     if scheme == "redis+sentinel":
         service, _, db_text = path.partition("/")
         if not service:
-            raise ValueError(f"redis+sentinel:// URL {url!r} needs /<service name> after the hosts")
+            raise ValueError(
+                f"redis+sentinel:// URL {parsed.redacted!r} needs /<service name> after the hosts"
+            )
         if "/" in db_text:
-            raise ValueError(f"invalid path {parsed.path!r} in {url!r}: expected /<service>[/db]")
+            raise ValueError(
+                f"invalid path {parsed.path!r} in {parsed.redacted!r}: expected /<service>[/db]"
+            )
         db = _db(parsed, db_text)
         describe = f"redis+sentinel://{','.join(map(str, hosts))}/{service}/{db}"
         closers: list[Any] = []
@@ -595,14 +595,13 @@ def from_url(url: str, **options: object) -> Backend:
             on_close=close_sentinels,
             keyspace_events=keyspace_events,
         )
-        return RedisBackend._around(
-            RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
-        )
+        return RedisBackend._around(RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix))
 
     if scheme == "redis+cluster":
         if path:
             raise ValueError(
-                f"redis+cluster:// URL {url!r} must not have a path (a cluster has only db 0)"
+                f"redis+cluster:// URL {parsed.redacted!r} must not have a path "
+                "(a cluster has only db 0)"
             )
         if min_replicas:
             raise ValueError("min_replicas is not supported on redis+cluster://")
@@ -631,16 +630,14 @@ def from_url(url: str, **options: object) -> Backend:
             cluster=True,
             keyspace_events=keyspace_events,
         )
-        return RedisBackend._around(
-            RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
-        )
+        return RedisBackend._around(RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix))
 
     # redlock://
     if min_replicas:
         raise ValueError("min_replicas is not supported on redlock:// (independent masters)")
     db = _db(parsed, path)
     if len(set(hosts)) != len(hosts):
-        raise ValueError(f"redlock:// URL {url!r} names a host twice")
+        raise ValueError(f"redlock:// URL {parsed.redacted!r} names a host twice")
     nodes = []
     # Independent masters: no retries, so a dead master costs one refused
     # connection, not a backoff (Redlock needs answers well within the lease).

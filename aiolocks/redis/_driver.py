@@ -58,6 +58,7 @@ from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError, LockError
 from .._core.participants import Participant
 from .._core.tasks import TaskSet
+from ._access import denied
 from ._pubsub import PubSubHub, Wake
 from ._scripts import Scripts, source
 from ._watchdog import Renewal, RenewResult, Watchdog
@@ -464,6 +465,9 @@ class RedisNode:
                 f"connect_timeout={self.connect_timeout:g} s"
             ) from None
         except (RedisError, OSError) as exc:
+            refused = denied(exc, self.describe)
+            if refused is not None:
+                raise refused from exc
             raise BackendUnavailableError(f"cannot reach Redis {self.describe}: {exc}") from exc
 
     async def close(self) -> None:
@@ -818,6 +822,9 @@ def refused_unrun(exc: BaseException) -> bool:
 
 def map_error(exc: BaseException, what: str, describe: str) -> LockError:
     """Driver errors -> aiolocks errors, in one place (``raise map_error(...) from exc``)."""
+    refused = denied(exc, describe, what)
+    if refused is not None:
+        return refused
     if isinstance(exc, TRANSIENT):
         return BackendUnavailableError(f"Redis {describe} unreachable while {what}: {exc}")
     return LockError(f"Redis {describe} refused {what}: {exc}")
