@@ -62,8 +62,6 @@ from pathlib import Path
 from typing import ClassVar, Final, Self, TypeAlias, final
 from urllib.parse import unquote, urlsplit
 
-# The process handling every launcher shares (ports, folders, start, stop,
-# clean-up at exit, ensembles) lives in ._process.
 from ._process import (
     INSTALL_HINT,
     LOCALHOST,
@@ -83,6 +81,10 @@ from ._process import (
     _wait_until,
     free_port,
 )
+
+# The process handling every launcher shares (ports, folders, start, stop,
+# clean-up at exit, ensembles) lives in ._process.
+from .tls import TlsFiles
 
 __all__ = [
     "LOCALHOST",
@@ -728,10 +730,26 @@ class RedisServer(_RedisProcess):
         extra_args: Sequence[str] = (),
         base_dir: Path | None = None,
         startup_timeout: float = 15.0,
+        password: str | None = None,
+        acl_users: Sequence[str] = (),
+        tls: TlsFiles | None = None,
     ) -> None:
+        """See the class docstring; the security options:
+
+        :param password: ``requirepass``: the ``default`` user's password
+            (``command()`` and the start-up probe use it)
+        :param acl_users: ACL rules, one user each (``"alice on >pw ~k:* &k:* +@all"``)
+        :param tls: also listen with TLS on :attr:`tls_port`, with these
+            certificates; clients must present a certificate of the same CA
+        """
         super().__init__(port=port, base_dir=base_dir, startup_timeout=startup_timeout)
         self._extra_args = list(extra_args)
         self._external_url: str | None = None
+        self._password = password
+        self._acl_users = list(acl_users)
+        self._tls_files = tls
+        #: the TLS port (0: no TLS)
+        self.tls_port = free_port() if tls is not None else 0
 
     @classmethod
     def external(cls, url: str) -> RedisServer:
@@ -773,7 +791,24 @@ class RedisServer(_RedisProcess):
 
     def _command(self) -> list[str]:
         binary = _find_binary("AIOLOCKS_REDIS_SERVER", "redis-server", "redis-server")
-        return [binary, *self._base_args(), *self._extra_args]
+        return [binary, *self._base_args(), *self._security_args(), *self._extra_args]
+
+    def _security_args(self) -> list[str]:
+        args: list[str] = []
+        if self._password is not None:
+            args += ["--requirepass", self._password]
+        for rule in self._acl_users:
+            args += ["--user", *rule.split()]
+        tls = self._tls_files
+        if tls is not None:
+            args += [
+                "--tls-port", str(self.tls_port),
+                "--tls-cert-file", str(tls.server_cert),
+                "--tls-key-file", str(tls.server_key),
+                "--tls-ca-cert-file", str(tls.ca_cert),
+                "--tls-auth-clients", "yes",
+            ]  # fmt: skip
+        return args
 
     def _base_args(self) -> list[str]:
         return [
