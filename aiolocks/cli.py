@@ -39,6 +39,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 from . import _connect, _doctor_cli
@@ -103,7 +104,10 @@ EXIT_CODES: dict[int, str] = {
 DEFAULT_KILL_AFTER = 10.0
 
 URL_ENV = "AIOLOCKS_URL"
-"""Environment variable read when the URL argument is left out."""
+"""Environment variable read when the URL argument is left out (never passed to CMD)."""
+
+URL_FILE_ENV = "AIOLOCKS_URL_FILE"
+"""Environment variable naming a file that holds the URL (read before ``AIOLOCKS_URL``)."""
 
 
 class UsageError(Exception):
@@ -153,28 +157,64 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _read_url_file(path: str) -> str:
+    """The one URL in the file at ``path`` (blank lines and ``#`` comments skipped)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise UsageError(f"cannot read the URL file {path!r}: {reason}") from None
+    lines = [line.strip() for line in text.splitlines()]
+    urls = [line for line in lines if line and not line.startswith("#")]
+    if len(urls) != 1:
+        raise UsageError(f"the URL file {path!r} must hold one URL, found {len(urls)} lines")
+    return urls[0]
+
+
+def _default_url(url_file: str | None) -> str:
+    """``--url-file``, else ``AIOLOCKS_URL_FILE``, else ``AIOLOCKS_URL`` ("" when none)."""
+    path = url_file or os.environ.get(URL_FILE_ENV, "")
+    if path:
+        return _read_url_file(path)
+    return os.environ.get(URL_ENV, "")
+
+
 def _url_and(
-    command: str, positionals: list[str], what: str, *, optional_second: bool = False
+    command: str,
+    positionals: list[str],
+    what: str,
+    *,
+    optional_second: bool = False,
+    url_file: str | None = None,
 ) -> tuple[str, str | None]:
-    """Split ``[URL] NAME`` (or ``[URL] [PREFIX]``); the URL comes from AIOLOCKS_URL if left out."""
-    env_url = os.environ.get(URL_ENV, "")
+    """Split ``[URL] NAME`` (or ``[URL] [PREFIX]``).
+
+    Left out, the URL comes from ``--url-file``, ``AIOLOCKS_URL_FILE`` or
+    ``AIOLOCKS_URL``, in that order.
+    """
+    given = len(positionals) == 2 or (len(positionals) == 1 and "://" in positionals[0])
+    if given and url_file:
+        raise UsageError("give the backend URL either as an argument or with --url-file, not both")
+    missing = f"give it, use --url-file, or set {URL_FILE_ENV} or {URL_ENV}"
     if len(positionals) == 2:
         return positionals[0], positionals[1]
     if len(positionals) == 1:
         if "://" in positionals[0]:  # never part of a valid lock name
             if optional_second:
                 return positionals[0], None
-            raise UsageError(f"{what} is missing (after the URL {positionals[0]!r})")
+            raise UsageError(f"{what} is missing (after the URL)")
+        env_url = _default_url(url_file)
         if not env_url:
-            raise UsageError(f"the backend URL is missing: give it before {what} or set {URL_ENV}")
+            raise UsageError(f"the backend URL is missing before {what}: {missing}")
         return env_url, positionals[0]
     if not positionals:
-        if optional_second and env_url:
-            return env_url, None
         if optional_second:
-            raise UsageError(f"the backend URL is missing: give it or set {URL_ENV}")
+            env_url = _default_url(url_file)
+            if env_url:
+                return env_url, None
+            raise UsageError(f"the backend URL is missing: {missing}")
         raise UsageError(f"{what} is missing")
-    raise UsageError(f"too many arguments: {' '.join(positionals)!r} (commands go after '--')")
+    raise UsageError(f"too many arguments: {len(positionals)} (commands go after '--')")
 
 
 # -- demo ---------------------------------------------------------------------
@@ -346,6 +386,9 @@ class _Signals:
 
 def _child_env(name: str, kind: str, token: int | None) -> dict[str, str]:
     env = dict(os.environ)
+    # The URL may hold a password: CMD does not get it (AIOLOCKS_URL_FILE, a
+    # path, stays, so an aiolocks call inside CMD still finds the backend).
+    env.pop(URL_ENV, None)
     env["AIOLOCKS_LOCK_NAME"] = name
     env["AIOLOCKS_LOCK_KIND"] = kind
     if token is not None:
@@ -607,7 +650,9 @@ async def _break(url: str, name: str, kind: str | None) -> int:
 _MAIN_EPILOG = """\
 URL is a backend URL such as memory://, zk://127.0.0.1:2181,
 redis://127.0.0.1:6379/0 (see the README); it may be left out when
-AIOLOCKS_URL is set.
+--url-file PATH, AIOLOCKS_URL_FILE or AIOLOCKS_URL gives it (in that
+order). A file keeps a password out of ps and shell history. CMD of
+run/elect does not get AIOLOCKS_URL.
 
 exit status: 0 success; run/elect: CMD's own status, 128+N if CMD died of
 signal N, 75 not acquired in time (-E N to change), 76 lock lost (CMD's
@@ -673,7 +718,18 @@ def _add_url_name(parser: argparse.ArgumentParser, second: str, help_second: str
         "positionals",
         nargs="*",
         metavar=f"[URL] {second}",
-        help=f"backend URL (or set {URL_ENV}), then {help_second}",
+        help=f"backend URL (or --url-file, {URL_FILE_ENV}, {URL_ENV}), then {help_second}",
+    )
+    _add_url_file(parser)
+
+
+def _add_url_file(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url-file",
+        metavar="PATH",
+        default=None,
+        help=f"read the backend URL from PATH (keeps a password out of ps and shell "
+        f"history); also {URL_FILE_ENV}",
     )
 
 
@@ -745,7 +801,7 @@ def _setup_elect(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_options(command_name: str, args: argparse.Namespace, command: list[str]) -> _RunOptions:
-    url, name = _url_and(command_name, args.positionals, "NAME")
+    url, name = _url_and(command_name, args.positionals, "NAME", url_file=args.url_file)
     assert name is not None
     name = validate_name(name)  # a bad name is a usage error before any I/O
     _connect.backend_from_url(url)  # so is a bad URL
@@ -795,7 +851,7 @@ def _setup_status(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_status(args: argparse.Namespace, command: list[str]) -> int:
-    url, name = _url_and("status", args.positionals, "NAME")
+    url, name = _url_and("status", args.positionals, "NAME", url_file=args.url_file)
     assert name is not None
     return asyncio.run(_status(url, name, args.json))
 
@@ -805,13 +861,17 @@ def _setup_list(parser: argparse.ArgumentParser) -> None:
         "positionals",
         nargs="*",
         metavar="[URL] [PREFIX]",
-        help=f"backend URL (or set {URL_ENV}), then a name prefix such as jobs/ (default: all)",
+        help=f"backend URL (or --url-file, {URL_FILE_ENV}, {URL_ENV}), then a name prefix "
+        "such as jobs/ (default: all)",
     )
+    _add_url_file(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _cmd_list(args: argparse.Namespace, command: list[str]) -> int:
-    url, prefix = _url_and("list", args.positionals, "PREFIX", optional_second=True)
+    url, prefix = _url_and(
+        "list", args.positionals, "PREFIX", optional_second=True, url_file=args.url_file
+    )
     return asyncio.run(_list(url, prefix or "", args.json))
 
 
@@ -830,7 +890,7 @@ def _setup_break(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_break(args: argparse.Namespace, command: list[str]) -> int:
-    url, name = _url_and("break", args.positionals, "NAME")
+    url, name = _url_and("break", args.positionals, "NAME", url_file=args.url_file)
     assert name is not None
     name = validate_name(name)
     if not args.yes:
@@ -991,6 +1051,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"aiolocks {spec.name}: unexpected arguments after '--'", file=sys.stderr)
         return EXIT_USAGE
     urls = [a for a in argv if "://" in a] + [os.environ.get(URL_ENV, "")]
+    with contextlib.suppress(UsageError):  # so a URL read from a file is redacted too
+        urls.append(_default_url(getattr(args, "url_file", None)))
     try:
         return spec.handler(args, command)
     except (UsageError, ValueError) as exc:
