@@ -78,9 +78,7 @@ def validate_name(name: object) -> str:
         raise InvalidLockNameError("lock name must not be empty")
     for i, ch in enumerate(name):
         if is_refused(ch):
-            raise InvalidLockNameError(
-                f"lock name {name!r} contains {_describe(ch)} at index {i}"
-            )
+            raise InvalidLockNameError(f"lock name {name!r} contains {_describe(ch)} at index {i}")
     if len(name) > 4 * MAX_NAME_BYTES:  # do not normalise a huge string
         raise InvalidLockNameError(
             f"lock name is {len(name)} characters, more than the limit of {MAX_NAME_BYTES} "

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, final
 
 from .._core.backend import Backend
-from .._core.urls import HostPort, ParsedURL, parse_positive_float, parse_url
+from .._core.urls import HostPort, ParsedURL, parse_bool, parse_positive_float, parse_url
 from ._driver import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_KEY_PREFIX,
@@ -47,15 +48,69 @@ URL_OPTIONS = {
     "min_replicas": _parse_nonnegative_int,
     "connect_timeout": parse_positive_float,
     "keyspace_events": _parse_text,
+    "ssl": parse_bool,
+    "ssl_ca_certs": _parse_text,
+    "ssl_certfile": _parse_text,
+    "ssl_keyfile": _parse_text,
+    "ssl_check_hostname": parse_bool,
+    "sentinel_username": _parse_text,
+    "sentinel_password": _parse_text,
 }
+
+#: options of a URL (or keywords) that configure the connection, not the locks
+CONNECTION_OPTIONS = frozenset(
+    {
+        "ssl",
+        "ssl_ca_certs",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_check_hostname",
+        "sentinel_username",
+        "sentinel_password",
+    }
+)
+
+#: the longest lease a lock may ask for (a year): longer is a mistake, and
+#: the server's expiry arithmetic in milliseconds must not overflow
+MAX_LEASE_TIME = 365 * 24 * 3600.0
+
+
+def _check_lease_time(value: object, what: str = "lease_time") -> float:
+    lease = validate_lease_time(value, what)
+    if lease > MAX_LEASE_TIME:
+        raise ValueError(f"{what}={value!r} is more than a year ({MAX_LEASE_TIME:g} s)")
+    return lease
+
+
+def _check_file(name: str, value: object) -> str:
+    """A readable file named by an ``ssl_*`` option (checked now, not at the first connect)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be the path of a PEM file, got {type(value).__name__}")
+    if not os.path.isfile(value) or not os.access(value, os.R_OK):
+        raise ValueError(f"{name}={value!r}: no such readable file")
+    return value
+
+
+def _check_connection_option(key: str, value: object) -> object:
+    if key in ("ssl", "ssl_check_hostname"):
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} must be true or false, got {type(value).__name__}")
+        return value
+    if key.startswith("ssl_"):
+        return _check_file(key, value)
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a str, got {type(value).__name__}")
+    return value
 
 
 def _check_options(options: Mapping[str, object]) -> dict[str, Any]:
     """Validate backend options given as keywords or parsed from the query string."""
     out: dict[str, Any] = {}
     for key, value in options.items():
-        if key == "lease_time":
-            out[key] = validate_lease_time(value)
+        if key in CONNECTION_OPTIONS:
+            out[key] = _check_connection_option(key, value)
+        elif key == "lease_time":
+            out[key] = _check_lease_time(value)
         elif key == "key_prefix":
             out[key] = validate_key_prefix(value)
         elif key == "min_replicas":
@@ -240,7 +295,7 @@ def _bounded_class(cls: type[Any]) -> type[Any]:
 
 
 @functools.cache
-def _sentinel_connection_class() -> type[Any]:
+def _sentinel_connection_class(tls: bool = False) -> type[Any]:
     """redis-py's Sentinel-managed connection, asking the sentinels again on *every* connect.
 
     redis-py asks the sentinels for the master's address only in
@@ -251,10 +306,13 @@ def _sentinel_connection_class() -> type[Any]:
     into a replica, it takes writes: our holds would then live on two
     masters. Seen in the chaos suite (seed 4242): a worker whose event loop
     was blocked across a failover kept acquiring on the restarted old master.
+    ``tls``: built on redis-py's TLS connection (``ssl=true``).
     """
-    from redis.asyncio.sentinel import SentinelManagedConnection
+    from redis.asyncio.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
 
-    class RediscoveringSentinelConnection(_BoundedCommands, SentinelManagedConnection):
+    base = SentinelManagedSSLConnection if tls else SentinelManagedConnection
+
+    class RediscoveringSentinelConnection(_BoundedCommands, base):  # type: ignore[valid-type,misc]
         """``SentinelManagedConnection`` that resolves the master before each socket connect."""
 
         async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
@@ -489,6 +547,38 @@ class RedlockBackend(Backend):
     """
 
 
+_TLS_ONLY = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname")
+
+
+def _tls_kwargs(scheme: str, opts: Mapping[str, Any]) -> dict[str, Any]:
+    """redis-py's TLS keywords from ``rediss://``/``ssl=true`` and the ``ssl_*`` options.
+
+    The server's certificate is always verified, and its host name checked
+    unless ``ssl_check_hostname=false`` (redis-py 5 does not check it by
+    default). An ``ssl_*`` option without TLS is a mistake, not ignored.
+    """
+    tls = opts.get("ssl")
+    if scheme == "rediss":
+        if tls is False:
+            raise ValueError("rediss:// means TLS: ssl=false contradicts it")
+        tls = True
+    if not tls:
+        given = [key for key in _TLS_ONLY if key in opts]
+        if given:
+            raise ValueError(f"{given[0]} needs TLS: use rediss:// or ssl=true")
+        return {}
+    if "ssl_keyfile" in opts and "ssl_certfile" not in opts:
+        raise ValueError("ssl_keyfile needs ssl_certfile (the client certificate)")
+    return {
+        "ssl": True,
+        "ssl_cert_reqs": "required",
+        "ssl_check_hostname": opts.get("ssl_check_hostname", True),
+        "ssl_ca_certs": opts.get("ssl_ca_certs"),
+        "ssl_certfile": opts.get("ssl_certfile"),
+        "ssl_keyfile": opts.get("ssl_keyfile"),
+    }
+
+
 def from_url(url: str, **options: object) -> Backend:
     """Build a Redis backend from a URL without any I/O; ``ValueError`` names a bad part.
 
@@ -497,7 +587,10 @@ def from_url(url: str, **options: object) -> Backend:
     ``redis+cluster://h1:7000,h2:7001``, ``redlock://h1:6379,h2:6380,h3:6381[/db]``.
     Query options and keywords: ``lease_time``, ``key_prefix``,
     ``min_replicas``, ``connect_timeout``, ``keyspace_events``
-    (``auto``/``listen``/``off``).
+    (``auto``/``listen``/``off``); on every scheme TLS with ``ssl=true``
+    (or ``rediss://``), ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``
+    and ``ssl_check_hostname`` (default true); on ``redis+sentinel://``
+    the Sentinels' own ``sentinel_username`` and ``sentinel_password``.
     """
     scheme = url.partition("://")[0] if isinstance(url, str) else ""
     default_port = 26379 if scheme == "redis+sentinel" else 6379
@@ -511,6 +604,9 @@ def from_url(url: str, **options: object) -> Backend:
     path = parsed.path.lstrip("/")
     hosts = parsed.hosts
     kwargs = _client_kwargs(parsed, connect_timeout, retries=1)
+    tls = _tls_kwargs(scheme, opts)
+    if scheme != "redis+sentinel" and ("sentinel_username" in opts or "sentinel_password" in opts):
+        raise ValueError("sentinel_username/sentinel_password are options of redis+sentinel://")
 
     if scheme in ("redis", "rediss"):
         if len(hosts) != 1:
@@ -526,9 +622,7 @@ def from_url(url: str, **options: object) -> Backend:
             import redis.asyncio
 
             return _pooled(
-                redis.asyncio.Redis(
-                    host=host.host, port=host.port, db=db, ssl=scheme == "rediss", **kwargs
-                ),
+                redis.asyncio.Redis(host=host.host, port=host.port, db=db, **tls, **kwargs),
                 connect_timeout,
             )
 
@@ -564,10 +658,14 @@ def from_url(url: str, **options: object) -> Backend:
                 sentinel_kwargs={
                     "socket_connect_timeout": connect_timeout,
                     "socket_timeout": connect_timeout,
+                    "username": opts.get("sentinel_username"),
+                    "password": opts.get("sentinel_password"),
+                    **tls,
                 },
                 **_bounded_kwargs(
                     {k: v for k, v in kwargs.items() if k not in ("username", "password")}
                 ),
+                **tls,
             )
             closers.extend(sentinel.sentinels)
             # The sentinel pool cannot block; lift redis-py's default cap of
@@ -578,7 +676,7 @@ def from_url(url: str, **options: object) -> Backend:
                 username=parsed.username,
                 password=parsed.password,
                 max_connections=10 * POOL_SIZE,
-                connection_class=_sentinel_connection_class(),
+                connection_class=_sentinel_connection_class(bool(tls)),
             )
 
         async def close_sentinels() -> None:
@@ -620,6 +718,7 @@ def from_url(url: str, **options: object) -> Backend:
                 password=parsed.password,
                 socket_connect_timeout=connect_timeout,
                 socket_timeout=connect_timeout,
+                **tls,
             )
 
         node = RedisNode(
@@ -648,7 +747,7 @@ def from_url(url: str, **options: object) -> Backend:
             import redis.asyncio
 
             return _pooled(
-                redis.asyncio.Redis(host=host.host, port=host.port, db=db, **node_kwargs),
+                redis.asyncio.Redis(host=host.host, port=host.port, db=db, **tls, **node_kwargs),
                 connect_timeout,
             )
 

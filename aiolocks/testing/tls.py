@@ -1,8 +1,9 @@
 """Throw-away TLS certificates for test servers, made with the ``openssl`` command.
 
 :func:`make_tls_files` writes a certificate authority, a server certificate
-for ``127.0.0.1``/``localhost`` and a client certificate signed by it, and a
-second, unrelated authority (to test that its certificates are refused).
+for the name ``localhost`` only (so a client that dials ``127.0.0.1`` sees a
+host name mismatch) and a client certificate signed by it, and a second,
+unrelated authority (to test that its certificates are refused).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _signed(name: str, ca: str, cwd: Path, *, server: bool) -> None:
     extensions = cwd / f"{name}.ext"
     lines = ["basicConstraints=CA:FALSE"]
     if server:
-        lines += ["subjectAltName=IP:127.0.0.1,DNS:localhost", "extendedKeyUsage=serverAuth"]
+        lines += ["subjectAltName=DNS:localhost", "extendedKeyUsage=serverAuth"]
     else:
         lines += ["extendedKeyUsage=clientAuth"]
     extensions.write_text("\n".join(lines) + "\n")
