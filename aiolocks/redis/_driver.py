@@ -586,8 +586,16 @@ class RedisNode:
         have = set(flags.replace("A", "g$lshzxetd"))
         missing = [c for c in LOSS_EVENT_FLAGS if c not in have]
         if missing:
-            flags += "".join(missing)
-            await self.client.config_set("notify-keyspace-events", flags, **target)
+            wanted = flags + "".join(missing)
+            await self.client.config_set("notify-keyspace-events", wanted, **target)
+            logger.warning(
+                "aiolocks changed notify-keyspace-events on the Redis server %s from %r to %r "
+                "with CONFIG SET (keyspace_events=auto); configure it on the server and "
+                "connect with keyspace_events=listen to leave a shared server's settings alone",
+                self.describe,
+                flags,
+                wanted,
+            )
         return bool(missing)
 
     # -- commands ------------------------------------------------------------
