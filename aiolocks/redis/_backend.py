@@ -70,18 +70,6 @@ CONNECTION_OPTIONS = frozenset(
     }
 )
 
-#: the longest lease a lock may ask for (a year): longer is a mistake, and
-#: the server's expiry arithmetic in milliseconds must not overflow
-MAX_LEASE_TIME = 365 * 24 * 3600.0
-
-
-def _check_lease_time(value: object, what: str = "lease_time") -> float:
-    lease = validate_lease_time(value, what)
-    if lease > MAX_LEASE_TIME:
-        raise ValueError(f"{what}={value!r} is more than a year ({MAX_LEASE_TIME:g} s)")
-    return lease
-
-
 def _check_file(name: str, value: object) -> str:
     """A readable file named by an ``ssl_*`` option (checked now, not at the first connect)."""
     if not isinstance(value, str) or not value:
@@ -110,7 +98,7 @@ def _check_options(options: Mapping[str, object]) -> dict[str, Any]:
         if key in CONNECTION_OPTIONS:
             out[key] = _check_connection_option(key, value)
         elif key == "lease_time":
-            out[key] = _check_lease_time(value)
+            out[key] = validate_lease_time(value)
         elif key == "key_prefix":
             out[key] = validate_key_prefix(value)
         elif key == "min_replicas":

@@ -168,13 +168,20 @@ def lock_keys(prefix: str, family: Family, name: str) -> LockKeys:
     return LockKeys(base, f"{base}:queue", f"{base}:queue-timeouts", base)
 
 
+#: the longest lease (a year): longer is a mistake, and the server's expiry
+#: arithmetic in milliseconds must stay far from overflowing
+MAX_LEASE_TIME = 365 * 24 * 3600.0
+
+
 def validate_lease_time(value: object, what: str = "lease_time") -> float:
-    """A finite number of seconds, at least 0.01 (the watchdog renews every third)."""
+    """A finite number of seconds, at least 0.01 (renewed every third), at most a year."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{what} must be a number of seconds, got {value!r}")
     lease = float(value)
     if not math.isfinite(lease) or lease < 0.01:
         raise ValueError(f"{what}={value!r} must be a finite number of seconds >= 0.01")
+    if lease > MAX_LEASE_TIME:
+        raise ValueError(f"{what}={value!r} is more than a year ({MAX_LEASE_TIME:g} s)")
     return lease
 
 

@@ -131,3 +131,10 @@ def test_every_scheme_takes_the_tls_options(tls_files: TlsFiles) -> None:
     ):
         joiner = "" if url.endswith("&") else "?"
         assert backend_from_url(f"{url}{joiner}{query}") is not None
+
+
+@pytest.mark.asyncio
+async def test_per_lock_lease_time_is_bounded(redis_server: RedisServer) -> None:
+    async with aiolocks.connect(redis_server.url) as backend:
+        with pytest.raises(ValueError, match="more than a year"):
+            backend.mutex("sec/lease", lease_time=1e13)
