@@ -84,3 +84,23 @@ async def test_nfc_spellings_exclude_each_other(redis_server: RedisServer) -> No
         one.mutex("caf\u00e9"),
     ):
         assert await other.mutex("cafe\u0301").acquire(timeout=0) is False
+
+
+@pytest.mark.redis
+@pytest.mark.asyncio
+async def test_foreign_keys_under_the_prefix_do_not_break_list(redis_server: RedisServer) -> None:
+    """A key that is not UTF-8, or names a lock no aiolocks name could be, is skipped."""
+    import redis.asyncio
+
+    prefix = f"sec-{uuid.uuid4().hex[:8]}:"
+    raw = redis.asyncio.Redis.from_url(redis_server.url)
+    foreign = [f"{prefix}{{mutex:".encode() + b"\xff\xfe}", f"{prefix}{{mutex:a\u202eb}}".encode()]
+    try:
+        for key in foreign:
+            await raw.hset(key, "x", "1")
+        async with aiolocks.connect(f"{redis_server.url}?key_prefix={prefix}") as backend:
+            async with backend.mutex("sec/ok"):
+                assert [info.name for info in await backend.list_locks()] == ["sec/ok"]
+    finally:
+        await raw.delete(*foreign)
+        await raw.aclose()
