@@ -98,9 +98,9 @@ async def test_foreign_keys_under_the_prefix_do_not_break_list(redis_server: Red
     try:
         for key in foreign:
             await raw.hset(key, "x", "1")
-        async with aiolocks.connect(f"{redis_server.url}?key_prefix={prefix}") as backend:
-            async with backend.mutex("sec/ok"):
-                assert [info.name for info in await backend.list_locks()] == ["sec/ok"]
+        url = f"{redis_server.url}?key_prefix={prefix}"
+        async with aiolocks.connect(url) as backend, backend.mutex("sec/ok"):
+            assert [info.name for info in await backend.list_locks()] == ["sec/ok"]
     finally:
         await raw.delete(*foreign)
         await raw.aclose()
