@@ -366,7 +366,7 @@ class PostgresLeaseDriver:
                 if row is None:
                     break
                 rows.append(row)
-        except _BROKEN as exc:
+        except (*_BROKEN, *REFUSED) as exc:
             raise self._unavailable(exc, "lease acquire") from exc
         self.states.connected()  # the statements went through
         if len(rows) < request.count:
