@@ -38,8 +38,7 @@ REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 #: ``_c_<uuid>-...`` (protected mode), or ``<kind><10-digit sequence>``
 _INTERNAL_SEGMENT = re.compile(
     r"_c_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}-.*"
-    r"|(?:lock-|read-|write-|lease-|latch-|__READ__|__WRIT__)\d{10}",
-    re.IGNORECASE,
+    r"|(?:lock-|read-|write-|lease-|latch-|__READ__|__WRIT__)\d{10}"
 )
 
 
@@ -65,17 +64,8 @@ def _describe(ch: str) -> str:
     return f"{kind} character U+{ord(ch):04X}" + (f" ({label})" if label else "")
 
 
-def validate_name(name: object) -> str:
-    """Return the canonical (NFC, no leading ``/``) form of ``name`` or raise
-    :class:`InvalidLockNameError`.
-
-    >>> validate_name("/locks/pay/order-1")
-    'locks/pay/order-1'
-    """
-    if not isinstance(name, str):
-        raise InvalidLockNameError(f"lock name must be a str, got {type(name).__name__} {name!r}")
-    if not name:
-        raise InvalidLockNameError("lock name must not be empty")
+def _checked_unicode(name: str) -> str:
+    """``name`` (not plain printable ASCII) checked for refused characters, then NFC."""
     for i, ch in enumerate(name):
         if is_refused(ch):
             raise InvalidLockNameError(f"lock name {name!r} contains {_describe(ch)} at index {i}")
@@ -90,8 +80,23 @@ def validate_name(name: object) -> str:
         raise InvalidLockNameError(
             f"lock name {name!r} is not valid Unicode (lone surrogate at index {exc.start})"
         ) from None
-    name = unicodedata.normalize("NFC", name)
-    size = len(name.encode("utf-8"))
+    return unicodedata.normalize("NFC", name)
+
+
+def validate_name(name: object) -> str:
+    """Return the canonical (NFC, no leading ``/``) form of ``name`` or raise
+    :class:`InvalidLockNameError`.
+
+    >>> validate_name("/locks/pay/order-1")
+    'locks/pay/order-1'
+    """
+    if not isinstance(name, str):
+        raise InvalidLockNameError(f"lock name must be a str, got {type(name).__name__} {name!r}")
+    if not name:
+        raise InvalidLockNameError("lock name must not be empty")
+    if not (name.isascii() and name.isprintable()):  # printable ASCII: nothing to refuse
+        name = _checked_unicode(name)
+    size = len(name) if name.isascii() else len(name.encode("utf-8"))
     if size > MAX_NAME_BYTES:
         raise InvalidLockNameError(
             f"lock name is {size} bytes in UTF-8, more than the limit of {MAX_NAME_BYTES}: "
@@ -107,7 +112,9 @@ def validate_name(name: object) -> str:
             raise InvalidLockNameError(f"lock name {name!r} has an empty segment ('//')")
         if segment in (".", ".."):
             raise InvalidLockNameError(f"lock name {name!r} has a {segment!r} segment")
-        if _INTERNAL_SEGMENT.fullmatch(segment):
+        if (segment[-1].isdigit() or segment.startswith("_c_")) and _INTERNAL_SEGMENT.fullmatch(
+            segment
+        ):
             raise InvalidLockNameError(
                 f"lock name {name!r} has a segment {segment!r} shaped like a lock "
                 "recipe's own node (it would join its parent lock's queue)"
