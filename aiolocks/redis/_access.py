@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ssl
 
+from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 
 from .._core.errors import AccessDeniedError
@@ -20,6 +21,9 @@ __all__ = ["denied", "is_refusal"]
 
 #: server replies that refuse the client whatever it retries
 _REFUSAL_PREFIXES = ("NOPERM", "WRONGPASS", "NOAUTH")
+
+#: how a refusal shows in the Sentinel's summary of the errors it met
+_REFUSAL_NAMES = ("AuthenticationError(", "NoPermissionError(", "WRONGPASS", "NOAUTH")
 
 #: OpenSSL reasons for a handshake the peer refused (our certificate missing,
 #: not trusted, or expired on the server's side)
@@ -57,6 +61,10 @@ def is_refusal(exc: BaseException) -> bool:
             reason in str(item) for reason in _TLS_REFUSALS
         ):
             return True
+        if isinstance(item, MasterNotFoundError) and any(
+            name in str(item) for name in _REFUSAL_NAMES
+        ):
+            return True  # every Sentinel that answered refused our credentials
     return False
 
 

@@ -466,7 +466,11 @@ class RedisNode:
                 if self.cluster:
                     await self.client.initialize()
                 await self.scripts.load(self.client)
-        except TimeoutError:
+        except TimeoutError as exc:
+            # redis-py may have retried a refusal until the deadline (Sentinel discovery)
+            refused = denied(exc, self.describe)
+            if refused is not None:
+                raise refused from exc
             raise BackendUnavailableError(
                 f"Redis {self.describe} did not answer within "
                 f"connect_timeout={self.connect_timeout:g} s"

@@ -854,8 +854,14 @@ class RedisSentinel(_RedisProcess):
         failover_timeout_ms: int,
         base_dir: Path,
         startup_timeout: float,
+        password: str | None = None,
+        auth_pass: str | None = None,
     ) -> None:
         super().__init__(port=None, base_dir=base_dir, startup_timeout=startup_timeout)
+        #: the sentinels' own password (requirepass; they use it between them too)
+        self._password = password
+        #: the data servers' password
+        self._auth_pass = auth_pass
         self._service_name = service_name
         self._master = master
         self._quorum = quorum
@@ -883,6 +889,10 @@ class RedisSentinel(_RedisProcess):
             f"sentinel failover-timeout {name} {self._failover_timeout_ms}",
             f"sentinel parallel-syncs {name} 1",
         ]
+        if self._auth_pass is not None:
+            lines.append(f"sentinel auth-pass {name} {self._auth_pass}")
+        if self._password is not None:
+            lines += [f"requirepass {self._password}", f"sentinel sentinel-pass {self._password}"]
         # Pre-announce the replica and the other sentinels (the lines a
         # sentinel itself writes on CONFIG REWRITE): otherwise discovery
         # waits for INFO and hello rounds, several seconds.
@@ -939,7 +949,13 @@ class RedisSentinelSet(_Launcher):
         failover_timeout_ms: int = 3000,
         base_dir: Path | None = None,
         startup_timeout: float = 30.0,
+        password: str | None = None,
+        sentinel_password: str | None = None,
     ) -> None:
+        """See the class docstring; ``password`` is the master's and the replica's
+        (``requirepass``/``masterauth``), ``sentinel_password`` the sentinels' own."""
+        self._password = password
+        self._sentinel_password = sentinel_password
         self.service_name: Final = service_name
         """The monitored service name (``"mymaster"``)."""
         self._count = sentinels
@@ -1031,14 +1047,24 @@ class RedisSentinelSet(_Launcher):
             return self
         self._dir = _make_dir("sentinel-set", self._base_dir)
         try:
-            master = RedisServer(base_dir=self._dir, startup_timeout=self._startup_timeout)
+            auth = self._password
+            master = RedisServer(
+                base_dir=self._dir,
+                startup_timeout=self._startup_timeout,
+                password=auth,
+                extra_args=("--masterauth", auth) if auth else (),
+            )
             self._master = master
             master.start()
             replica = RedisServer(
-                extra_args=("--replicaof", master.host, str(master.port)),
+                extra_args=(
+                    "--replicaof", master.host, str(master.port),
+                    *(("--masterauth", auth) if auth else ()),
+                ),
                 base_dir=self._dir,
                 startup_timeout=self._startup_timeout,
-            )
+                password=auth,
+            )  # fmt: skip
             self._replica = replica
             replica.start()
             _wait_until(
@@ -1055,6 +1081,8 @@ class RedisSentinelSet(_Launcher):
                     failover_timeout_ms=self._failover_timeout_ms,
                     base_dir=self._dir,
                     startup_timeout=self._startup_timeout,
+                    password=self._sentinel_password,
+                    auth_pass=auth,
                 )
                 for _ in range(self._count)
             ]
