@@ -51,7 +51,4 @@ async def test_wrong_or_missing_credentials_are_denied(
         async with aiolocks.connect(url, on_unavailable="local"):
             pass
     text = str(info.value)
-    assert not {DATA_PASSWORD, SENTINEL_PASSWORD, "Wr0ngSentinelPw", "Wr0ngDataPw"} & {
-        word for word in text.replace(":", " ").split()
-    }
     assert all(pw not in text for pw in (DATA_PASSWORD, SENTINEL_PASSWORD, "Wr0ng"))
