@@ -6,10 +6,16 @@ the ``openssl`` command (:mod:`aiolocks.testing.tls`).
 
 from __future__ import annotations
 
+import os
+import pwd
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from aiolocks.testing import PostgresServer
 from aiolocks.testing.servers import RedisServer
 from aiolocks.testing.tls import TlsFiles, make_tls_files
 
@@ -43,3 +49,24 @@ def locker_url(server: RedisServer, password: str = LOCKER_PASSWORD, query: str 
     """The lock user's plain ``redis://`` URL on ``server``."""
     extra = f"&{query}" if query else ""
     return f"redis://locker:{password}@127.0.0.1:{server.port}/0?key_prefix={PREFIX}{extra}"
+
+
+@pytest.fixture(scope="module")
+def tls_postgres(tls_files: TlsFiles) -> Iterator[PostgresServer]:
+    """A PostgreSQL with ``ssl=on`` serving the ``localhost`` certificate of ``tls_files``."""
+    # a folder of its own under /tmp: pytest's are closed to the server's OS user
+    folder = Path(tempfile.mkdtemp(prefix="aiolocks-pg-tls-"))
+    cert, key = folder / "server.crt", folder / "server.key"
+    shutil.copy(tls_files.server_cert, cert)
+    shutil.copy(tls_files.server_key, key)
+    key.chmod(0o600)
+    if os.geteuid() == 0:  # the server runs as its own OS user, which must own the key
+        owner = pwd.getpwnam(os.environ.get("AIOLOCKS_POSTGRES_OS_USER", "postgres"))
+        for path in (folder, cert, key):
+            os.chown(path, owner.pw_uid, owner.pw_gid)
+    settings = {"ssl": "on", "ssl_cert_file": str(cert), "ssl_key_file": str(key)}
+    try:
+        with PostgresServer(settings=settings) as server:
+            yield server
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
