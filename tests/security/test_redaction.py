@@ -72,6 +72,13 @@ BAD_URLS = [
     "redis://u:{pw}@h:1/0?key_prefix=a{{b}}",
     "redis://u:{pw}@h:1/0?keyspace_events=sometimes",
     "redis://u:{pw}@h:1/0?min_replicas=x",
+    "rediss://u:{pw}@h:1/0?ssl=false",
+    "redis://u:{pw}@h:1/0?ssl_ca_certs=/no/such/ca.pem",
+    "rediss://u:{pw}@h:1/0?ssl_ca_certs=/no/such/ca.pem",
+    # in an option value a password is percent-encoded ('@' would end the userinfo there)
+    "redis://u:{pw}@h:1/0?sentinel_password={qpw}",
+    "redis+sentinel://u:{pw}@h:1/svc?sentinel_password={qpw}&ssl=maybe",
+    "redis://u:{pw}@h:1/0?lease_time=1e13",
     # other backends (their messages go through connect()'s redaction)
     "zk://u:{pw}@h:1/chroot/",
     "zk://u:{pw}@h:1/a//b",
@@ -81,6 +88,8 @@ BAD_URLS = [
     "postgresql://u:{pw}@h:1/db?bogus=1",
     "postgresql://u:{pw}@h:port/db",
     "postgres://u:{pw}@h:1/db?heartbeat=-1",
+    "postgresql://u:{pw}@h:1/db?sslmode=verify-full&sslrootcert=/no/such/file",
+    "postgresql://u:{pw}@h:1/db?sslcert=/etc/hostname",
     "memory://u:{pw}@x?bogus=1",
 ]
 
@@ -98,7 +107,7 @@ def _formatted(exc: BaseException) -> str:
 @pytest.mark.parametrize("password", PASSWORDS)
 @pytest.mark.parametrize("template", BAD_URLS)
 def test_bad_url_never_prints_the_password(template: str, password: str) -> None:
-    url = template.format(pw=password)
+    url = template.format(pw=password, qpw=quote(password, safe=""))
     with pytest.raises(ValueError, match=r".") as info:
         backend_from_url(url)
     _assert_clean(_formatted(info.value), password)
