@@ -138,3 +138,35 @@ async def test_per_lock_lease_time_is_bounded(redis_server: RedisServer) -> None
     async with aiolocks.connect(redis_server.url) as backend:
         with pytest.raises(ValueError, match="more than a year"):
             backend.mutex("sec/lease", lease_time=1e13)
+
+
+@pytest.mark.asyncio
+async def test_sentinel_and_cluster_clients_are_built_with_tls(tls_files: TlsFiles) -> None:
+    """The redis-py clients of redis+sentinel:// (master and Sentinels) and
+    redis+cluster:// carry the TLS settings. (No TLS-serving Sentinel set or
+    Cluster is started by the tests yet: this checks what is handed to redis-py.)"""
+    from redis.asyncio.connection import SSLConnection
+
+    query = (
+        f"ssl=true&ssl_ca_certs={tls_files.ca_cert}&ssl_certfile={tls_files.client_cert}"
+        f"&ssl_keyfile={tls_files.client_key}"
+    )
+    sentinel = backend_from_url(
+        f"redis+sentinel://h:1/svc?{query}&sentinel_username=s&sentinel_password=SentPw"
+    )
+    client = sentinel._engine.driver.node._make_client()  # type: ignore[attr-defined]
+    pool = client.connection_pool
+    assert issubclass(pool.connection_class, SSLConnection)
+    assert pool.connection_kwargs["ssl_ca_certs"] == str(tls_files.ca_cert)
+    assert pool.connection_kwargs["ssl_check_hostname"] is True
+    sentinels = pool.sentinel_manager.sentinel_kwargs
+    assert sentinels["ssl"] is True and sentinels["ssl_certfile"] == str(tls_files.client_cert)
+    assert (sentinels["username"], sentinels["password"]) == ("s", "SentPw")
+    await client.aclose()
+    cluster = backend_from_url(f"redis+cluster://h:1?{query}&ssl_check_hostname=false")
+    client = cluster._engine.driver.node._make_client()  # type: ignore[attr-defined]
+    kwargs = client.get_connection_kwargs()
+    assert issubclass(kwargs["connection_class"], SSLConnection)
+    assert kwargs["ssl_keyfile"] == str(tls_files.client_key)
+    assert kwargs["ssl_check_hostname"] is False
+    await client.aclose()
