@@ -7,6 +7,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
 from .._core.backend import Backend
@@ -69,6 +70,7 @@ CONNECTION_OPTIONS = frozenset(
         "sentinel_password",
     }
 )
+
 
 def _check_file(name: str, value: object) -> str:
     """A readable file named by an ``ssl_*`` option (checked now, not at the first connect)."""
@@ -584,171 +586,222 @@ def from_url(url: str, **options: object) -> Backend:
     default_port = 26379 if scheme == "redis+sentinel" else 6379
     parsed = parse_url(url, schemes=SCHEMES, default_port=default_port, options=URL_OPTIONS)
     opts = _check_options({**parsed.options, **options})
-    lease_time = opts.get("lease_time", DEFAULT_LEASE_TIME)
-    key_prefix = opts.get("key_prefix", DEFAULT_KEY_PREFIX)
-    min_replicas = opts.get("min_replicas", 0)
-    connect_timeout = opts.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
-    keyspace_events = opts.get("keyspace_events", "auto")
-    path = parsed.path.lstrip("/")
-    hosts = parsed.hosts
-    kwargs = _client_kwargs(parsed, connect_timeout, retries=1)
-    tls = _tls_kwargs(scheme, opts)
     if scheme != "redis+sentinel" and ("sentinel_username" in opts or "sentinel_password" in opts):
         raise ValueError("sentinel_username/sentinel_password are options of redis+sentinel://")
-
+    connect_timeout = opts.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
+    plan = _Plan(
+        scheme=scheme,
+        url=parsed,
+        opts=opts,
+        path=parsed.path.lstrip("/"),
+        connect_timeout=connect_timeout,
+        min_replicas=opts.get("min_replicas", 0),
+        keyspace_events=opts.get("keyspace_events", "auto"),
+        kwargs=_client_kwargs(parsed, connect_timeout, retries=1),
+        tls=_tls_kwargs(scheme, opts),
+    )
     if scheme in ("redis", "rediss"):
-        if len(hosts) != 1:
-            raise ValueError(
-                f"{scheme}:// takes one host, got {len(hosts)} in {parsed.redacted!r} "
-                "(use redis+sentinel://, redis+cluster:// or redlock:// for several)"
-            )
-        db = _db(parsed, path)
-        host = hosts[0]
-        describe = f"{scheme}://{host}/{db}"
-
-        def make_plain() -> Any:
-            import redis.asyncio
-
-            return _pooled(
-                redis.asyncio.Redis(host=host.host, port=host.port, db=db, **tls, **kwargs),
-                connect_timeout,
-            )
-
-        node = RedisNode(
-            make_plain,
-            owns_client=True,
-            describe=describe,
-            connect_timeout=connect_timeout,
-            min_replicas=min_replicas,
-            keyspace_events=keyspace_events,
-        )
-        return RedisBackend._around(RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix))
-
+        return _plain(plan)
     if scheme == "redis+sentinel":
-        service, _, db_text = path.partition("/")
-        if not service:
-            raise ValueError(
-                f"redis+sentinel:// URL {parsed.redacted!r} needs /<service name> after the hosts"
-            )
-        if "/" in db_text:
-            raise ValueError(
-                f"invalid path {parsed.path!r} in {parsed.redacted!r}: expected /<service>[/db]"
-            )
-        db = _db(parsed, db_text)
-        describe = f"redis+sentinel://{','.join(map(str, hosts))}/{service}/{db}"
-        closers: list[Any] = []
-
-        def make_sentinel() -> Any:
-            from redis.asyncio.sentinel import Sentinel
-
-            sentinel = Sentinel(  # type: ignore[no-untyped-call]
-                [(h.host, h.port) for h in hosts],
-                sentinel_kwargs={
-                    "socket_connect_timeout": connect_timeout,
-                    "socket_timeout": connect_timeout,
-                    "username": opts.get("sentinel_username"),
-                    "password": opts.get("sentinel_password"),
-                    **tls,
-                },
-                **_bounded_kwargs(
-                    {k: v for k, v in kwargs.items() if k not in ("username", "password")}
-                ),
-                **tls,
-            )
-            closers.extend(sentinel.sentinels)
-            # The sentinel pool cannot block; lift redis-py's default cap of
-            # 100 connections so a burst of renewals does not fail.
-            return sentinel.master_for(
-                service,
-                db=db,
-                username=parsed.username,
-                password=parsed.password,
-                max_connections=10 * POOL_SIZE,
-                connection_class=_sentinel_connection_class(bool(tls)),
-            )
-
-        async def close_sentinels() -> None:
-            for client in closers:
-                with contextlib.suppress(Exception):
-                    await client.aclose()
-
-        node = RedisNode(
-            make_sentinel,
-            owns_client=True,
-            describe=describe,
-            connect_timeout=connect_timeout,
-            min_replicas=min_replicas,
-            on_close=close_sentinels,
-            keyspace_events=keyspace_events,
-        )
-        return RedisBackend._around(RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix))
-
+        return _sentinel(plan)
     if scheme == "redis+cluster":
-        if path:
-            raise ValueError(
-                f"redis+cluster:// URL {parsed.redacted!r} must not have a path "
-                "(a cluster has only db 0)"
+        return _cluster(plan)
+    return _redlock(plan)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What :func:`from_url` checked, for the builder of one scheme."""
+
+    scheme: str
+    url: ParsedURL
+    opts: Mapping[str, Any]
+    path: str
+    connect_timeout: float
+    min_replicas: int
+    keyspace_events: str
+    #: redis-py keywords: credentials, timeouts, retry
+    kwargs: Mapping[str, Any]
+    #: redis-py's TLS keywords (empty without TLS)
+    tls: Mapping[str, Any]
+
+    def backend(self, node: RedisNode) -> Backend:
+        """A :class:`RedisBackend` on ``node`` with the URL's lease and prefix."""
+        return RedisBackend._around(
+            RedisDriver(
+                node,
+                lease_time=self.opts.get("lease_time", DEFAULT_LEASE_TIME),
+                key_prefix=self.opts.get("key_prefix", DEFAULT_KEY_PREFIX),
             )
-        if min_replicas:
-            raise ValueError("min_replicas is not supported on redis+cluster://")
-        from redis.asyncio.cluster import RedisCluster
-
-        if not hasattr(RedisCluster, "pubsub"):
-            raise ValueError(_CLUSTER_NEEDS)
-        describe = f"redis+cluster://{','.join(map(str, hosts))}"
-
-        def make_cluster() -> Any:
-            from redis.asyncio.cluster import ClusterNode, RedisCluster
-
-            return RedisCluster(
-                startup_nodes=[ClusterNode(h.host, h.port) for h in hosts],
-                username=parsed.username,
-                password=parsed.password,
-                socket_connect_timeout=connect_timeout,
-                socket_timeout=connect_timeout,
-                **tls,
-            )
-
-        node = RedisNode(
-            make_cluster,
-            owns_client=True,
-            describe=describe,
-            connect_timeout=connect_timeout,
-            cluster=True,
-            keyspace_events=keyspace_events,
         )
-        return RedisBackend._around(RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix))
 
-    # redlock://
-    if min_replicas:
+
+def _plain(plan: _Plan) -> Backend:
+    """``redis://`` / ``rediss://``: one server."""
+    parsed, hosts = plan.url, plan.url.hosts
+    if len(hosts) != 1:
+        raise ValueError(
+            f"{plan.scheme}:// takes one host, got {len(hosts)} in {parsed.redacted!r} "
+            "(use redis+sentinel://, redis+cluster:// or redlock:// for several)"
+        )
+    db = _db(parsed, plan.path)
+    host = hosts[0]
+
+    def make_plain() -> Any:
+        import redis.asyncio
+
+        client = redis.asyncio.Redis(
+            host=host.host, port=host.port, db=db, **plan.tls, **plan.kwargs
+        )
+        return _pooled(client, plan.connect_timeout)
+
+    node = RedisNode(
+        make_plain,
+        owns_client=True,
+        describe=f"{plan.scheme}://{host}/{db}",
+        connect_timeout=plan.connect_timeout,
+        min_replicas=plan.min_replicas,
+        keyspace_events=plan.keyspace_events,
+    )
+    return plan.backend(node)
+
+
+def _sentinel(plan: _Plan) -> Backend:
+    """``redis+sentinel://``: the master a set of Sentinels names, followed across failovers."""
+    parsed, hosts, tls = plan.url, plan.url.hosts, plan.tls
+    service, _, db_text = plan.path.partition("/")
+    if not service:
+        raise ValueError(
+            f"redis+sentinel:// URL {parsed.redacted!r} needs /<service name> after the hosts"
+        )
+    if "/" in db_text:
+        raise ValueError(
+            f"invalid path {parsed.path!r} in {parsed.redacted!r}: expected /<service>[/db]"
+        )
+    db = _db(parsed, db_text)
+    closers: list[Any] = []
+
+    def make_sentinel() -> Any:
+        from redis.asyncio.sentinel import Sentinel
+
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            [(h.host, h.port) for h in hosts],
+            sentinel_kwargs={
+                "socket_connect_timeout": plan.connect_timeout,
+                "socket_timeout": plan.connect_timeout,
+                "username": plan.opts.get("sentinel_username"),
+                "password": plan.opts.get("sentinel_password"),
+                **tls,
+            },
+            **_bounded_kwargs(
+                {k: v for k, v in plan.kwargs.items() if k not in ("username", "password")}
+            ),
+            **tls,
+        )
+        closers.extend(sentinel.sentinels)
+        # The sentinel pool cannot block; lift redis-py's default cap of
+        # 100 connections so a burst of renewals does not fail.
+        return sentinel.master_for(
+            service,
+            db=db,
+            username=parsed.username,
+            password=parsed.password,
+            max_connections=10 * POOL_SIZE,
+            connection_class=_sentinel_connection_class(bool(tls)),
+        )
+
+    async def close_sentinels() -> None:
+        for client in closers:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+    node = RedisNode(
+        make_sentinel,
+        owns_client=True,
+        describe=f"redis+sentinel://{','.join(map(str, hosts))}/{service}/{db}",
+        connect_timeout=plan.connect_timeout,
+        min_replicas=plan.min_replicas,
+        on_close=close_sentinels,
+        keyspace_events=plan.keyspace_events,
+    )
+    return plan.backend(node)
+
+
+def _cluster(plan: _Plan) -> Backend:
+    """``redis+cluster://``: a Redis Cluster (every lock's keys in one slot)."""
+    parsed, hosts = plan.url, plan.url.hosts
+    if plan.path:
+        raise ValueError(
+            f"redis+cluster:// URL {parsed.redacted!r} must not have a path "
+            "(a cluster has only db 0)"
+        )
+    if plan.min_replicas:
+        raise ValueError("min_replicas is not supported on redis+cluster://")
+    from redis.asyncio.cluster import RedisCluster
+
+    if not hasattr(RedisCluster, "pubsub"):
+        raise ValueError(_CLUSTER_NEEDS)
+
+    def make_cluster() -> Any:
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+        return RedisCluster(
+            startup_nodes=[ClusterNode(h.host, h.port) for h in hosts],
+            username=parsed.username,
+            password=parsed.password,
+            socket_connect_timeout=plan.connect_timeout,
+            socket_timeout=plan.connect_timeout,
+            **plan.tls,
+        )
+
+    node = RedisNode(
+        make_cluster,
+        owns_client=True,
+        describe=f"redis+cluster://{','.join(map(str, hosts))}",
+        connect_timeout=plan.connect_timeout,
+        cluster=True,
+        keyspace_events=plan.keyspace_events,
+    )
+    return plan.backend(node)
+
+
+def _redlock(plan: _Plan) -> Backend:
+    """``redlock://``: a mutex on a majority of independent masters."""
+    parsed, hosts = plan.url, plan.url.hosts
+    if plan.min_replicas:
         raise ValueError("min_replicas is not supported on redlock:// (independent masters)")
-    db = _db(parsed, path)
+    db = _db(parsed, plan.path)
     if len(set(hosts)) != len(hosts):
         raise ValueError(f"redlock:// URL {parsed.redacted!r} names a host twice")
     nodes = []
     # Independent masters: no retries, so a dead master costs one refused
     # connection, not a backoff (Redlock needs answers well within the lease).
-    node_kwargs = _client_kwargs(parsed, connect_timeout, retries=0)
+    node_kwargs = _client_kwargs(parsed, plan.connect_timeout, retries=0)
     for host in hosts:
 
         def make_node(host: HostPort = host) -> Any:
             import redis.asyncio
 
-            return _pooled(
-                redis.asyncio.Redis(host=host.host, port=host.port, db=db, **tls, **node_kwargs),
-                connect_timeout,
+            client = redis.asyncio.Redis(
+                host=host.host, port=host.port, db=db, **plan.tls, **node_kwargs
             )
+            return _pooled(client, plan.connect_timeout)
 
         nodes.append(
             RedisNode(
                 make_node,
                 owns_client=True,
                 describe=f"redis://{host}/{db}",
-                connect_timeout=connect_timeout,
-                keyspace_events=keyspace_events,
+                connect_timeout=plan.connect_timeout,
+                keyspace_events=plan.keyspace_events,
             )
         )
-    describe = f"redlock://{','.join(map(str, hosts))}/{db}"
     return RedlockBackend._around(
-        RedlockDriver(nodes, describe=describe, lease_time=lease_time, key_prefix=key_prefix)
+        RedlockDriver(
+            nodes,
+            describe=f"redlock://{','.join(map(str, hosts))}/{db}",
+            lease_time=plan.opts.get("lease_time", DEFAULT_LEASE_TIME),
+            key_prefix=plan.opts.get("key_prefix", DEFAULT_KEY_PREFIX),
+        )
     )

@@ -453,7 +453,21 @@ class RedisNode:
     # -- lifecycle ---------------------------------------------------------
 
     async def open(self) -> None:
-        """Build the client and preload the scripts, within ``connect_timeout``."""
+        """Build the client and preload the scripts, within ``connect_timeout``.
+
+        A failed open closes the connections its helpers made (the engine
+        closes only a driver that opened): a Sentinel connection left open
+        after a refused password was a socket nobody closed. The clients stay
+        usable (a Redlock master that failed to open is tried again later).
+        """
+        try:
+            await self._load()
+        except BaseException:
+            if self._on_close is not None:
+                await self._on_close()
+            raise
+
+    async def _load(self) -> None:
         if self.client is None:
             self.client = self._make_client()
             self.scripts = Scripts.register(self.client)

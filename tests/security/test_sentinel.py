@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import uuid
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -52,3 +54,19 @@ async def test_wrong_or_missing_credentials_are_denied(
             pass
     text = str(info.value)
     assert all(pw not in text for pw in (DATA_PASSWORD, SENTINEL_PASSWORD, "Wr0ng"))
+
+
+async def test_refused_open_leaves_no_sentinel_connection(
+    guarded_sentinels: RedisSentinelSet,
+) -> None:
+    """A failed open closes the Sentinel connections it made (the engine closes only an
+    opened driver): found by the refused-password tests above."""
+    url = _url(guarded_sentinels, "Wr0ngDataPw", SENTINEL_PASSWORD)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        with pytest.raises(aiolocks.AccessDeniedError):
+            async with aiolocks.connect(url):
+                pass
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if "unclosed" in str(w.message)]
+    assert unclosed == []
