@@ -35,7 +35,7 @@ def test_command_does_not_get_the_url(command: str, tmp_path: Path) -> None:
     url_file = tmp_path / "url"
     url_file.write_text("memory://\n")
     env = _env(AIOLOCKS_URL="memory://", AIOLOCKS_URL_FILE=str(url_file))
-    result = run(command, "-n", "sec/env", "--", "sh", "-c", SHOW_ENV, env=env)
+    result = run(command, "--local", "-n", "sec/env", "--", "sh", "-c", SHOW_ENV, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"url=unset file={url_file}"
 
