@@ -100,6 +100,7 @@ from .._core.errors import BackendUnavailableError, LockError
 from .._core.options import check_portable_options
 from .._core.participants import Participant
 from .._core.tasks import TaskSet, wait_done
+from ._asyncpg_compat import bind_execute, stale, statement_state
 from ._errors import REFUSED, denied
 from ._errors import TRANSIENT as _TRANSIENT
 from ._sql import (
@@ -114,17 +115,6 @@ from ._sql import (
     slot_keys,
 )
 from ._state import ConnectionState, StateBroadcaster
-
-# The uncontended cycle's two statements go straight to asyncpg's protocol
-# object (``bind_execute``), a private call whose signature is the same in
-# every version tested: 0.29, 0.30 and 0.32. Any other version takes the
-# public ``PreparedStatement.fetch``: slower by some microseconds, never
-# broken by a change inside asyncpg.
-_PROTOCOL_CALLS = tuple(int(part) for part in asyncpg.__version__.split(".")[:2]) in {
-    (0, 29),
-    (0, 30),
-    (0, 32),
-}
 
 if TYPE_CHECKING:
     from ._admin import PostgresAdvisoryAdmin
@@ -246,25 +236,17 @@ class _Session:
     ) -> Awaitable[list[Any]]:
         """The rows (at most one) of one of the driver's own statements; hold ``io``.
 
-        The lock and unlock calls are the whole uncontended cycle, so they
-        skip asyncpg's per-call layers (statement-cache lookup, query
-        logging, the connection's own re-entrance guard, which ``io``
-        already is): each is prepared once per session and then bound and
-        executed on the connection's protocol, which keeps asyncpg's
-        timeout and cancellation handling. A connection that does not
-        expose its protocol (another asyncpg version, a proxy object) takes
-        the public ``PreparedStatement.fetch`` instead, with the same result.
-        Not a coroutine: a prepared call returns the protocol's own awaitable.
+        The lock and unlock calls are the whole uncontended cycle: each is
+        prepared once per session, then run through
+        :func:`._asyncpg_compat.bind_execute` (asyncpg's protocol, on the
+        releases its version gate admits) or the public
+        ``PreparedStatement.fetch``, with the same result. Not a coroutine:
+        a protocol call returns the protocol's own awaitable.
         """
         known = self.statements.get(query)
-        if known is not None and known[1] is not None and not known[1].closed:
-            # A closed connection has no protocol (or a closed one, which
-            # raises InterfaceError like the public calls do).
-            protocol = getattr(self.conn, "_protocol", None)
-            if protocol is not None:
-                rows: Awaitable[list[Any]] = protocol.bind_execute(
-                    known[1], args, "", 1, False, timeout
-                )
+        if known is not None:
+            rows = bind_execute(self.conn, known[1], args, timeout)
+            if rows is not None:
                 return rows
         return self._rows_slow(query, args, timeout)
 
@@ -272,21 +254,16 @@ class _Session:
         self, query: str, args: tuple[Any, ...], timeout: float | None
     ) -> list[Any]:
         known = self.statements.get(query)
-        if known is None or (known[1] is not None and known[1].closed):
+        if known is None or stale(known[1]):
             prepared = await self.conn.prepare(query, timeout=timeout)
-            state = getattr(prepared, "_state", None)
-            protocol = getattr(self.conn, "_protocol", None)
-            if state is None or not _PROTOCOL_CALLS or not hasattr(protocol, "bind_execute"):
-                state = None
-            known = self.statements[query] = (prepared, state)
+            known = self.statements[query] = (prepared, statement_state(self.conn, prepared))
         prepared, state = known
-        protocol = getattr(self.conn, "_protocol", None) if state is not None else None
-        if protocol is None:
+        rows = bind_execute(self.conn, state, args, timeout)
+        if rows is None:
             # (also a connection closed meanwhile: the public call says so)
             public: list[Any] = await prepared.fetch(*args, timeout=timeout)
             return public[:1]
-        rows: list[Any] = await protocol.bind_execute(state, args, "", 1, False, timeout)
-        return rows
+        return await rows
 
 
 class _PgAttempt(Attempt):

@@ -682,10 +682,12 @@ async def configure_keepalives(
     The server side through the session's ``tcp_keepalives_idle``,
     ``tcp_keepalives_interval``, ``tcp_keepalives_count`` (and
     ``tcp_user_timeout``); the client side on asyncpg's socket, which asyncpg
-    has no option for. Returns ``True`` when the client socket was set (a
-    Unix-domain socket has no keep-alives; the server ignores the settings
-    there too). Session settings: for a dedicated connection, never through a
-    transaction pooler (they would stick to a pooled server session).
+    has no option for (:func:`._asyncpg_compat.client_socket`: on an asyncpg
+    release outside its version gate only the server side is set). Returns
+    ``True`` when the client socket was set (a Unix-domain socket has no
+    keep-alives; the server ignores the settings there too). Session
+    settings: for a dedicated connection, never through a transaction
+    pooler (they would stick to a pooled server session).
     """
     if idle < 1 or interval < 1 or count < 1:
         raise ValueError(
@@ -702,8 +704,9 @@ async def configure_keepalives(
         str(count),
         str(timeout_ms),
     )
-    transport = getattr(conn, "_transport", None)
-    sock = transport.get_extra_info("socket") if transport is not None else None
+    from ._asyncpg_compat import client_socket  # (asyncpg is imported only when used)
+
+    sock = client_socket(conn)
     if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return False
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)

@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from aiolocks.postgres._asyncpg_compat import client_socket
 from aiolocks.postgres._sql import (
     AdvisoryQueries,
     TableNames,
@@ -319,7 +320,7 @@ async def test_keepalives_are_set_on_both_ends(
         " current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')"
     )
     assert tuple(settings) == ("7", "2", "3", "9500")  # seconds, seconds, probes, ms
-    sock = conn._transport.get_extra_info("socket")
+    sock = client_socket(conn)  # (the one reader of asyncpg's transport)
     assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 7
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 2

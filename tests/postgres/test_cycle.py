@@ -345,9 +345,9 @@ async def test_an_untested_asyncpg_version_takes_the_public_calls(
 ) -> None:
     """The protocol call is private to asyncpg: outside the versions it was tested
     on, the cycle goes through the public prepared statements, and still works."""
-    from aiolocks.postgres import _driver
+    from aiolocks.postgres import _asyncpg_compat
 
-    monkeypatch.setattr(_driver, "_PROTOCOL_CALLS", False)
+    monkeypatch.setattr(_asyncpg_compat, "ENABLED", False)
     app = _app()
     async with aiolocks.connect(f"{postgres_server.url}?application_name={app}") as backend:
         driver = backend._engine.driver
