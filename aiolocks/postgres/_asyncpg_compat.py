@@ -6,13 +6,14 @@ Two things asyncpg has no public API for:
   calls). Each is prepared once per session with the public
   ``Connection.prepare``; the fast path then binds and executes the prepared
   statement's protocol-level state (``PreparedStatement._state``) on the
-  connection's protocol (``Connection._protocol.bind_execute``), skipping
-  ``PreparedStatement.fetch``'s per-call layers (the connection's re-entrance
-  guard, which the driver's own per-session lock already is, query logging,
-  the statement-state checks) while keeping asyncpg's timeout and
+  connection's protocol (``Connection._protocol.bind_execute``, asking for
+  one row), skipping ``PreparedStatement.fetch``'s per-call layers (the
+  connection and statement validity checks, two more coroutine frames and a
+  closure, the status bookkeeping) while keeping asyncpg's timeout and
   cancellation handling. The public fallback is ``PreparedStatement.fetch``,
   with the same rows. What the fast path saves is measured and written down
-  in ``docs/architecture.md`` (section "PostgreSQL").
+  in ``docs/architecture.md`` ("PostgreSQL: asyncpg's private
+  attributes").
 * **The client socket** (``Connection._transport``), to turn TCP
   keep-alives on at the client end of advisory mode's sessions. asyncpg has
   no keep-alive option; without the socket only the server end sends
