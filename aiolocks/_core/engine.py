@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .driver import Attempt, Capabilities, Driver, Family, Grant, Mode, Request
 from .errors import BackendUnavailableError
 from .events import EventHook, EventKind, LockEvent, lock_kind
+from .localstore import LocalDriver
 from .names import validate_name
 from .participants import Participant
 from .tasks import TaskSet, running_task, wait_finished
@@ -518,9 +519,7 @@ class Engine:
     def _fallback_driver(self) -> Driver:
         """The process-local store degraded holds come from, shared per backend URL."""
         if self._fallback is None:
-            from ..memory._driver import MemoryDriver
-
-            self._fallback = MemoryDriver(f"\x00degraded:{self.url}")
+            self._fallback = LocalDriver(f"\x00degraded:{self.url}")
         return self._fallback
 
     def _driver_for(self, grant: Grant) -> Driver:
