@@ -32,7 +32,16 @@ import weakref
 from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .driver import Attempt, Capabilities, Driver, Family, Grant, Mode, Request
+from .driver import (
+    Attempt,
+    Capabilities,
+    Driver,
+    Family,
+    Grant,
+    Mode,
+    Request,
+    SupportsCheckName,
+)
 from .errors import BackendUnavailableError
 from .events import EventHook, EventKind, LockEvent, lock_kind
 from .localstore import LocalDriver
@@ -90,6 +99,8 @@ class Engine:
 
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
+        #: the driver's own name check, found once (a protocol check is slow)
+        self._check_name = driver.check_name if isinstance(driver, SupportsCheckName) else None
         self.client_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.tasks = TaskSet()
         self.holds: set[Hold] = set()
@@ -140,13 +151,12 @@ class Engine:
     def validate_name(self, name: object) -> str:
         """The canonical lock name, or :class:`InvalidLockNameError`.
 
-        A driver may refuse more names (``check_name(name)``, optional): the
-        ones its server cannot hold as they are.
+        A driver may refuse more names (:class:`SupportsCheckName`): the ones
+        its server cannot hold as they are.
         """
         canonical = validate_name(name)
-        check = getattr(self.driver, "check_name", None)
-        if check is not None:
-            check(canonical)
+        if self._check_name is not None:
+            self._check_name(canonical)
         return canonical
 
     def participant_id(self, task: asyncio.Task[object] | None) -> str:
