@@ -30,7 +30,8 @@ FORBIDDEN_IN_CORE = (
     "grpc",
 )
 
-CLIENT_LIBRARIES = ("aiozk", "redis", "asyncpg", "grpc")
+#: libraries ``import aiolocks`` must not load (anyio: an optional extra, never imported)
+LAZY_LIBRARIES = ("aiozk", "redis", "asyncpg", "grpc", "anyio")
 
 
 def imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
@@ -84,12 +85,51 @@ def test_core_imports_no_backend() -> None:
     assert offenders == [], "aiolocks/_core must not import a backend:\n" + "\n".join(offenders)
 
 
-def test_import_aiolocks_loads_no_client_library() -> None:
+def test_import_aiolocks_loads_no_client_library_nor_anyio() -> None:
     code = (
         "import sys, aiolocks, aiolocks.memory\n"
-        f"bad = [m for m in {CLIENT_LIBRARIES!r} if m in sys.modules]\n"
+        f"bad = [m for m in {LAZY_LIBRARIES!r} if m in sys.modules]\n"
         "print(bad)\n"
         "sys.exit(1 if bad else 0)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def module_level_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of every import that runs at import time (not inside a function)."""
+    found: list[tuple[int, str]] = []
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.append((node.lineno, node.module or ""))
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_module_level_scan_skips_function_bodies() -> None:
+    tree = ast.parse("import os\nif True:\n    import anyio\ndef f():\n    import anyio.abc\n")
+    assert sorted(module_level_imports(tree)) == [(1, "os"), (3, "anyio")]
+
+
+def test_aiolocks_never_imports_anyio_at_module_level() -> None:
+    """anyio is an optional extra: a module-level import would make it a hard dependency.
+
+    Only a guarded import inside a function (``aiolocks.testing`` helpers)
+    would be allowed; today there is none at all.
+    """
+    package = Path(aiolocks.__file__).parent
+    offenders = [
+        f"{path.relative_to(package)}:{line}"
+        for path in sorted(package.rglob("*.py"))
+        for line, module in module_level_imports(
+            ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        )
+        if is_under(module, "anyio")
+    ]
+    assert offenders == [], "anyio imported at module level: " + ", ".join(offenders)
