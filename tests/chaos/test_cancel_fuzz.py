@@ -352,9 +352,6 @@ async def test_cancel_fuzz_redis(redis_server: RedisServer) -> None:
 @pytest.mark.asyncio
 async def test_cancel_fuzz_zookeeper(zookeeper_server: ZooKeeperServer) -> None:
     """Random cancellations over zk://, one backend through a 2 ms proxy."""
-    from .test_checker import _require_zookeeper
-
-    _require_zookeeper()
     chroot = f"/chaos-fuzz-{uuid.uuid4().hex[:8]}"
 
     @contextlib.asynccontextmanager

@@ -164,34 +164,38 @@ async def test_second_native_cancel_during_release(
         lock = backend.mutex(name)
         inside = anyio.Event()
         releasing = anyio.Event()
-        # Slow down the driver's release() (a method of the driver contract):
-        # the engine must finish the release although the caller is cancelled
-        # again while it runs.
+        # Hold the driver's release() (a method of the driver contract) open
+        # until the second cancel has landed: the engine must finish the
+        # release although the caller is cancelled again while it runs.
         target: Any = backend._driver
-        attr = "release"
-        real_release = getattr(target, attr)
+        real_release = target.release
+        proceed = asyncio.Event()
 
-        async def slow_release(*args: Any) -> Any:
+        async def held_release(*args: Any) -> Any:
             releasing.set()
-            await asyncio.sleep(0.05)
+            await proceed.wait()
             return await real_release(*args)
 
-        setattr(target, attr, slow_release)
+        target.release = held_release
+        try:
 
-        async def body() -> None:
-            with anyio.CancelScope():
-                async with lock:
-                    inside.set()
-                    await anyio.sleep(3600)
+            async def body() -> None:
+                with anyio.CancelScope():
+                    async with lock:
+                        inside.set()
+                        await anyio.sleep(3600)
 
-        task = asyncio.create_task(body())
-        await inside.wait()
-        task.cancel()  # first native cancel: the body ends, release starts
-        await releasing.wait()
-        task.cancel()  # second native cancel lands during the release
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        setattr(target, attr, real_release)
+            task = asyncio.create_task(body())
+            await inside.wait()
+            task.cancel()  # first native cancel: the body ends, release starts
+            await releasing.wait()
+            task.cancel()  # second native cancel lands during the release
+            proceed.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            proceed.set()
+            target.release = real_release
         await _settle(backend)
         assert await _is_free(backend, name), "release must complete despite two cancels"
 

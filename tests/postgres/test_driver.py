@@ -15,6 +15,8 @@ from aiolocks.postgres._driver import PostgresAdvisoryDriver
 from aiolocks.postgres._sql import advisory_key, slot_keys
 from aiolocks.testing import PgBouncer, PostgresServer, TcpProxy
 
+from ..polling import eventually
+
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
 
 
@@ -177,7 +179,14 @@ async def test_semaphore_waiter_wakes_on_another_process_release(
         second = await other.semaphore(name, 2).acquire()
         assert first is not None and second is not None
         waiting = asyncio.create_task(backend.semaphore(name, 2).acquire(timeout=30))
-        await asyncio.sleep(0.1)
+        # the waiter tried, found no slot, and waits for a release NOTIFY
+        driver: PostgresAdvisoryDriver = backend._driver
+
+        def waiting_for_notify() -> bool:
+            change = driver._change
+            return change is not None and not change.done()
+
+        await eventually(waiting_for_notify, what="the waiter to wait for a slot")
         assert not waiting.done()
         await first.release()
         lease = await waiting
@@ -502,16 +511,21 @@ async def test_lease_readers_do_not_overtake_a_waiting_writer(
 
             async with asyncio.timeout(60):
                 writer = asyncio.create_task(write())
-                while not await raw.fetchval(
-                    "SELECT count(*) FROM aiolocks_leases WHERE name = $1 AND slot < 0",
-                    f"rwlock/{name}",
-                ):
-                    await asyncio.sleep(0.01)  # the writer is marked as waiting
+
+                async def writer_marked() -> object:  # the writer is marked as waiting
+                    return await raw.fetchval(
+                        "SELECT count(*) FROM aiolocks_leases WHERE name = $1 AND slot < 0",
+                        f"rwlock/{name}",
+                    )
+
+                await eventually(writer_marked, what="the writer's waiting mark")
                 # refused while a writer waits (in another task: this one reads already)
                 late = readers.read_write_lock(name)
                 assert not await asyncio.create_task(late.read.acquire(timeout=0))
                 reader = asyncio.create_task(late_read())
-                await asyncio.sleep(0.05)
+                # the late reader tried, was refused, and waits for a release NOTIFY
+                waiters = readers._driver._waiters
+                await eventually(lambda: f"rwlock/{name}" in waiters, what="the late reader")
                 assert events == []
                 await first.read.release()
                 await asyncio.gather(writer, reader)
