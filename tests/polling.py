@@ -14,7 +14,9 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 
-__all__ = ["eventually"]
+import aiolocks
+
+__all__ = ["eventually", "settle"]
 
 
 async def eventually(
@@ -40,3 +42,16 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}")
         await asyncio.sleep(interval)
+
+
+async def settle(*backends: aiolocks.Backend, timeout: float = 10.0) -> None:
+    """Wait until the background work every backend owns (re-sent releases, clean-ups,
+    orphan releases) is done; ``AssertionError`` after ``timeout``."""
+    for _ in range(5):  # let done-callbacks (orphan release) run first
+        await asyncio.sleep(0)
+    await eventually(
+        lambda: not any(len(backend._tasks) for backend in backends),
+        timeout,
+        what="the backends' background work to finish",
+        interval=0.005,
+    )

@@ -7,7 +7,6 @@ No test names a backend: differences are expressed through
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -18,7 +17,7 @@ import pytest_asyncio
 import aiolocks
 from aiolocks import Participant
 
-from ..polling import eventually
+from ..polling import eventually, settle
 
 #: backend label -> name of a pytest fixture giving an object with ``.url``
 #: (None: no server needed). A backend joins the suite by being listed here.
@@ -117,18 +116,6 @@ def names() -> Callable[[], str]:
         return f"{prefix}/lock-{next(counter)}"
 
     return make
-
-
-async def settle(backend: aiolocks.Backend, timeout: float = 10.0) -> None:
-    """Wait until the backend's background work (releases, cleanups) is done."""
-    for _ in range(3):  # let done-callbacks (orphan release) run first
-        await asyncio.sleep(0)
-    await eventually(
-        lambda: not len(backend._tasks),
-        timeout,
-        what="the background work to finish",
-        interval=0.005,
-    )
 
 
 async def wait_queued(

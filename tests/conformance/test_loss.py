@@ -17,8 +17,7 @@ import pytest
 import aiolocks
 from aiolocks.testing import lose
 
-from ..polling import eventually
-from .conftest import settle
+from ..polling import eventually, settle
 
 pytestmark = pytest.mark.asyncio
 

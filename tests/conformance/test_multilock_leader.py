@@ -9,8 +9,7 @@ import pytest
 
 import aiolocks
 
-from ..polling import eventually
-from .conftest import settle
+from ..polling import eventually, settle
 
 pytestmark = pytest.mark.asyncio
 
