@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, final
 
 from ._core.events import LockEvent
+from ._core.states import ReportsConnectionState
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -166,11 +167,10 @@ class PrometheusHook:
         Backends without connection states (``memory://``, Redis, whose
         client reconnects per command) are ignored: the remover does nothing.
         """
-        add_listener = getattr(backend, "add_connection_listener", None)
-        if add_listener is None:
+        if not isinstance(backend, ReportsConnectionState):
             return lambda: None
         url = backend.url
-        current = getattr(backend, "connection_state", None)
+        current = backend.connection_state
 
         def record(state: object) -> None:
             states = type(state) if isinstance(state, enum.Enum) else None
@@ -182,8 +182,7 @@ class PrometheusHook:
 
         if current is not None:
             record(current)
-        remover: Callable[[], None] = add_listener(record)
-        return remover
+        return backend.add_connection_listener(record)
 
     def __call__(self, event: LockEvent) -> None:
         """Record one event."""

@@ -1,5 +1,7 @@
 """The optional parts of the driver contract are protocols, and every driver's methods fit them.
 
+Also the one backend-level protocol, :class:`ReportsConnectionState`.
+
 The core finds ``check_name``, ``admin`` and ``diagnose`` with
 ``isinstance(driver, SupportsX)``; these tests pin which driver offers which
 part, and the typed assignments below make ``mypy --strict`` check each
@@ -18,12 +20,17 @@ from aiolocks._core.driver import (
     SupportsDiagnose,
 )
 from aiolocks._core.localstore import LocalDriver
+from aiolocks._core.states import ReportsConnectionState
+from aiolocks.etcd import EtcdBackend
 from aiolocks.etcd._driver import EtcdDriver
-from aiolocks.memory import MemoryDriver
+from aiolocks.memory import MemoryBackend, MemoryDriver
+from aiolocks.postgres import PostgresBackend
 from aiolocks.postgres._driver import PostgresAdvisoryDriver
 from aiolocks.postgres._lease import PostgresLeaseDriver
+from aiolocks.redis import RedisBackend
 from aiolocks.redis._driver import RedisDriver
 from aiolocks.redis._redlock import RedlockDriver
+from aiolocks.zookeeper import ZooKeeperBackend
 from aiolocks.zookeeper._driver import ZooKeeperDriver
 
 DRIVERS = (
@@ -52,6 +59,34 @@ def _typed_fits(
     names: list[SupportsCheckName] = [zookeeper]
     drivers: list[Driver] = [etcd, memory, advisory, lease, redis, redlock, zookeeper]
     del admins, diagnoses, names, drivers
+
+
+def _typed_states(zookeeper: ZooKeeperBackend, etcd: EtcdBackend, pg: PostgresBackend) -> None:
+    """Never called: mypy checks that these backends fit :class:`ReportsConnectionState`."""
+    reporting: list[ReportsConnectionState] = [zookeeper, etcd, pg]
+    del reporting
+
+
+@pytest.mark.parametrize(
+    ("url", "reports"),
+    [
+        ("memory://", False),
+        ("redis://127.0.0.1:1/0", False),
+        ("zk://127.0.0.1:1/protocols", True),
+        ("etcd://127.0.0.1:1/protocols", True),
+        ("postgresql://app@127.0.0.1:1/db", True),
+        ("postgresql://app@127.0.0.1:1/db?mode=lease", True),
+    ],
+)
+def test_which_backends_report_connection_states(url: str, reports: bool) -> None:
+    """Built, not opened (no I/O): the protocol check reads no state that needs a session."""
+    backend = aiolocks.connect(url)._backend
+    if isinstance(backend, ReportsConnectionState):
+        assert reports
+        assert backend.connection_state is None  # nothing reported before open()
+    else:
+        assert not reports
+    assert isinstance(backend, MemoryBackend | RedisBackend) is not reports
 
 
 @pytest.mark.parametrize("driver", DRIVERS, ids=lambda cls: cls.__name__)
