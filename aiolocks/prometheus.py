@@ -33,13 +33,72 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, final
 
 from ._core.events import LockEvent
+from ._core.states import ReportsConnectionState
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
     from ._core.backend import Backend
 
 __all__ = ["PrometheusHook"]
+
+
+#: the default histogram buckets, in seconds: 0.5 ms to 60 s
+_BUCKETS: tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+)
+
+
+class _Metrics:
+    """Builds the hook's metrics, all in one registry and namespace."""
+
+    def __init__(self, registry: CollectorRegistry | None, namespace: str) -> None:
+        try:
+            import prometheus_client
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ImportError(
+                "aiolocks.prometheus needs prometheus_client: pip install 'aiolocks[prometheus]'"
+            ) from exc
+        self._client = prometheus_client
+        self._registry = prometheus_client.REGISTRY if registry is None else registry
+        self._namespace = namespace
+
+    def histogram(
+        self, name: str, doc: str, labels: list[str], buckets: tuple[float, ...]
+    ) -> Histogram:
+        return self._client.Histogram(
+            name,
+            doc,
+            labels,
+            namespace=self._namespace,
+            registry=self._registry,
+            buckets=buckets,
+        )
+
+    def counter(self, name: str, doc: str, labels: list[str]) -> Counter:
+        return self._client.Counter(
+            name, doc, labels, namespace=self._namespace, registry=self._registry
+        )
+
+    def gauge(self, name: str, doc: str, labels: list[str]) -> Gauge:
+        return self._client.Gauge(
+            name, doc, labels, namespace=self._namespace, registry=self._registry
+        )
 
 
 @final
@@ -52,113 +111,43 @@ class PrometheusHook:
         *,
         namespace: str = "aiolocks",
         name_label: bool = False,
-        buckets: tuple[float, ...] = (
-            0.0005,
-            0.001,
-            0.0025,
-            0.005,
-            0.01,
-            0.025,
-            0.05,
-            0.1,
-            0.25,
-            0.5,
-            1,
-            2.5,
-            5,
-            10,
-            30,
-            60,
-        ),
+        buckets: tuple[float, ...] = _BUCKETS,
     ) -> None:
-        try:
-            import prometheus_client
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise ImportError(
-                "aiolocks.prometheus needs prometheus_client: pip install 'aiolocks[prometheus]'"
-            ) from exc
-        reg = prometheus_client.REGISTRY if registry is None else registry
+        metrics = _Metrics(registry, namespace)
         labels = ["backend", "kind", "name"] if name_label else ["backend", "kind"]
         self._name_label = name_label
-        self.wait = prometheus_client.Histogram(
-            "acquire_wait_seconds",
-            "Time from acquire to grant.",
-            labels,
-            namespace=namespace,
-            registry=reg,
-            buckets=buckets,
+        self.wait = metrics.histogram(
+            "acquire_wait_seconds", "Time from acquire to grant.", labels, buckets
         )
-        self.hold = prometheus_client.Histogram(
-            "hold_seconds",
-            "Time a hold was kept.",
-            labels,
-            namespace=namespace,
-            registry=reg,
-            buckets=buckets,
+        self.hold = metrics.histogram("hold_seconds", "Time a hold was kept.", labels, buckets)
+        self.timeouts = metrics.counter(
+            "acquire_timeouts", "Acquires that gave up at their timeout.", labels
         )
-        self.timeouts = prometheus_client.Counter(
-            "acquire_timeouts",
-            "Acquires that gave up at their timeout.",
-            labels,
-            namespace=namespace,
-            registry=reg,
+        self.cancelled = metrics.counter(
+            "acquire_cancelled", "Acquires cancelled while waiting.", labels
         )
-        self.cancelled = prometheus_client.Counter(
-            "acquire_cancelled",
-            "Acquires cancelled while waiting.",
-            labels,
-            namespace=namespace,
-            registry=reg,
+        self.lost = metrics.counter(
+            "holds_lost", "Holds lost (session expired, lease lapsed, key taken).", labels
         )
-        self.lost = prometheus_client.Counter(
-            "holds_lost",
-            "Holds lost (session expired, lease lapsed, key taken).",
-            labels,
-            namespace=namespace,
-            registry=reg,
+        self.orphaned = metrics.counter(
+            "holds_orphaned", "Holds whose owner task ended without releasing.", labels
         )
-        self.orphaned = prometheus_client.Counter(
-            "holds_orphaned",
-            "Holds whose owner task ended without releasing.",
-            labels,
-            namespace=namespace,
-            registry=reg,
+        self.renewals = metrics.counter(
+            "lease_renewals", "Successful lease renewals by the watchdog.", labels
         )
-        self.renewals = prometheus_client.Counter(
-            "lease_renewals",
-            "Successful lease renewals by the watchdog.",
-            labels,
-            namespace=namespace,
-            registry=reg,
-        )
-        self.degraded = prometheus_client.Counter(
+        self.degraded = metrics.counter(
             "degraded",
             "Acquires that fell back to a process-local lock (server unreachable).",
             labels,
-            namespace=namespace,
-            registry=reg,
         )
-        self.holds = prometheus_client.Gauge(
-            "holds",
-            "Holds granted and not yet ended.",
-            labels,
-            namespace=namespace,
-            registry=reg,
+        self.holds = metrics.gauge("holds", "Holds granted and not yet ended.", labels)
+        self.errors = metrics.counter(
+            "acquire_errors", "Acquires that raised, by error class.", [*labels, "error"]
         )
-
-        self.errors = prometheus_client.Counter(
-            "acquire_errors",
-            "Acquires that raised, by error class.",
-            [*labels, "error"],
-            namespace=namespace,
-            registry=reg,
-        )
-        self.connection_state = prometheus_client.Gauge(
+        self.connection_state = metrics.gauge(
             "connection_state",
             "1 for the current connection state of a backend, 0 for the others.",
             ["backend", "state"],
-            namespace=namespace,
-            registry=reg,
         )
 
     def attach(self, backend: Backend) -> Callable[[], None]:
@@ -178,11 +167,10 @@ class PrometheusHook:
         Backends without connection states (``memory://``, Redis, whose
         client reconnects per command) are ignored: the remover does nothing.
         """
-        add_listener = getattr(backend, "add_connection_listener", None)
-        if add_listener is None:
+        if not isinstance(backend, ReportsConnectionState):
             return lambda: None
         url = backend.url
-        current = getattr(backend, "connection_state", None)
+        current = backend.connection_state
 
         def record(state: object) -> None:
             states = type(state) if isinstance(state, enum.Enum) else None
@@ -194,8 +182,7 @@ class PrometheusHook:
 
         if current is not None:
             record(current)
-        remover: Callable[[], None] = add_listener(record)
-        return remover
+        return backend.add_connection_listener(record)
 
     def __call__(self, event: LockEvent) -> None:
         """Record one event."""

@@ -16,6 +16,7 @@ Three short scenes, each checked:
    group's cancel scope is cancelled; afterwards nothing is held or queued
    and another connection takes the lock with ``timeout=0``.
 
+anyio is not a dependency of aiolocks (``pip install "aiolocks[anyio]"``).
 aiolocks runs on asyncio, so anyio runs here with its asyncio backend (the
 default), and anyio's level-triggered cancellation is handled like
 ``task.cancel()``.

@@ -19,6 +19,8 @@ from aiolocks.zookeeper._admin import unescape
 from aiolocks.zookeeper._layout import escape as _escape
 from tests.admin_helpers import cli_holder, list_and_kinds, run_cli, standoff, unique
 
+from .polling import eventually
+
 
 @pytest.mark.asyncio
 async def test_bad_input_is_a_value_error_before_io() -> None:
@@ -93,8 +95,11 @@ async def test_zookeeper_force_release_cancels_the_former_holder(
         with pytest.raises(LockLostError, match="already gone"):
             async with lock:
                 waiting = asyncio.create_task(waiter.acquire(timeout=30))
-                while len((await admin_side.list_locks(name))[0].participants) < 2:
-                    await asyncio.sleep(0.02)
+
+                async def queued() -> bool:
+                    return len((await admin_side.list_locks(name))[0].participants) >= 2
+
+                await eventually(queued, what="the waiter in the listing")
                 assert await admin_side.force_release(name) == 1
                 # the former holder is told at once: a watch on its node
                 # cancels this body (the sleep is only a bound for a broken watch)

@@ -1,10 +1,8 @@
-"""The public surface: __all__ complete and sorted, no client imported eagerly."""
+"""The public surface: __all__ complete and sorted (lazy imports: tests/test_layering.py)."""
 
 from __future__ import annotations
 
 import inspect
-import subprocess
-import sys
 
 import aiolocks
 
@@ -46,13 +44,3 @@ def test_error_tree() -> None:
     assert issubclass(aiolocks.LockNotOwnedError, RuntimeError)
     assert issubclass(aiolocks.LockTimeoutError, TimeoutError)
     assert issubclass(aiolocks.InvalidLockNameError, ValueError)
-
-
-def test_import_loads_no_client() -> None:
-    code = (
-        "import sys, aiolocks; import aiolocks.memory; "
-        "bad = [m for m in ('aiozk', 'redis') if m in sys.modules]; "
-        "print(bad); sys.exit(1 if bad else 0)"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr

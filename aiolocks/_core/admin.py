@@ -1,9 +1,10 @@
 """Administrative operations: list the locks in use, force-release one.
 
-A driver that supports them has an ``admin()`` method returning an
-:class:`AdminDriver`; the backend-specific code lives in each backend
-package's ``_admin`` module. :meth:`Backend.list_locks` and
-:meth:`Backend.force_release` are the public entry points.
+A driver that supports them is a :class:`~aiolocks._core.driver.SupportsAdmin`:
+its ``admin()`` method returns an :class:`AdminDriver`; the backend-specific
+code lives in each backend package's ``_admin`` module.
+:meth:`Backend.list_locks` and :meth:`Backend.force_release` are the public
+entry points.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, final
 
-from .driver import Family
+from .driver import Family, SupportsAdmin
 from .participants import Participant
 
 if TYPE_CHECKING:
@@ -57,11 +58,9 @@ class AdminDriver(Protocol):
 
 def _admin(backend: Backend) -> AdminDriver:
     driver = backend._driver
-    make = getattr(driver, "admin", None)
-    if make is None:
+    if not isinstance(driver, SupportsAdmin):
         raise NotImplementedError(f"{backend.url} does not support listing or force-release")
-    admin: AdminDriver = make()
-    return admin
+    return driver.admin()
 
 
 def name_matches(name: str, prefix: str) -> bool:

@@ -3,8 +3,9 @@
 Most lock incidents come from the service's settings, not from the library:
 an eviction policy that drops held locks, a server that restarts empty, a
 session timeout the server quietly clamps. A driver reports what it can see
-of its server as :class:`Finding` objects (through an optional ``diagnose()``
-method, see :class:`Diagnosis`); the self-test here is the same for every
+of its server as :class:`Finding` objects (through the optional ``diagnose()``
+method of :class:`~aiolocks._core.driver.SupportsDiagnose`, see
+:class:`Diagnosis`); the self-test here is the same for every
 backend: acquire and release a scratch lock through the public API, time it
 against the lease or session timeout, check that fencing tokens increase and
 measure the clock offset between client and server where the server has a
@@ -27,6 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from .driver import Driver, SupportsDiagnose
 from .errors import LockError
 
 if TYPE_CHECKING:
@@ -450,10 +452,10 @@ def sort_findings(findings: Sequence[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: f.severity.rank)
 
 
-async def run_doctor(backend: Backend, driver: object, *, live: bool = True) -> DoctorReport:
+async def run_doctor(backend: Backend, driver: Driver, *, live: bool = True) -> DoctorReport:
     """Everything ``backend.doctor()`` does (see :meth:`aiolocks.Backend.doctor`)."""
     url = backend.url
-    diagnose: Callable[[], Awaitable[Diagnosis]] | None = getattr(driver, "diagnose", None)
+    diagnose = driver.diagnose if isinstance(driver, SupportsDiagnose) else None
     try:
         await backend.open()
     except (LockError, OSError, TimeoutError) as exc:
@@ -467,12 +469,10 @@ async def run_doctor(backend: Backend, driver: object, *, live: bool = True) -> 
                 logger.debug("doctor: no diagnosis of %s after a failed open", url, exc_info=True)
         # A failed open may leave connections behind (the masters that did
         # answer); the backend never opened, so its close() will not close them.
-        close: Callable[[], Awaitable[None]] | None = getattr(driver, "close", None)
-        if close is not None:
-            try:
-                await close()
-            except Exception:
-                logger.debug("doctor: closing %s after a failed open", url, exc_info=True)
+        try:
+            await driver.close()
+        except Exception:
+            logger.debug("doctor: closing %s after a failed open", url, exc_info=True)
         return DoctorReport(url=url, findings=sort_findings(findings), self_test=None)
     try:
         diagnosis = Diagnosis() if diagnose is None else await diagnose()

@@ -104,9 +104,6 @@ The rest
 * ``capabilities``: what the backend promises (:class:`Capabilities`); the
   conformance suite skips tests by these, never by backend name.
 * ``describe()``: stable text naming the server(s) without credentials.
-* ``check_name(name)`` (optional): refuse, before any I/O, a canonical lock
-  name the server cannot hold as it is (``InvalidLockNameError``); the
-  core calls it wherever it validates a name.
 * ``lock_options(family, options)``: validate per-lock keyword options
   before any I/O; ``ValueError`` naming the option. The result comes back
   as ``Request.options``.
@@ -135,6 +132,25 @@ The rest
 * Errors: server unreachable -> :class:`BackendUnavailableError`; map
   client exceptions in one place with ``raise ... from exc``.
 
+Optional parts
+--------------
+A driver may offer more than the contract above. Each optional part is a
+small :func:`~typing.runtime_checkable` protocol of this module; the core
+asks ``isinstance(driver, SupportsX)`` and a driver opts in by having the
+method, with no registration and no base class:
+
+* :class:`SupportsCheckName` -- ``check_name(name)``: refuse, before any
+  I/O, a canonical lock name the server cannot hold as it is
+  (``InvalidLockNameError``); the core calls it wherever it validates a
+  name.
+* :class:`SupportsAdmin` -- ``admin()``: an
+  :class:`~aiolocks._core.admin.AdminDriver` (list the locks in use,
+  force-release one) for ``backend.list_locks()``/``force_release()`` and
+  ``aiolocks list``/``break``. Without it those raise ``NotImplementedError``.
+* :class:`SupportsDiagnose` -- ``await diagnose()``: the
+  :class:`~aiolocks._core.doctor.Diagnosis` of the server's settings for
+  ``backend.doctor()``. Without it ``doctor()`` runs only its self-test.
+
 How to write a new driver (etcd, PostgreSQL, ...): subclass
 :class:`Attempt` for the ids and server state of one try; implement the
 methods above with plain awaits of your client; run
@@ -149,9 +165,11 @@ import enum
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, final
+from typing import TYPE_CHECKING, Protocol, final, runtime_checkable
 
 if TYPE_CHECKING:
+    from .admin import AdminDriver
+    from .doctor import Diagnosis
     from .participants import Participant
     from .tasks import TaskSet
 
@@ -163,6 +181,9 @@ __all__ = [
     "Grant",
     "Mode",
     "Request",
+    "SupportsAdmin",
+    "SupportsCheckName",
+    "SupportsDiagnose",
 ]
 
 
@@ -397,3 +418,29 @@ class Driver(Protocol):
         """Stop background work and disconnect (not the client the user gave us)."""
         ...
 
+
+@runtime_checkable
+class SupportsCheckName(Protocol):
+    """Optional part of a driver: it refuses some valid names before any I/O."""
+
+    def check_name(self, name: str) -> None:
+        """Raise ``InvalidLockNameError`` for a canonical name the server cannot hold."""
+        ...
+
+
+@runtime_checkable
+class SupportsAdmin(Protocol):
+    """Optional part of a driver: listing and force-release of the locks in use."""
+
+    def admin(self) -> AdminDriver:
+        """The administrative operations over this driver's server."""
+        ...
+
+
+@runtime_checkable
+class SupportsDiagnose(Protocol):
+    """Optional part of a driver: findings about its server's settings for ``doctor()``."""
+
+    async def diagnose(self) -> Diagnosis:
+        """What this driver can see of its server that may break lock guarantees."""
+        ...

@@ -32,9 +32,19 @@ import weakref
 from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .driver import Attempt, Capabilities, Driver, Family, Grant, Mode, Request
+from .driver import (
+    Attempt,
+    Capabilities,
+    Driver,
+    Family,
+    Grant,
+    Mode,
+    Request,
+    SupportsCheckName,
+)
 from .errors import BackendUnavailableError
 from .events import EventHook, EventKind, LockEvent, lock_kind
+from .localstore import LocalDriver
 from .names import validate_name
 from .participants import Participant
 from .tasks import TaskSet, running_task, wait_finished
@@ -89,6 +99,8 @@ class Engine:
 
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
+        #: the driver's own name check, found once (a protocol check is slow)
+        self._check_name = driver.check_name if isinstance(driver, SupportsCheckName) else None
         self.client_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.tasks = TaskSet()
         self.holds: set[Hold] = set()
@@ -139,13 +151,12 @@ class Engine:
     def validate_name(self, name: object) -> str:
         """The canonical lock name, or :class:`InvalidLockNameError`.
 
-        A driver may refuse more names (``check_name(name)``, optional): the
-        ones its server cannot hold as they are.
+        A driver may refuse more names (:class:`SupportsCheckName`): the ones
+        its server cannot hold as they are.
         """
         canonical = validate_name(name)
-        check = getattr(self.driver, "check_name", None)
-        if check is not None:
-            check(canonical)
+        if self._check_name is not None:
+            self._check_name(canonical)
         return canonical
 
     def participant_id(self, task: asyncio.Task[object] | None) -> str:
@@ -390,35 +401,12 @@ class Engine:
                     await _cancelled_again()
         except BaseException as exc:
             if self._degrades(request, exc):
-                # The caller goes on to the local fallback at once; giving
-                # back what the attempt may own on the server (retried until
-                # its lease would lapse) goes on in an owned task.
                 finish_here = False
-                self.tasks.spawn(
-                    self._abandon_in_background(driver, attempt),
-                    name=f"aiolocks-abandon:{request.family.value}:{request.name}",
-                    log_errors=False,
-                )
+                self._abandon_later(driver, attempt, request)
                 if top and isinstance(exc, BackendUnavailableError):
                     return await self._acquire_degraded(request, deadline, started, exc)
                 raise
-            # An error reaches the caller after at most ERROR_CLEANUP_WAIT of
-            # clean-up: with the server down, the clean-up retries until the
-            # attempt's lease would have lapsed, and goes on in its owned task
-            # (cancelled at close). A cancellation waits for it to finish.
-            bound = ERROR_CLEANUP_WAIT if isinstance(exc, Exception) else None
-            cancelled = await self._abandon(driver, attempt, bound)
-            if self.hooks:
-                if isinstance(exc, asyncio.CancelledError):
-                    self.emit("cancelled", request, wait_time=time.monotonic() - started)
-                elif isinstance(exc, Exception):
-                    # ``failed``: the acquire raised; the error's class is the reason
-                    self.emit(
-                        "failed",
-                        request,
-                        wait_time=time.monotonic() - started,
-                        reason=type(exc).__name__,
-                    )
+            cancelled = await self._abandon_after_error(driver, attempt, request, started, exc)
             if cancelled is not None and not isinstance(exc, asyncio.CancelledError):
                 raise cancelled from exc
             raise
@@ -428,6 +416,49 @@ class Engine:
         if top and self.hooks:
             self._emit_outcome(request, grants, started)
         return grants
+
+    def _abandon_later(self, driver: Driver, attempt: Attempt, request: Request) -> None:
+        """The caller degrades to the local fallback at once: give back in an owned task.
+
+        Giving back what the attempt may own on the server is retried until
+        its lease would lapse; the caller does not wait for that.
+        """
+        self.tasks.spawn(
+            self._abandon_in_background(driver, attempt),
+            name=f"aiolocks-abandon:{request.family.value}:{request.name}",
+            log_errors=False,
+        )
+
+    async def _abandon_after_error(
+        self,
+        driver: Driver,
+        attempt: Attempt,
+        request: Request,
+        started: float,
+        exc: BaseException,
+    ) -> asyncio.CancelledError | None:
+        """Give back what a failed or cancelled attempt may own, then report it to the hooks.
+
+        An error reaches the caller after at most ``ERROR_CLEANUP_WAIT`` of
+        clean-up: with the server down, the clean-up retries until the
+        attempt's lease would have lapsed, and goes on in its owned task
+        (cancelled at close). A cancellation waits for it to finish. Returns
+        the cancellation that hit the clean-up, if any (see :meth:`_abandon`).
+        """
+        bound = ERROR_CLEANUP_WAIT if isinstance(exc, Exception) else None
+        cancelled = await self._abandon(driver, attempt, bound)
+        if self.hooks:
+            if isinstance(exc, asyncio.CancelledError):
+                self.emit("cancelled", request, wait_time=time.monotonic() - started)
+            elif isinstance(exc, Exception):
+                # ``failed``: the acquire raised; the error's class is the reason
+                self.emit(
+                    "failed",
+                    request,
+                    wait_time=time.monotonic() - started,
+                    reason=type(exc).__name__,
+                )
+        return cancelled
 
     async def _abandon_in_background(self, driver: Driver, attempt: Attempt) -> None:
         try:
@@ -518,9 +549,7 @@ class Engine:
     def _fallback_driver(self) -> Driver:
         """The process-local store degraded holds come from, shared per backend URL."""
         if self._fallback is None:
-            from ..memory._driver import MemoryDriver
-
-            self._fallback = MemoryDriver(f"\x00degraded:{self.url}")
+            self._fallback = LocalDriver(f"\x00degraded:{self.url}")
         return self._fallback
 
     def _driver_for(self, grant: Grant) -> Driver:

@@ -3,22 +3,39 @@
 ZooKeeper, etcd and PostgreSQL each report a session state (``CONNECTED``,
 ``SUSPENDED``, ``RECONNECTED``, ``LOST``); the fan-out to
 ``add_connection_listener`` callbacks and ``connection_states()`` iterators is
-the same everywhere and lives here.
+the same everywhere and lives here, with :class:`ReportsConnectionState`,
+the protocol a backend with such states satisfies (``PrometheusHook`` asks
+``isinstance(backend, ReportsConnectionState)``, not ``getattr``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["StateFeed"]
+__all__ = ["ReportsConnectionState", "StateFeed"]
 
 logger = logging.getLogger("aiolocks")
 
 S = TypeVar("S")
+
+
+@runtime_checkable
+class ReportsConnectionState(Protocol):
+    """A backend whose session has connection states (ZooKeeper, etcd, PostgreSQL)."""
+
+    @property
+    def connection_state(self) -> enum.Enum | None:
+        """The last state reported (``None`` before ``open()``)."""
+        ...
+
+    def add_connection_listener(self, listener: Callable[[Any], object]) -> Callable[[], None]:
+        """Call ``listener(state)`` on every change; returns a remover."""
+        ...
 
 
 class StateFeed(Generic[S]):

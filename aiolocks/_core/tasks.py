@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -28,12 +29,36 @@ T = TypeVar("T")
 logger = logging.getLogger("aiolocks")
 
 
-def _running_task_reader() -> Callable[[], asyncio.Task[Any] | None]:
-    """``asyncio.current_task`` itself, or on Python 3.11 the same without its Python frame."""
-    current = asyncio.current_task
+#: The Python versions whose asyncio this module was tested against (lowest,
+#: highest): asyncio's private dict of running tasks is read only on these.
+TESTED_PYTHONS = ((3, 11), (3, 13))
+
+CurrentTasks = dict[asyncio.AbstractEventLoop, "asyncio.Task[Any]"]
+
+
+def _private_current_tasks(version: tuple[int, ...] | None = None) -> CurrentTasks | None:
+    """asyncio's private dict of running tasks, where reading it is known to be right and worth it.
+
+    Only on a tested Python (:data:`TESTED_PYTHONS`) whose
+    ``asyncio.current_task`` is the Python function over that dict (3.11):
+    there, reading the dict skips a Python frame on every acquire and
+    release. ``None`` anywhere else (``current_task`` written in C from 3.12
+    on, an untested Python, the dict renamed or gone): callers then use the
+    public ``asyncio.current_task``.
+    """
+    low, high = TESTED_PYTHONS
+    if not low <= tuple((version or sys.version_info)[:2]) <= high:
+        return None
+    if getattr(asyncio.current_task, "__module__", None) != "asyncio.tasks":
+        return None  # written in C: already as fast as the dict
     tasks = getattr(asyncio.tasks, "_current_tasks", None)
-    if getattr(current, "__module__", None) != "asyncio.tasks" or not isinstance(tasks, dict):
-        return current  # written in C (Python >= 3.12)
+    return tasks if isinstance(tasks, dict) else None
+
+
+def _running_task_reader(tasks: CurrentTasks | None) -> Callable[[], asyncio.Task[Any] | None]:
+    """``asyncio.current_task`` itself, or (given the private dict) the same without its frame."""
+    if tasks is None:
+        return asyncio.current_task
     get_loop = asyncio.get_running_loop
     get = tasks.get
 
@@ -44,25 +69,28 @@ def _running_task_reader() -> Callable[[], asyncio.Task[Any] | None]:
     return running_task
 
 
+def _task_of_loop_reader(
+    tasks: CurrentTasks | None,
+) -> Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None]:
+    """``asyncio.current_task`` itself, or (given the private dict) its lookup by loop."""
+    if tasks is None:
+        return asyncio.current_task
+    return tasks.get
+
+
+_CURRENT_TASKS = _private_current_tasks()
+
 #: The running task, exactly ``asyncio.current_task()``: ``None`` outside a
 #: task, ``RuntimeError`` without a running loop. Every acquire and release
 #: asks it; on Python 3.11 ``asyncio.current_task`` is a Python function over
 #: the C-level dict of current tasks, which this reads directly (several
 #: times cheaper); from 3.12 on it is written in C and used as it is.
-running_task: Callable[[], asyncio.Task[Any] | None] = _running_task_reader()
-
-
-def _task_of_loop_reader() -> Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None]:
-    tasks = getattr(asyncio.tasks, "_current_tasks", None)
-    if running_task is not asyncio.current_task and isinstance(tasks, dict):
-        return tasks.get
-    return asyncio.current_task  # pragma: no cover - Python >= 3.12
-
+running_task: Callable[[], asyncio.Task[Any] | None] = _running_task_reader(_CURRENT_TASKS)
 
 #: ``task_of_loop(asyncio.get_running_loop())`` is :func:`running_task` with
 #: one Python frame less on Python 3.11 (the locks' acquire and release).
 task_of_loop: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None] = (
-    _task_of_loop_reader()
+    _task_of_loop_reader(_CURRENT_TASKS)
 )
 
 

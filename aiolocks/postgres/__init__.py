@@ -19,6 +19,7 @@ from ._state import ConnectionState, StateBroadcaster
 from ._url import PostgresOptions, parse_postgres_url
 
 if TYPE_CHECKING:
+    from .._core.driver import Driver
     from ._driver import PostgresPoolerError
 
 __all__ = [
@@ -80,84 +81,30 @@ class PostgresBackend(Backend):
         listen_url: str | None = None,
         pool_size: int = 10,
     ) -> None:
-        from ._driver import DEFAULT_MAX_SESSIONS, PostgresAdvisoryDriver
-
-        if isinstance(target, str):
-            options = parse_postgres_url(target)
-            import asyncpg
-
-            kwargs = options.connect_kwargs()
-            if options.mode == "lease":
-                from ._lease import PostgresLeaseDriver, pool_options
-
-                listen_kwargs = (
-                    dict(kwargs)
-                    if listen_url is None
-                    else parse_postgres_url(listen_url).connect_kwargs()
-                )
-                listen_kwargs.pop("statement_cache_size", None)
-
-                async def make_pool(prepared: bool) -> Any:
-                    pool_kwargs = dict(kwargs)
-                    if prepared:  # no pooler in the way: asyncpg's statement cache
-                        pool_kwargs.pop("statement_cache_size", None)
-                    return await asyncpg.create_pool(
-                        min_size=1, max_size=pool_size, **pool_options(), **pool_kwargs
-                    )
-
-                async def listen() -> Any:
-                    return await asyncpg.connect(**listen_kwargs)
-
-                super().__init__(
-                    PostgresLeaseDriver(
-                        make_pool,
-                        describe=_describe(options),
-                        lease_time=options.lease_time,
-                        tables=tables or options.tables,
-                        create_tables=(
-                            options.create_tables if create_tables is None else create_tables
-                        ),
-                        listen=listen,
-                        listen_is_pool_target=listen_url is None,
-                    )
-                )
-                return
-
-            async def connect() -> Any:
-                return await asyncpg.connect(**kwargs)
-
-            driver = PostgresAdvisoryDriver(
-                connect,
-                describe=_describe(options),
-                heartbeat=options.heartbeat if heartbeat is None else heartbeat,
-                tables=tables or options.tables,
-                create_tables=options.create_tables if create_tables is None else create_tables,
-                max_sessions=DEFAULT_MAX_SESSIONS if max_sessions is None else max_sessions,
+        driver: Driver
+        if not isinstance(target, str):
+            driver = _advisory_driver_on_pool(
+                target,
+                heartbeat=heartbeat,
+                max_sessions=max_sessions,
+                tables=tables,
+                create_tables=create_tables,
+            )
+        elif (options := parse_postgres_url(target)).mode == "lease":
+            driver = _lease_driver_from_url(
+                options,
+                tables=tables,
+                create_tables=create_tables,
+                listen_url=listen_url,
+                pool_size=pool_size,
             )
         else:
-            pool = target
-            if not callable(getattr(pool, "acquire", None)) or not callable(
-                getattr(pool, "release", None)
-            ):
-                raise TypeError(
-                    "PostgresBackend takes a postgresql:// URL or an asyncpg.Pool, "
-                    f"got {type(target).__name__}"
-                )
-
-            async def borrow() -> Any:
-                return await pool.acquire()
-
-            async def give_back(conn: Any) -> None:
-                await pool.release(conn)
-
-            driver = PostgresAdvisoryDriver(
-                borrow,
-                describe="postgresql://(pool)",
-                heartbeat=5.0 if heartbeat is None else heartbeat,
+            driver = _advisory_driver_from_url(
+                options,
+                heartbeat=heartbeat,
+                max_sessions=max_sessions,
                 tables=tables,
-                create_tables=True if create_tables is None else create_tables,
-                max_sessions=DEFAULT_MAX_SESSIONS if max_sessions is None else max_sessions,
-                release_connection=give_back,
+                create_tables=create_tables,
             )
         super().__init__(driver)
 
@@ -196,6 +143,109 @@ class PostgresBackend(Backend):
         ...     if state is ConnectionState.LOST: ...
         """
         return self._states.states()
+
+
+def _lease_driver_from_url(
+    options: PostgresOptions,
+    *,
+    tables: TableNames | None,
+    create_tables: bool | None,
+    listen_url: str | None,
+    pool_size: int,
+) -> Driver:
+    """``mode=lease``: a statement pool, and one direct connection that ``LISTEN``s."""
+    import asyncpg
+
+    from ._lease import PostgresLeaseDriver, pool_options
+
+    kwargs = options.connect_kwargs()
+    listen_kwargs = (
+        dict(kwargs) if listen_url is None else parse_postgres_url(listen_url).connect_kwargs()
+    )
+    listen_kwargs.pop("statement_cache_size", None)
+
+    async def make_pool(prepared: bool) -> Any:
+        pool_kwargs = dict(kwargs)
+        if prepared:  # no pooler in the way: asyncpg's statement cache
+            pool_kwargs.pop("statement_cache_size", None)
+        return await asyncpg.create_pool(
+            min_size=1, max_size=pool_size, **pool_options(), **pool_kwargs
+        )
+
+    async def listen() -> Any:
+        return await asyncpg.connect(**listen_kwargs)
+
+    return PostgresLeaseDriver(
+        make_pool,
+        describe=_describe(options),
+        lease_time=options.lease_time,
+        tables=tables or options.tables,
+        create_tables=options.create_tables if create_tables is None else create_tables,
+        listen=listen,
+        listen_is_pool_target=listen_url is None,
+    )
+
+
+def _advisory_driver_from_url(
+    options: PostgresOptions,
+    *,
+    heartbeat: float | None,
+    max_sessions: int | None,
+    tables: TableNames | None,
+    create_tables: bool | None,
+) -> Driver:
+    """``mode=advisory`` on connections of its own."""
+    import asyncpg
+
+    from ._driver import DEFAULT_MAX_SESSIONS, PostgresAdvisoryDriver
+
+    kwargs = options.connect_kwargs()
+
+    async def connect() -> Any:
+        return await asyncpg.connect(**kwargs)
+
+    return PostgresAdvisoryDriver(
+        connect,
+        describe=_describe(options),
+        heartbeat=options.heartbeat if heartbeat is None else heartbeat,
+        tables=tables or options.tables,
+        create_tables=options.create_tables if create_tables is None else create_tables,
+        max_sessions=DEFAULT_MAX_SESSIONS if max_sessions is None else max_sessions,
+    )
+
+
+def _advisory_driver_on_pool(
+    pool: Any,
+    *,
+    heartbeat: float | None,
+    max_sessions: int | None,
+    tables: TableNames | None,
+    create_tables: bool | None,
+) -> Driver:
+    """``mode=advisory`` on connections borrowed from the caller's ``asyncpg.Pool``."""
+    from ._driver import DEFAULT_MAX_SESSIONS, PostgresAdvisoryDriver
+
+    if not callable(getattr(pool, "acquire", None)) or not callable(getattr(pool, "release", None)):
+        raise TypeError(
+            "PostgresBackend takes a postgresql:// URL or an asyncpg.Pool, "
+            f"got {type(pool).__name__}"
+        )
+
+    async def borrow() -> Any:
+        return await pool.acquire()
+
+    async def give_back(conn: Any) -> None:
+        await pool.release(conn)
+
+    return PostgresAdvisoryDriver(
+        borrow,
+        describe="postgresql://(pool)",
+        heartbeat=5.0 if heartbeat is None else heartbeat,
+        tables=tables,
+        create_tables=True if create_tables is None else create_tables,
+        max_sessions=DEFAULT_MAX_SESSIONS if max_sessions is None else max_sessions,
+        release_connection=give_back,
+    )
 
 
 def from_url(url: str, **options: object) -> PostgresBackend:

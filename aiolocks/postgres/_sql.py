@@ -281,9 +281,12 @@ def ddl(names: TableNames) -> str:
     The sequence starts above the largest epoch already in the fencing table
     (created only when missing, so a running sequence is never set back).
     """
-    fencing, leases, function = names.fencing, names.leases, names.acquire_function
-    sequence = names.sequence
-    sequence_literal = "'" + sequence.replace("'", "''") + "'"
+    return _tables_ddl(names) + _sequence_ddl(names) + _acquire_function_ddl(names)
+
+
+def _tables_ddl(names: TableNames) -> str:
+    """The fencing table (one epoch per name) and the lease table (one row per hold)."""
+    fencing, leases = names.fencing, names.leases
     return f"""\
 CREATE TABLE IF NOT EXISTS {fencing} (
     name  text   PRIMARY KEY,        -- "<family>/<lock name>"
@@ -298,6 +301,14 @@ CREATE TABLE IF NOT EXISTS {leases} (
     expires_at timestamptz NOT NULL, -- server time; renewed by the watchdog
     PRIMARY KEY (name, slot)
 );
+"""
+
+
+def _sequence_ddl(names: TableNames) -> str:
+    """The ``mode=advisory`` fencing sequence, created once above every epoch handed out."""
+    fencing, sequence = names.fencing, names.sequence
+    sequence_literal = "'" + sequence.replace("'", "''") + "'"
+    return f"""\
 -- mode=advisory fencing tokens; starts above every epoch already handed out.
 -- Roles that take locks need SELECT, INSERT, UPDATE, DELETE on the tables and
 -- USAGE on this sequence.
@@ -310,6 +321,13 @@ BEGIN
     END IF;
 END
 $aiolocks$;
+"""
+
+
+def _acquire_function_ddl(names: TableNames) -> str:
+    """The ``mode=lease`` acquire function: one try, by mode, under a per-name lock."""
+    fencing, leases, function = names.fencing, names.leases, names.acquire_function
+    return f"""\
 CREATE OR REPLACE FUNCTION {function}(
     p_name text, p_key int8, p_owner text, p_mode text, p_slots int4, p_ttl float8
 ) RETURNS TABLE (slot int4, epoch int8)
@@ -415,107 +433,117 @@ class AdvisoryQueries:
     @classmethod
     def build(cls, names: TableNames) -> AdvisoryQueries:
         """The statements for the tables in ``names``."""
-        fencing = names.fencing
         token = f"nextval('{names.sequence.replace(chr(39), chr(39) * 2)}')"
+        return cls(**_advisory_grants(names.fencing, token), **_advisory_others(token))
 
-        def try_grant(call: str) -> str:
-            # A one-time filter: the lock call runs first, nextval only when it
-            # returned true (a refused try returns no row and draws nothing).
-            return f"SELECT {token} AS epoch WHERE {call}($1)"
 
-        def wait_grant(call: str) -> str:
-            # The blocking calls return void; a subquery with a volatile call
-            # is not pulled up, so nextval runs once the lock was granted.
-            return f"SELECT {token} AS epoch FROM (SELECT {call}($1)) AS w"
+def _advisory_grants(fencing: str, token: str) -> dict[str, str]:
+    """The grant statements of :class:`AdvisoryQueries`: try or wait, plain or registering."""
 
-        def register(grant: str, columns: str = "epoch") -> str:
-            # The grant runs once (a CTE with a volatile call is materialized);
-            # the name's row records the token (names for ``aiolocks list``).
-            return (
-                f"WITH g AS ({grant}), r AS (INSERT INTO {fencing} AS f (name, epoch) "
-                "SELECT $2, g.epoch FROM g ON CONFLICT (name) DO UPDATE "
-                "SET epoch = greatest(f.epoch, excluded.epoch)) "
-                f"SELECT {columns} FROM g"
-            )
+    def try_grant(call: str) -> str:
+        # A one-time filter: the lock call runs first, nextval only when it
+        # returned true (a refused try returns no row and draws nothing).
+        return f"SELECT {token} AS epoch WHERE {call}($1)"
 
-        # LIMIT 1 over the scan stops at the first slot whose lock call
-        # succeeds, so exactly one slot is taken (tests check this).
-        try_slot = (
-            "SELECT t.slot, "
-            f"{token} AS epoch FROM (SELECT (s.i - 1)::int4 AS slot FROM unnest($1::int8[]) "
-            "WITH ORDINALITY AS s(k, i) WHERE pg_try_advisory_lock(s.k) LIMIT 1) AS t"
+    def wait_grant(call: str) -> str:
+        # The blocking calls return void; a subquery with a volatile call
+        # is not pulled up, so nextval runs once the lock was granted.
+        return f"SELECT {token} AS epoch FROM (SELECT {call}($1)) AS w"
+
+    def register(grant: str, columns: str = "epoch") -> str:
+        # The grant runs once (a CTE with a volatile call is materialized);
+        # the name's row records the token (names for ``aiolocks list``).
+        return (
+            f"WITH g AS ({grant}), r AS (INSERT INTO {fencing} AS f (name, epoch) "
+            "SELECT $2, g.epoch FROM g ON CONFLICT (name) DO UPDATE "
+            "SET epoch = greatest(f.epoch, excluded.epoch)) "
+            f"SELECT {columns} FROM g"
         )
 
-        def lock_slot(slot: str) -> str:
-            return (
-                f"SELECT w.slot, {token} AS epoch FROM (SELECT {slot}::int4 AS slot, "
-                f"pg_advisory_lock(($1::int8[])[{slot} + 1])) AS w"
-            )
+    # LIMIT 1 over the scan stops at the first slot whose lock call
+    # succeeds, so exactly one slot is taken (tests check this).
+    try_slot = (
+        "SELECT t.slot, "
+        f"{token} AS epoch FROM (SELECT (s.i - 1)::int4 AS slot FROM unnest($1::int8[]) "
+        "WITH ORDINALITY AS s(k, i) WHERE pg_try_advisory_lock(s.k) LIMIT 1) AS t"
+    )
 
-        return cls(
-            try_exclusive=try_grant("pg_try_advisory_lock"),
-            lock_exclusive=wait_grant("pg_advisory_lock"),
-            try_shared=try_grant("pg_try_advisory_lock_shared"),
-            lock_shared=wait_grant("pg_advisory_lock_shared"),
-            try_slot=try_slot,
-            # Waits for slot $2 (0-based) only: the caller picks which.
-            lock_slot=lock_slot("$2"),
-            try_exclusive_register=register(try_grant("pg_try_advisory_lock")),
-            lock_exclusive_register=register(wait_grant("pg_advisory_lock")),
-            try_shared_register=register(try_grant("pg_try_advisory_lock_shared")),
-            lock_shared_register=register(wait_grant("pg_advisory_lock_shared")),
-            try_slot_register=register(try_slot, "g.slot, g.epoch"),
-            lock_slot_register=register(lock_slot("$3"), "g.slot, g.epoch"),
-            # Hand-offs inside one backend: the lock stays held; $1 new tokens
-            # at once, for this hand-off and the next ones of the same chain.
-            next_token=f"SELECT {token} FROM generate_series(1, $1)",
-            unlock_exclusive="SELECT pg_advisory_unlock($1)",
-            unlock_shared="SELECT pg_advisory_unlock_shared($1)",
-            # A semaphore slot: unlock $1 and NOTIFY channel $2 with the
-            # semaphore's name $3 (sent when the statement commits).
-            unlock_notify="SELECT pg_advisory_unlock($1), pg_notify($2, $3)",
-            # After a cancelled or failed grant: unlock once if this session
-            # holds $1 in mode $2 ('ExclusiveLock' or 'ShareLock'); returns
-            # whether it did. No WARNING when it does not hold it.
-            unlock_if_held=(
-                "SELECT CASE WHEN $2 = 'ShareLock' THEN pg_advisory_unlock_shared($1) "
-                "ELSE pg_advisory_unlock($1) END FROM pg_locks "
-                f"WHERE {_HELD_WHERE} AND mode = $2 "
-                "AND classid = (($1::int8 >> 32) & 4294967295)::oid "
-                "AND objid = ($1::int8 & 4294967295)::oid"
-            ),
-            # A reader joining a shared lock its backend already holds: a
-            # token ($1 the key) unless a session waits for the key
-            # exclusively (a fresh shared try would be refused then: the
-            # server keeps new readers out behind a queued writer).
-            join_shared=(
-                f"SELECT {token} AS epoch WHERE NOT EXISTS (SELECT 1 FROM pg_locks "
-                "WHERE locktype = 'advisory' AND objsubid = 1 AND NOT granted "
-                "AND mode = 'ExclusiveLock' "
-                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-                "AND classid = (($1::int8 >> 32) & 4294967295)::oid "
-                "AND objid = ($1::int8 & 4294967295)::oid)"
-            ),
-            # The heartbeat: every advisory lock this session holds, as
-            # (key, mode). Also keeps idle_session_timeout from ending an
-            # idle holder.
-            held=(
-                "SELECT (classid::int8 << 32) | objid::int8 AS key, mode FROM pg_locks "
-                f"WHERE {_HELD_WHERE}"
-            ),
-            # Every session holding or waiting for key $1 in this database:
-            # holders first, then waiters in the order they started waiting
-            # (pg_locks.waitstart, PostgreSQL 14+).
-            participants=(
-                "SELECT l.pid, l.mode, l.granted, a.application_name FROM pg_locks AS l "
-                "LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid "
-                "WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
-                "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-                "AND l.classid = (($1::int8 >> 32) & 4294967295)::oid "
-                "AND l.objid = ($1::int8 & 4294967295)::oid "
-                "ORDER BY l.granted DESC, l.waitstart NULLS FIRST, l.pid"
-            ),
+    def lock_slot(slot: str) -> str:
+        return (
+            f"SELECT w.slot, {token} AS epoch FROM (SELECT {slot}::int4 AS slot, "
+            f"pg_advisory_lock(($1::int8[])[{slot} + 1])) AS w"
         )
+
+    return {
+        "try_exclusive": try_grant("pg_try_advisory_lock"),
+        "lock_exclusive": wait_grant("pg_advisory_lock"),
+        "try_shared": try_grant("pg_try_advisory_lock_shared"),
+        "lock_shared": wait_grant("pg_advisory_lock_shared"),
+        "try_slot": try_slot,
+        # Waits for slot $2 (0-based) only: the caller picks which.
+        "lock_slot": lock_slot("$2"),
+        "try_exclusive_register": register(try_grant("pg_try_advisory_lock")),
+        "lock_exclusive_register": register(wait_grant("pg_advisory_lock")),
+        "try_shared_register": register(try_grant("pg_try_advisory_lock_shared")),
+        "lock_shared_register": register(wait_grant("pg_advisory_lock_shared")),
+        "try_slot_register": register(try_slot, "g.slot, g.epoch"),
+        "lock_slot_register": register(lock_slot("$3"), "g.slot, g.epoch"),
+        # Hand-offs inside one backend: the lock stays held; $1 new tokens
+        # at once, for this hand-off and the next ones of the same chain.
+        "next_token": f"SELECT {token} FROM generate_series(1, $1)",
+    }
+
+
+def _advisory_others(token: str) -> dict[str, str]:
+    """The release, heartbeat and listing statements of :class:`AdvisoryQueries`."""
+    return {
+        "unlock_exclusive": "SELECT pg_advisory_unlock($1)",
+        "unlock_shared": "SELECT pg_advisory_unlock_shared($1)",
+        # A semaphore slot: unlock $1 and NOTIFY channel $2 with the
+        # semaphore's name $3 (sent when the statement commits).
+        "unlock_notify": "SELECT pg_advisory_unlock($1), pg_notify($2, $3)",
+        # After a cancelled or failed grant: unlock once if this session
+        # holds $1 in mode $2 ('ExclusiveLock' or 'ShareLock'); returns
+        # whether it did. No WARNING when it does not hold it.
+        "unlock_if_held": (
+            "SELECT CASE WHEN $2 = 'ShareLock' THEN pg_advisory_unlock_shared($1) "
+            "ELSE pg_advisory_unlock($1) END FROM pg_locks "
+            f"WHERE {_HELD_WHERE} AND mode = $2 "
+            "AND classid = (($1::int8 >> 32) & 4294967295)::oid "
+            "AND objid = ($1::int8 & 4294967295)::oid"
+        ),
+        # A reader joining a shared lock its backend already holds: a
+        # token ($1 the key) unless a session waits for the key
+        # exclusively (a fresh shared try would be refused then: the
+        # server keeps new readers out behind a queued writer).
+        "join_shared": (
+            f"SELECT {token} AS epoch WHERE NOT EXISTS (SELECT 1 FROM pg_locks "
+            "WHERE locktype = 'advisory' AND objsubid = 1 AND NOT granted "
+            "AND mode = 'ExclusiveLock' "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND classid = (($1::int8 >> 32) & 4294967295)::oid "
+            "AND objid = ($1::int8 & 4294967295)::oid)"
+        ),
+        # The heartbeat: every advisory lock this session holds, as
+        # (key, mode). Also keeps idle_session_timeout from ending an
+        # idle holder.
+        "held": (
+            "SELECT (classid::int8 << 32) | objid::int8 AS key, mode FROM pg_locks "
+            f"WHERE {_HELD_WHERE}"
+        ),
+        # Every session holding or waiting for key $1 in this database:
+        # holders first, then waiters in the order they started waiting
+        # (pg_locks.waitstart, PostgreSQL 14+).
+        "participants": (
+            "SELECT l.pid, l.mode, l.granted, a.application_name FROM pg_locks AS l "
+            "LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND l.classid = (($1::int8 >> 32) & 4294967295)::oid "
+            "AND l.objid = ($1::int8 & 4294967295)::oid "
+            "ORDER BY l.granted DESC, l.waitstart NULLS FIRST, l.pid"
+        ),
+    }
 
 
 @final

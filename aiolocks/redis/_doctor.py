@@ -358,6 +358,48 @@ def _server_time(call: Call) -> Callable[[], Awaitable[float]]:
 # -- Sentinel -------------------------------------------------------------------------
 
 
+def _sentinel_unreachable(service: str, label: str, error: str) -> Finding:
+    """One Sentinel of the URL could not be asked about ``service``."""
+    return Finding(
+        code="sentinel-unreachable",
+        severity=Severity.WARNING,
+        title=f"Sentinel {label} did not answer for {service!r}: {error}",
+        breaks=(
+            "fewer Sentinels can vote: a failover may not get the majority it needs, "
+            "and the master stays down"
+        ),
+        fix="bring the Sentinel back or remove it from the URL",
+        details={"sentinel": label, "error": error},
+    )
+
+
+def _failover_outlasts_lease(
+    service: str, lease_time: float, label: str, down_after: float
+) -> Finding:
+    """Sentinel declares the master down (``down_after`` seconds) too late for the leases."""
+    return Finding(
+        code="sentinel-down-after-vs-lease",
+        severity=Severity.WARNING,
+        title=(
+            f"down-after-milliseconds is {down_after * 1000:.0f} ms: a failover takes "
+            f"longer than lease_time ({lease_time:g} s)"
+        ),
+        breaks=(
+            "while the master is down no lease can be renewed, so every hold is lost "
+            "on each failover, and no lock can be taken until it ends"
+        ),
+        fix=(
+            f"set sentinel down-after-milliseconds {service} to at most a third of "
+            f"lease_time ({lease_time / 3 * 1000:.0f} ms here), or raise lease_time"
+        ),
+        details={
+            "sentinel": label,
+            "down_after_ms": down_after * 1000,
+            "lease_time_s": lease_time,
+        },
+    )
+
+
 def sentinel_findings(
     service: str,
     lease_time: float,
@@ -369,21 +411,7 @@ def sentinel_findings(
     :param states: sentinel label -> its parsed ``SENTINEL MASTER`` answer
     :param errors: sentinel label -> why it could not be asked
     """
-    findings: list[Finding] = []
-    for label, error in errors.items():
-        findings.append(
-            Finding(
-                code="sentinel-unreachable",
-                severity=Severity.WARNING,
-                title=f"Sentinel {label} did not answer for {service!r}: {error}",
-                breaks=(
-                    "fewer Sentinels can vote: a failover may not get the majority it needs, "
-                    "and the master stays down"
-                ),
-                fix="bring the Sentinel back or remove it from the URL",
-                details={"sentinel": label, "error": error},
-            )
-        )
+    findings = [_sentinel_unreachable(service, label, error) for label, error in errors.items()]
     if not states:
         return findings
     label, state = next(iter(states.items()))
@@ -392,29 +420,7 @@ def sentinel_findings(
     sentinels = int(state.get("num-other-sentinels", 0)) + 1
     majority = sentinels // 2 + 1
     if down_after + FAILOVER_MARGIN >= lease_time:
-        findings.append(
-            Finding(
-                code="sentinel-down-after-vs-lease",
-                severity=Severity.WARNING,
-                title=(
-                    f"down-after-milliseconds is {down_after * 1000:.0f} ms: a failover takes "
-                    f"longer than lease_time ({lease_time:g} s)"
-                ),
-                breaks=(
-                    "while the master is down no lease can be renewed, so every hold is lost "
-                    "on each failover, and no lock can be taken until it ends"
-                ),
-                fix=(
-                    f"set sentinel down-after-milliseconds {service} to at most a third of "
-                    f"lease_time ({lease_time / 3 * 1000:.0f} ms here), or raise lease_time"
-                ),
-                details={
-                    "sentinel": label,
-                    "down_after_ms": down_after * 1000,
-                    "lease_time_s": lease_time,
-                },
-            )
-        )
+        findings.append(_failover_outlasts_lease(service, lease_time, label, down_after))
     if sentinels < 3:
         findings.append(
             Finding(

@@ -36,9 +36,6 @@ async def proxied(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Tc
         yield f"memory://bad-input-{uuid.uuid4().hex[:8]}", None
         return
     if kind == "zookeeper":
-        from .test_checker import _require_zookeeper
-
-        _require_zookeeper()
         server = request.getfixturevalue("zookeeper_server")
     else:
         server = request.getfixturevalue("redis_server")

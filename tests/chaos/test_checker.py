@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 import random
 import signal
 import uuid
@@ -46,15 +44,6 @@ ZK_SESSION = 3.0
 
 def _seconds(base: float) -> float:
     return base * chaos_scale()
-
-
-def _require_zookeeper() -> None:
-    if importlib.util.find_spec("aiolocks.zookeeper") is None:
-        pytest.skip("aiolocks.zookeeper is not importable (the ZooKeeper driver has not landed)")
-    try:
-        importlib.import_module("aiolocks.zookeeper")
-    except Exception as exc:
-        pytest.skip(f"aiolocks.zookeeper does not import yet: {exc!r}")
 
 
 def _check(report: Report, pool: WorkerPool, events: list[str]) -> None:
@@ -263,7 +252,6 @@ async def test_zookeeper_single_server_under_faults(
     zookeeper_restartable: ZooKeeperServer, tmp_path: Path
 ) -> None:
     """Cut, stall, delay, kill/restart, session expiry and loop blocks against one ZooKeeper."""
-    _require_zookeeper()
     server = zookeeper_restartable
     chroot = f"/chaos-{uuid.uuid4().hex[:8]}"
     async with worker_proxies(server.host, server.port) as proxies:
@@ -306,7 +294,6 @@ async def test_zookeeper_ensemble_leader_kill(
     zookeeper_ensemble: ZooKeeperEnsemble, tmp_path: Path
 ) -> None:
     """Ensemble leader SIGKILLed and restarted, session expiry and loop blocks."""
-    _require_zookeeper()
     if not zookeeper_ensemble.managed:
         pytest.skip("the ensemble is external (AIOLOCKS_ZK_ENSEMBLE_HOSTS); cannot kill members")
     ensemble = zookeeper_ensemble

@@ -77,9 +77,6 @@ def _url(kind: str, request: pytest.FixtureRequest) -> str:
     if kind == "etcd":
         etcd: EtcdServer = request.getfixturevalue("etcd_server")
         return f"{etcd.url}/chaos-starve-{uuid.uuid4().hex[:8]}?lease_ttl={int(LEASE)}"
-    from .test_checker import _require_zookeeper
-
-    _require_zookeeper()
     zk: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
     chroot = f"/chaos-starve-{uuid.uuid4().hex[:8]}"
     return f"zk://{zk.hosts}{chroot}?session_timeout={LEASE * 2}"

@@ -7,16 +7,17 @@ No test names a backend: differences are expressed through
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import pytest
 import pytest_asyncio
 
 import aiolocks
+from aiolocks import Participant
+
+from ..polling import eventually, settle
 
 #: backend label -> name of a pytest fixture giving an object with ``.url``
 #: (None: no server needed). A backend joins the suite by being listed here.
@@ -117,34 +118,17 @@ def names() -> Callable[[], str]:
     return make
 
 
-async def settle(backend: aiolocks.Backend, timeout: float = 10.0) -> None:
-    """Wait until the backend's background work (releases, cleanups) is done."""
-    deadline = time.monotonic() + timeout
-    for _ in range(3):  # let done-callbacks (orphan release) run first
-        await asyncio.sleep(0)
-    while len(backend._tasks) and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
-    assert not len(backend._tasks), "background work did not finish"
-
-
-async def wait_until(
-    predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition"
+async def wait_queued(
+    lock_participants: Callable[[], Awaitable[Sequence[Participant]]], count: int
 ) -> None:
-    """Poll a cheap local predicate (test helper only; the library never polls)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
-async def wait_queued(lock_participants: Callable[[], object], count: int) -> None:
     """Wait until the backend's queue shows ``count`` participants."""
-    deadline = time.monotonic() + 10
-    while True:
-        got = await lock_participants()  # type: ignore[misc]
-        if len(got) >= count:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"queue never reached {count} participants: {got}")
-        await asyncio.sleep(0.01)
+    seen: list[Sequence[Participant]] = []
+
+    async def queued() -> bool:
+        seen[:] = [await lock_participants()]
+        return len(seen[0]) >= count
+
+    try:
+        await eventually(queued, what=f"{count} participants in the queue")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen: {seen}") from None

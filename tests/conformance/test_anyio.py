@@ -9,7 +9,6 @@ runner (asyncio backend; aiozk and redis.asyncio are asyncio-only).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +16,8 @@ import anyio
 import pytest
 
 import aiolocks
+
+from ..polling import settle
 
 pytestmark = pytest.mark.anyio
 
@@ -29,15 +30,6 @@ def anyio_backend() -> str:
 def _background(backend: aiolocks.Backend) -> int:
     """Background work still running: the backend owns every task (one task set)."""
     return len(backend._tasks)
-
-
-async def _settle(backend: aiolocks.Backend) -> None:
-    for _ in range(3):
-        await anyio.sleep(0)
-    deadline = time.monotonic() + 10
-    while _background(backend) and time.monotonic() < deadline:
-        await anyio.sleep(0.005)
-    assert not _background(backend)
 
 
 async def _is_free(backend: aiolocks.Backend, name: str) -> bool:
@@ -71,7 +63,7 @@ async def test_task_group_exact_counter(backend_url: str, names: Callable[[], st
             for _ in range(10):
                 tg.start_soon(worker)
         assert state == {"n": 50, "inside": 0, "max": 1}
-        await _settle(backend)
+        await settle(backend)
         assert not backend._holds
 
 
@@ -89,12 +81,12 @@ async def test_fail_after_around_contended_acquire(
 
         with pytest.raises(TimeoutError):
             await asyncio.create_task(waiter())
-        await _settle(backend)
+        await settle(backend)
         if backend.capabilities.queue_visible:
             assert [p.is_holder for p in await holder.participants()] == [True]
         await holder.release()
         assert await _is_free(backend, name)
-        await _settle(backend)
+        await settle(backend)
 
 
 async def test_move_on_after_around_acquire_and_body(
@@ -115,7 +107,7 @@ async def test_move_on_after_around_acquire_and_body(
 
         await asyncio.create_task(scoped())
         assert not body_done
-        await _settle(backend)
+        await settle(backend)
         assert await _is_free(backend, name), "the body's scope exit must release"
 
         holder = backend.mutex(name)
@@ -128,7 +120,7 @@ async def test_move_on_after_around_acquire_and_body(
 
         assert await asyncio.create_task(give_up()) is False
         await holder.release()
-        await _settle(backend)
+        await settle(backend)
         assert await _is_free(backend, name)
 
 
@@ -151,9 +143,9 @@ async def test_cancel_scope_many_points_leaves_nothing(
             await asyncio.create_task(attempt(0.001 * i))
             if contended:
                 await blocker.release()
-            await _settle(backend)
+            await settle(backend)
             assert await _is_free(backend, name)
-        await _settle(backend)
+        await settle(backend)
 
 
 async def test_second_native_cancel_during_release(
@@ -164,35 +156,39 @@ async def test_second_native_cancel_during_release(
         lock = backend.mutex(name)
         inside = anyio.Event()
         releasing = anyio.Event()
-        # Slow down the driver's release() (a method of the driver contract):
-        # the engine must finish the release although the caller is cancelled
-        # again while it runs.
+        # Hold the driver's release() (a method of the driver contract) open
+        # until the second cancel has landed: the engine must finish the
+        # release although the caller is cancelled again while it runs.
         target: Any = backend._driver
-        attr = "release"
-        real_release = getattr(target, attr)
+        real_release = target.release
+        proceed = asyncio.Event()
 
-        async def slow_release(*args: Any) -> Any:
+        async def held_release(*args: Any) -> Any:
             releasing.set()
-            await asyncio.sleep(0.05)
+            await proceed.wait()
             return await real_release(*args)
 
-        setattr(target, attr, slow_release)
+        target.release = held_release
+        try:
 
-        async def body() -> None:
-            with anyio.CancelScope():
-                async with lock:
-                    inside.set()
-                    await anyio.sleep(3600)
+            async def body() -> None:
+                with anyio.CancelScope():
+                    async with lock:
+                        inside.set()
+                        await anyio.sleep(3600)
 
-        task = asyncio.create_task(body())
-        await inside.wait()
-        task.cancel()  # first native cancel: the body ends, release starts
-        await releasing.wait()
-        task.cancel()  # second native cancel lands during the release
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        setattr(target, attr, real_release)
-        await _settle(backend)
+            task = asyncio.create_task(body())
+            await inside.wait()
+            task.cancel()  # first native cancel: the body ends, release starts
+            await releasing.wait()
+            task.cancel()  # second native cancel lands during the release
+            proceed.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            proceed.set()
+            target.release = real_release
+        await settle(backend)
         assert await _is_free(backend, name), "release must complete despite two cancels"
 
 
@@ -226,7 +222,7 @@ async def test_semaphore_in_task_group_with_fail_after(
         assert state["max"] <= 2
         assert state["done"] + state["timeouts"] == 12
         assert state["timeouts"] > 0
-        await _settle(backend)
+        await settle(backend)
         leases = await sem.acquire_many(2, timeout=5)
         assert leases is not None
         for lease in leases:

@@ -17,7 +17,7 @@ import pytest
 
 import aiolocks
 
-from .conftest import wait_until
+from ..polling import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -114,7 +114,7 @@ async def test_election_observer_names_the_true_leader(
             await _names_the_leader(observers, contenders[0], gone)
         remaining = list(contenders)
         while remaining:
-            await wait_until(
+            await eventually(
                 lambda: sum(latch.has_leadership for latch in remaining) == 1,
                 what="one leader among the remaining contenders",
             )

@@ -17,7 +17,7 @@ import pytest
 import aiolocks
 from aiolocks.testing import lose
 
-from .conftest import settle, wait_until
+from ..polling import eventually, settle
 
 pytestmark = pytest.mark.asyncio
 
@@ -232,7 +232,7 @@ async def test_multilock_async_with_reports_the_loss_once(
             await lose(multi)
             await asyncio.sleep(3600)
     assert a.is_lost and b.is_lost
-    await wait_until(lambda: not backend._holds, what="holds released")
+    await eventually(lambda: not backend._holds, what="holds released")
 
 
 async def test_lose_refuses_what_is_not_held(

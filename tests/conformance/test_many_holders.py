@@ -17,6 +17,8 @@ import pytest
 
 import aiolocks
 
+from ..polling import eventually
+
 pytestmark = [pytest.mark.asyncio]
 
 
@@ -126,8 +128,11 @@ async def test_waiting_writers_and_readers_are_listed(
         tasks += [
             asyncio.create_task(writer(other_backend if i % 2 else backend)) for i in range(writers)
         ]
-        while (await counts(backend))[1] < writers:
-            await asyncio.sleep(0.02)
+
+        async def writers_queued() -> bool:
+            return (await counts(backend))[1] >= writers
+
+        await eventually(writers_queued, 60, what=f"{writers} writers in the queue")
         assert await counts(backend) == (readers, writers)
         assert await counts(other_backend) == (readers, writers)
         release.set()

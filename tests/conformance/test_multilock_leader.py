@@ -9,7 +9,7 @@ import pytest
 
 import aiolocks
 
-from .conftest import settle, wait_until
+from ..polling import eventually, settle
 
 pytestmark = pytest.mark.asyncio
 
@@ -99,7 +99,7 @@ async def test_multilock_cancel_rolls_back(
     await taken.wait()
     multi = aiolocks.MultiLock([backend.mutex(a), backend.mutex(b)])
     task = asyncio.create_task(multi.acquire())
-    await wait_until(lambda: backend.mutex(a).is_acquired_in_this_process(), what="a taken")
+    await eventually(lambda: backend.mutex(a).is_acquired_in_this_process(), what="a taken")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -168,7 +168,7 @@ async def test_leader_latch_exactly_one_among_many(
         await latch.start()
     seen: list[str] = []
     for _ in range(5):
-        await wait_until(lambda: sum(latch.has_leadership for latch in latches) == 1, what="leader")
+        await eventually(lambda: sum(latch.has_leadership for latch in latches) == 1, what="leader")
         leaders = [latch for latch in latches if latch.has_leadership]
         assert len(leaders) == 1
         seen.append(leaders[0].participant_id)

@@ -9,7 +9,8 @@ import pytest
 
 import aiolocks
 
-from .conftest import settle, wait_queued
+from ..polling import settle
+from .conftest import wait_queued
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.primitives("read_write_lock")]
 

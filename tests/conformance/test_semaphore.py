@@ -10,7 +10,8 @@ import pytest
 
 import aiolocks
 
-from .conftest import settle, wait_queued
+from ..polling import settle
+from .conftest import wait_queued
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.primitives("semaphore")]
 

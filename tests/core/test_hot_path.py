@@ -17,6 +17,7 @@ import pytest
 
 import aiolocks
 from aiolocks._core import hold as hold_module
+from aiolocks._core import tasks as tasks_module
 from aiolocks._core.driver import Grant
 from aiolocks._core.tasks import running_task, task_of_loop
 from aiolocks.testing import lose
@@ -43,6 +44,43 @@ async def test_running_task_is_asyncio_current_task() -> None:
     loop = asyncio.get_running_loop()
     outside: asyncio.Future[object] = loop.create_future()
     loop.call_soon(lambda: outside.set_result(running_task()))
+    assert await outside is None
+
+
+@pytest.mark.parametrize("version", [(3, 10, 9), (3, 14, 0), (4, 0, 0)])
+def test_untested_python_reads_no_asyncio_internals(version: tuple[int, ...]) -> None:
+    """Outside the tested Python range the private dict of tasks is never used."""
+    assert tasks_module._private_current_tasks(version) is None
+
+
+def test_private_dict_only_where_current_task_is_python() -> None:
+    found = tasks_module._private_current_tasks()
+    if asyncio.current_task.__module__ == "asyncio.tasks":  # Python 3.11
+        assert found is getattr(asyncio.tasks, "_current_tasks")  # noqa: B009
+    else:  # written in C (3.12+): nothing to gain, the public function is used
+        assert found is None
+        assert running_task is asyncio.current_task
+
+
+@pytest.mark.asyncio
+async def test_public_api_fallback_finds_the_running_task() -> None:
+    """The fallback readers (no private dict) answer exactly like the fast ones."""
+    fallback_running = tasks_module._running_task_reader(None)
+    fallback_of_loop = tasks_module._task_of_loop_reader(None)
+    assert fallback_running is asyncio.current_task
+    seen: list[tuple[object, object, object]] = []
+
+    async def probe() -> None:
+        loop = asyncio.get_running_loop()
+        seen.append((fallback_running(), fallback_of_loop(loop), running_task()))
+
+    await asyncio.gather(*(asyncio.create_task(probe()) for _ in range(3)))
+    assert len({id(fast) for _, _, fast in seen}) == 3
+    for public, by_loop, fast in seen:
+        assert public is fast and by_loop is fast and fast is not None
+    loop = asyncio.get_running_loop()
+    outside: asyncio.Future[object] = loop.create_future()
+    loop.call_soon(lambda: outside.set_result(fallback_of_loop(loop)))
     assert await outside is None
 
 

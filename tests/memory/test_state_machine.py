@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import aiolocks
-from aiolocks.memory._driver import _stores
+from aiolocks._core.localstore import _stores
 
 ACTORS = 4
 MAX_LEASES = 2

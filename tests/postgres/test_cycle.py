@@ -17,6 +17,8 @@ from aiolocks.postgres import PostgresBackend
 from aiolocks.postgres._driver import PostgresAdvisoryDriver
 from aiolocks.testing import PgBouncer, PostgresServer
 
+from ..polling import settle
+
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
 
 
@@ -28,13 +30,6 @@ async def _our_locks(server: PostgresServer, app: str) -> list[tuple[int, int, s
     pids = set(await asyncio.to_thread(server.backend_pids, application_name=app))
     locks = await asyncio.to_thread(server.advisory_locks)
     return [row for row in locks if row[0] in pids]
-
-
-async def _settle(*backends: aiolocks.Backend) -> None:
-    """Wait for the owned clean-ups (re-sent releases, check-and-unlock) to finish."""
-    async with asyncio.timeout(30):
-        while any(len(b._tasks) for b in backends):
-            await asyncio.sleep(0.01)
 
 
 class _Exclusion:
@@ -120,7 +115,7 @@ async def test_cancel_at_every_step_of_the_cycle_leaks_nothing(
             stop.set()
             assert rival is not None
             await rival
-        await _settle(mine, other)
+        await settle(mine, other, timeout=30)
         assert cancelled > 0
         assert in_flight > 0, "no cancellation landed inside a lock call"
         assert seen.overlaps == 0

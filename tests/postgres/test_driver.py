@@ -15,6 +15,8 @@ from aiolocks.postgres._driver import PostgresAdvisoryDriver
 from aiolocks.postgres._sql import advisory_key, slot_keys
 from aiolocks.testing import PgBouncer, PostgresServer, TcpProxy
 
+from ..polling import eventually
+
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
 
 
@@ -155,9 +157,11 @@ async def test_cancelled_waiters_leave_no_lock_behind(postgres_server: PostgresS
             await asyncio.gather(waiter, release, return_exceptions=True)
         assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
         # let the owned cleanups finish, then nothing of ours is held
-        async with asyncio.timeout(30):
-            while len(backend._tasks) or len(other._tasks):
-                await asyncio.sleep(0.01)
+        await eventually(
+            lambda: not len(backend._tasks) and not len(other._tasks),
+            30,
+            what="the owned cleanups to finish",
+        )
         assert await _our_locks(postgres_server, app) == []
         assert await _our_locks(postgres_server, app + "-b") == []
         async with backend.semaphore_mutex(name):
@@ -177,7 +181,14 @@ async def test_semaphore_waiter_wakes_on_another_process_release(
         second = await other.semaphore(name, 2).acquire()
         assert first is not None and second is not None
         waiting = asyncio.create_task(backend.semaphore(name, 2).acquire(timeout=30))
-        await asyncio.sleep(0.1)
+        # the waiter tried, found no slot, and waits for a release NOTIFY
+        driver: PostgresAdvisoryDriver = backend._driver
+
+        def waiting_for_notify() -> bool:
+            change = driver._change
+            return change is not None and not change.done()
+
+        await eventually(waiting_for_notify, what="the waiter to wait for a slot")
         assert not waiting.done()
         await first.release()
         lease = await waiting
@@ -313,9 +324,11 @@ async def test_lease_cancelled_waiters_leave_no_rows(postgres_server: PostgresSe
             await asyncio.gather(waiter, release, return_exceptions=True)
         assert all(t is not None for t in tokens)
         assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)  # type: ignore[type-var]
-        async with asyncio.timeout(30):
-            while len(backend._tasks) or len(other._tasks):
-                await asyncio.sleep(0.01)
+        await eventually(
+            lambda: not len(backend._tasks) and not len(other._tasks),
+            30,
+            what="the owned cleanups to finish",
+        )
         assert await _lease_rows(postgres_server, name) == []
 
 
@@ -396,8 +409,7 @@ async def test_local_hand_offs_keep_exclusion_order_and_let_other_processes_in(
 
         async def other() -> None:
             # queue on the server once the local tasks are busy handing off
-            while len(order) < 3 * MAX_HANDOFFS:
-                await asyncio.sleep(0.01)
+            await eventually(lambda: len(order) >= 3 * MAX_HANDOFFS, 60, what="the hand-offs")
             await hold(foreign.mutex(name), "foreign")
             foreign_done.set()
 
@@ -435,8 +447,7 @@ async def test_cancelled_hand_off_waiters_leave_nothing_behind(
                 for task in rng.sample(tasks, 3):
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-            while len(backend._tasks):
-                await asyncio.sleep(0.01)
+            await eventually(lambda: not len(backend._tasks), 60, what="the owned cleanups")
         assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
         driver = _driver(backend)
         assert driver._queued == {} and driver._server_waiters == {}
@@ -461,8 +472,8 @@ async def test_a_handed_off_hold_is_lost_with_its_session(postgres_server: Postg
         second = b.mutex(name)
 
         async def let_go() -> None:
-            while not _driver(b)._queued:  # the acquire below is queued for the hand-off
-                await asyncio.sleep(0.01)
+            # the acquire below is queued for the hand-off
+            await eventually(lambda: _driver(b)._queued, 30, what="the queued acquire")
             go.set()
 
         async with asyncio.timeout(30):
@@ -502,16 +513,21 @@ async def test_lease_readers_do_not_overtake_a_waiting_writer(
 
             async with asyncio.timeout(60):
                 writer = asyncio.create_task(write())
-                while not await raw.fetchval(
-                    "SELECT count(*) FROM aiolocks_leases WHERE name = $1 AND slot < 0",
-                    f"rwlock/{name}",
-                ):
-                    await asyncio.sleep(0.01)  # the writer is marked as waiting
+
+                async def writer_marked() -> object:  # the writer is marked as waiting
+                    return await raw.fetchval(
+                        "SELECT count(*) FROM aiolocks_leases WHERE name = $1 AND slot < 0",
+                        f"rwlock/{name}",
+                    )
+
+                await eventually(writer_marked, what="the writer's waiting mark")
                 # refused while a writer waits (in another task: this one reads already)
                 late = readers.read_write_lock(name)
                 assert not await asyncio.create_task(late.read.acquire(timeout=0))
                 reader = asyncio.create_task(late_read())
-                await asyncio.sleep(0.05)
+                # the late reader tried, was refused, and waits for a release NOTIFY
+                waiters = readers._driver._waiters
+                await eventually(lambda: f"rwlock/{name}" in waiters, what="the late reader")
                 assert events == []
                 await first.read.release()
                 await asyncio.gather(writer, reader)
@@ -563,9 +579,7 @@ async def test_pool_gets_back_sessions_the_server_ended_or_that_broke(
                             proxy.cut()
                         else:
                             proxy.stall()
-                        async with asyncio.timeout(30):
-                            while not lock.is_lost:
-                                await asyncio.sleep(0.01)
+                        await eventually(lambda: lock.is_lost, 30, what="the loss")  # noqa: B023
                         proxy.heal()
                         with pytest.raises(aiolocks.LockLostError):
                             await lock.release()
@@ -575,9 +589,8 @@ async def test_pool_gets_back_sessions_the_server_ended_or_that_broke(
                             assert _in_use(pool) <= 3
                 finally:
                     await raw.close()
-            async with asyncio.timeout(30):
-                while _in_use(pool):  # closing hands the last ones back
-                    await asyncio.sleep(0.01)
+            # closing hands the last ones back
+            await eventually(lambda: not _in_use(pool), 30, what="the pool's connections")
             conns = [await asyncio.wait_for(pool.acquire(), 10) for _ in range(3)]
             for conn in conns:
                 assert await conn.fetchval("SELECT 1") == 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
@@ -67,17 +67,6 @@ async def command_calls(client: redis.asyncio.Redis) -> dict[str, int]:
             continue
         calls[name] = int(value["calls"])
     return calls
-
-
-async def eventually(
-    predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition"
-) -> None:
-    """Poll a test-side predicate (the library itself never polls)."""
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 class Alone:

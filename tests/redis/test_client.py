@@ -26,6 +26,8 @@ from aiolocks.redis._backend import POOL_SIZE
 from aiolocks.testing.proxy import TcpProxy
 from aiolocks.testing.servers import RedisServer
 
+from ..polling import eventually
+
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
 
@@ -187,9 +189,11 @@ async def test_disconnect_and_reconnect_marks_reach_idle_connections(
 
 async def eventually_empty(raw: redis.asyncio.Redis) -> None:
     """Wait (bounded) until the server has no connection but ``raw``'s."""
-    async with asyncio.timeout(10):
-        while await _our_connections(raw):
-            await asyncio.sleep(0.01)
+
+    async def empty() -> bool:
+        return not await _our_connections(raw)
+
+    await eventually(empty, what="the server to have no connection of ours")
 
 
 @pytest.mark.parametrize("where", ["write", "read"])

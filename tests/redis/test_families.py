@@ -10,7 +10,8 @@ import redis.asyncio
 import aiolocks
 from aiolocks.testing.servers import RedisSentinelSet, RedisServer
 
-from .conftest import command_calls, eventually
+from ..polling import eventually
+from .conftest import command_calls
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 

@@ -13,7 +13,7 @@ import aiolocks
 from aiolocks.testing.proxy import TcpProxy
 from aiolocks.testing.servers import RedisServer
 
-from .conftest import eventually
+from ..polling import eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 

@@ -15,7 +15,8 @@ import redis.asyncio
 
 import aiolocks
 
-from .conftest import Alone, command_calls, eventually
+from ..polling import eventually
+from .conftest import Alone, command_calls
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 

@@ -24,8 +24,8 @@ from aiolocks.testing import RedisCluster, RedisServer
 from aiolocks.testing.servers import ServerCommandError
 
 from .. import test_cli_process as cli
+from ..polling import eventually
 from ..test_cli_process import assert_all_gone, finish, forking_command, start, wait_all_started
-from .conftest import eventually
 
 #: kills what a failed ``aiolocks run`` test left (the CLI tests' fixture)
 reaper = cli.reaper

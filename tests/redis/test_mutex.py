@@ -14,7 +14,8 @@ import aiolocks
 from aiolocks.redis import RedisBackend
 from aiolocks.testing.servers import RedisServer
 
-from .conftest import command_calls, eventually
+from ..polling import eventually
+from .conftest import command_calls
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 

@@ -20,7 +20,8 @@ import aiolocks
 from aiolocks._core.driver import Family
 from aiolocks.redis._driver import RedisDriver, lock_keys
 
-from .conftest import command_calls, eventually
+from ..polling import eventually
+from .conftest import command_calls
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 

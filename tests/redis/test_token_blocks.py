@@ -23,7 +23,8 @@ import redis.asyncio
 import aiolocks
 from aiolocks.redis._driver import TOKEN_BLOCK
 
-from .conftest import Alone, eventually
+from ..polling import eventually
+from .conftest import Alone
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 

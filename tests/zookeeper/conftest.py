@@ -16,6 +16,8 @@ import aiolocks
 from aiolocks.testing.servers import ZooKeeperServer
 from aiolocks.zookeeper import ZooKeeperBackend
 
+from ..polling import eventually
+
 pytestmark = pytest.mark.zookeeper
 
 #: short enough that expiry tests are quick, long enough for loaded CI machines
@@ -142,18 +144,12 @@ def count_requests(backend: ZooKeeperBackend) -> Callable[[], list[str]]:
 
 
 async def until(predicate: Callable[[], Any], *, timeout: float = 20.0, what: str = "") -> None:
-    """Wait for a condition that only a server-side process (reaper, expiry) makes true."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.05)
+    """Wait for a condition that only a server-side process (reaper, expiry) makes true.
+
+    The suite's one poll (``tests/polling.py``), with the longer default
+    timeout a ZooKeeper reaper or session expiry needs.
+    """
+    await eventually(predicate, timeout, what=what, interval=0.05)
 
 
 class Held:
