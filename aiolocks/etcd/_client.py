@@ -1857,6 +1857,26 @@ class _WatchHub:
             for watch in list(self._by_id.values()):
                 watch._deliver(_watch_response(response))
 
+    async def _authenticate(self, endpoint: str, stubs: _Stubs) -> bool:
+        """Get a token for the next stream (when the client has a user); ``False``: none.
+
+        A refusal fails every watch; a member that does not answer is marked bad.
+        """
+        client = self._client
+        try:
+            await client._auth.metadata(stubs, client.connect_timeout / len(client.endpoints))
+        except grpc.aio.AioRpcError as exc:
+            if not _is_transport(exc) or _tls_refused(exc):
+                self._fail_all(_map_refusal(exc))
+                self._watches.clear()
+                return False
+            self._errors.append(f"{endpoint}: {_code_name(exc)} {_details(exc)}")
+            client._failed(endpoint)
+            await asyncio.sleep(0.1)
+            return False
+        self._stream_token = client._auth.token
+        return True
+
     def _token_refused(self, watch: Watch, reason: str) -> bool:
         """Whether a refused create deserves one more try on a stream with a new token.
 
@@ -1890,21 +1910,9 @@ class _WatchHub:
                 endpoint, stubs = client._current_stubs()
             except BackendUnavailableError:
                 return
-            try:
-                metadata = await client._auth.metadata(
-                    stubs, client.connect_timeout / len(client.endpoints)
-                )
-            except grpc.aio.AioRpcError as exc:
-                if not _is_transport(exc) or _tls_refused(exc):
-                    self._fail_all(_map_refusal(exc))
-                    self._watches.clear()
-                    return
-                self._errors.append(f"{endpoint}: {_code_name(exc)} {_details(exc)}")
-                client._failed(endpoint)
-                await asyncio.sleep(0.1)
-                continue
-            self._stream_token = client._auth.token
-            call = stubs.watch.Watch(metadata=metadata)
+            if not await self._authenticate(endpoint, stubs):
+                continue  # no token: the next member, or every watch was refused
+            call = stubs.watch.Watch(metadata=client._auth.current())
             self.streams_opened += 1
             outbox: asyncio.Queue[Any] = asyncio.Queue()
             self._call, self._outbox = call, outbox

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aetcd.rpc import rpc_pb2 as pb
 
 import aiolocks
 from aiolocks import cli
@@ -181,6 +182,32 @@ async def test_user_without_permission_on_the_prefix_is_denied(
             async with lock:
                 pytest.fail("acquired a lock the role forbids")
         assert not lock.is_degraded
+
+
+async def _set_password(server: EtcdServer, user: str, password: str) -> None:
+    async with EtcdClient([server.endpoint], username="root", password=ROOT_PASSWORD) as root:
+        request = pb.AuthUserChangePasswordRequest(name=user, password=password)
+        await root._unary("auth", "UserChangePassword", request, timeout=None, retry=False)
+
+
+@pytest.mark.asyncio
+async def test_password_change_under_a_live_backend_is_denied_not_degraded(
+    secure_etcd: EtcdServer,
+) -> None:
+    """etcd drops a user's tokens when the password changes: the next acquire is refused."""
+    async with aiolocks.connect(_url(secure_etcd), on_unavailable="local") as backend:
+        name = f"rotate/{uuid.uuid4().hex[:8]}"
+        async with backend.mutex(name):
+            pass
+        await _set_password(secure_etcd, "locker", "rotated-password")
+        try:
+            lock = backend.mutex(name)
+            with pytest.raises(aiolocks.AccessDeniedError, match="authentication failed"):
+                async with lock.hold(timeout=5):
+                    pytest.fail("held with a password that was changed")
+            assert not lock.is_degraded
+        finally:
+            await _set_password(secure_etcd, "locker", SENTINEL)
 
 
 @pytest.mark.asyncio
