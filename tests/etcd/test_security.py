@@ -125,6 +125,16 @@ async def test_least_privilege_user_runs_every_lock_kind(secure_etcd: EtcdServer
 
 
 @pytest.mark.asyncio
+async def test_doctor_runs_with_the_least_privilege_user(
+    secure_etcd: EtcdServer, tls_files: TlsFiles
+) -> None:
+    async with aiolocks.connect(_tls_url(secure_etcd, tls_files)) as backend:
+        report = await backend.doctor()
+    assert report.ok, report
+    assert report.self_test is not None and report.self_test.released
+
+
+@pytest.mark.asyncio
 async def test_waiter_gets_the_lock_and_loss_is_prompt(secure_etcd: EtcdServer) -> None:
     name = f"handoff/{uuid.uuid4().hex[:8]}"
     async with (
