@@ -223,6 +223,11 @@ def _denied(details: str) -> AccessDeniedError | None:
             "ssl_ca_certs and made for the host name dialled, and does the member trust "
             f"ssl_certfile?): {details}"
         )
+    if "authentication is not enabled" in lowered:
+        return AccessDeniedError(
+            f"etcd: {details}: the URL names a user, but the cluster does not authenticate "
+            "(run 'etcdctl auth enable', or leave user:password@ out)"
+        )
     if any(marker in lowered for marker in _DENIED_MARKERS):
         return AccessDeniedError(f"etcd refused the credentials or a permission: {details}")
     return None

@@ -15,7 +15,7 @@ import asyncio
 import io
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +25,7 @@ import aiolocks
 from aiolocks import cli
 from aiolocks.etcd import EtcdBackend
 from aiolocks.etcd._client import EtcdClient, RangeOp
-from aiolocks.testing import EtcdFlavor, EtcdServer, ServerNotInstalledError
+from aiolocks.testing import EtcdCluster, EtcdFlavor, EtcdServer, ServerNotInstalledError
 from aiolocks.testing.tls import TlsFiles, make_tls_files
 
 from .conftest import _params
@@ -45,9 +45,8 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
     return make_tls_files(tmp_path_factory.mktemp("etcd-tls"))
 
 
-def _enable_auth(server: EtcdServer) -> None:
-    """The least-privilege recipe of docs/etcd.md, then ``auth enable``."""
-    ctl = server.etcdctl
+def _enable_auth(ctl: Callable[..., str]) -> None:
+    """The least-privilege recipe of docs/etcd.md, then ``auth enable`` (``ctl``: etcdctl)."""
     ctl("user", "add", "root", f"--new-user-password={ROOT_PASSWORD}")
     ctl("role", "add", "aiolocks")
     ctl("role", "grant-permission", "aiolocks", "--prefix=true", "readwrite", f"{PREFIX}/")
@@ -70,7 +69,7 @@ def secure_etcd(request: pytest.FixtureRequest, tls_files: TlsFiles) -> Iterator
         server.close()
         pytest.fail(str(exc), pytrace=False)
     try:
-        _enable_auth(server)
+        _enable_auth(server.etcdctl)
         yield server
     finally:
         server.close()
@@ -169,6 +168,16 @@ async def test_wrong_password_is_access_denied(
 
 
 @pytest.mark.asyncio
+async def test_credentials_for_a_cluster_without_auth_are_refused(etcd: EtcdServer) -> None:
+    """A user in the URL of a cluster that does not authenticate: loud, never ignored."""
+    url = f"etcd://locker:{SENTINEL}@{etcd.endpoint}/{PREFIX}"
+    with pytest.raises(aiolocks.AccessDeniedError, match="auth enable") as info:
+        async with aiolocks.connect(url, on_unavailable="local"):
+            pytest.fail("opened with credentials the cluster does not check")
+    assert SENTINEL not in str(info.value)
+
+
+@pytest.mark.asyncio
 async def test_missing_credentials_are_access_denied(secure_etcd: EtcdServer) -> None:
     async with aiolocks.connect(
         f"etcd://{secure_etcd.endpoint}/{PREFIX}", on_unavailable="local"
@@ -255,6 +264,30 @@ async def test_expired_token_is_renewed_during_a_long_hold(secure_etcd: EtcdServ
         assert holder.client.authentications > tokens[0]
         assert waiter.client.authentications > tokens[1]
         assert not first.is_lost and not second.is_lost
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_failover_to_another_member_authenticates_again() -> None:
+    """The member the backend talks to is killed: the next member gets a login of its own."""
+    with EtcdCluster() as cluster:
+        _enable_auth(cluster.members[0].etcdctl)
+        hosts = ",".join(cluster.endpoints)
+        url = f"etcd://locker:{SENTINEL}@{hosts}/{PREFIX}?lease_ttl=5&request_timeout=15"
+        async with aiolocks.connect(url, on_unavailable="local") as backend:
+            assert isinstance(backend, EtcdBackend)
+            held = backend.mutex("failover/held")
+            assert await held.acquire(timeout=10)
+            before = backend.client.authentications
+            victim = next(m for m in cluster.members if m.endpoint == backend.client.endpoint)
+            victim.kill()
+            other = backend.mutex("failover/other")
+            async with other.hold(timeout=30):
+                assert backend.client.endpoint != victim.endpoint
+                assert not other.is_degraded
+            assert backend.client.authentications > before
+            assert not held.is_lost
+            await held.release()
 
 
 @pytest.mark.asyncio
