@@ -28,13 +28,13 @@ Rules of this layer:
   credentials, a permission the user lacks, a refused TLS handshake: never
   retried), :class:`LeaseNotFoundError`, :class:`CompactedError` and
   :class:`EtcdRequestError` (any other refusal), all in :func:`_map_refusal`.
+  Cancellation is never wrapped; a cancelled request is cancelled on the
+  wire and leaves the channel usable.
 * **Authentication** (a user and password given): the client gets a token
   from ``Auth/Authenticate`` when it connects, after a failover to another
   member, and whenever etcd says the token is invalid or expired (simple
   tokens expire after the server's ``--auth-token-ttl`` without use); the
-  token goes with every request and stream as the ``token`` metadata. Cancellation is never
-  wrapped; a cancelled request is cancelled on the wire and leaves the
-  channel usable.
+  token goes with every request and stream as the ``token`` metadata.
 * **One keep-alive stream per lease** (:class:`LeaseKeepAlive`), refreshing
   at TTL/3, with the client-side deadline known to the caller.
 * **One watch stream per client**: every :class:`Watch` is multiplexed on
@@ -1170,9 +1170,10 @@ class EtcdClient:
             # that the next member could answer.
             budget = max(min(remaining, 1.0), remaining / count) if retry else remaining
             attempt += 1
-            token = self._auth.token
+            token = None
             try:
                 metadata = await self._auth.metadata(stubs, budget)
+                token = self._auth.token  # the one this request carries
                 return await _plain_await(
                     getattr(getattr(stubs, service), method)(
                         request, timeout=budget, metadata=metadata
