@@ -32,6 +32,7 @@ SCHEMES: dict[str, str] = {
     "postgresql": "aiolocks.postgres",
     "postgres": "aiolocks.postgres",
     "etcd": "aiolocks.etcd",
+    "etcds": "aiolocks.etcd",
 }
 
 #: backend package -> the extra that installs its dependencies

@@ -24,10 +24,17 @@ Rules of this layer:
   are tried again (once per endpoint) only when the request cannot have
   left this process (no connection to the member).
 * **Errors** map to :class:`~aiolocks.BackendUnavailableError` (no member
-  answered in time), :class:`LeaseNotFoundError`, :class:`CompactedError`
-  and :class:`EtcdRequestError` (any other refusal). Cancellation is never
-  wrapped; a cancelled request is cancelled on the wire and leaves the
-  channel usable.
+  answered in time), :class:`~aiolocks.AccessDeniedError` (wrong
+  credentials, a permission the user lacks, a refused TLS handshake: never
+  retried), :class:`LeaseNotFoundError`, :class:`CompactedError` and
+  :class:`EtcdRequestError` (any other refusal), all in :func:`_map_refusal`.
+  Cancellation is never wrapped; a cancelled request is cancelled on the
+  wire and leaves the channel usable.
+* **Authentication** (a user and password given): the client gets a token
+  from ``Auth/Authenticate`` when it connects, after a failover to another
+  member, and whenever etcd says the token is invalid or expired (simple
+  tokens expire after the server's ``--auth-token-ttl`` without use); the
+  token goes with every request and stream as the ``token`` metadata.
 * **One keep-alive stream per lease** (:class:`LeaseKeepAlive`), refreshing
   at TTL/3, with the client-side deadline known to the caller.
 * **One watch stream per client**: every :class:`Watch` is multiplexed on
@@ -51,7 +58,8 @@ import grpc.aio
 from aetcd.rpc import rpc_pb2 as pb
 from aetcd.rpc import rpc_pb2_grpc as pb_grpc
 
-from .._core.errors import BackendUnavailableError, LockError
+from .._core.errors import AccessDeniedError, BackendUnavailableError, LockError
+from ._url import EtcdTLS
 
 __all__ = [
     "CompactedError",
@@ -115,6 +123,30 @@ _NOT_SENT_MARKERS: Final = (
     "no connection",
     "dns resolution failed",
 )
+# etcd's answers to a request with a token it no longer knows (expired, or
+# issued before a change of users/roles): get a new token and send again.
+_STALE_TOKEN_MARKERS: Final = ("invalid auth token", "revision of auth store is old")
+# etcd's refusals of the credentials or of a permission.
+_DENIED_MARKERS: Final = (
+    "permission denied",
+    "authentication failed",
+    "user name is empty",
+    "user name not found",
+    "invalid auth token",
+)
+# What gRPC says when the TLS handshake failed: a refused certificate, not an
+# outage (the server answered, and would answer the same again).
+_TLS_REFUSED_MARKERS: Final = (
+    "handshake failed",
+    "certificate_verify_failed",
+    "certificate verify failed",
+    "not in peer certificate",
+    "peer name",
+    "hostname verification",
+    # the member closed TLS with an alert: it refused our client certificate
+    # (or we sent none to a member started with --client-cert-auth)
+    "tsi_data_corrupted",
+)
 
 
 # --------------------------------------------------------------------------- errors
@@ -170,8 +202,46 @@ def _not_sent(exc: grpc.aio.AioRpcError) -> bool:
     return any(marker in details for marker in _NOT_SENT_MARKERS)
 
 
-def _map_refusal(exc: grpc.aio.AioRpcError) -> EtcdError:
+def _stale_token(exc: grpc.aio.AioRpcError) -> bool:
+    details = _details(exc).lower()
+    return any(marker in details for marker in _STALE_TOKEN_MARKERS)
+
+
+def _tls_refused(exc: grpc.aio.AioRpcError) -> bool:
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = _details(exc).lower()
+    return any(marker in details for marker in _TLS_REFUSED_MARKERS)
+
+
+def _denied(details: str) -> AccessDeniedError | None:
+    """etcd (or the TLS handshake) refused the credentials or a permission."""
+    lowered = details.lower()
+    if any(marker in lowered for marker in _TLS_REFUSED_MARKERS):
+        return AccessDeniedError(
+            "etcd: the TLS handshake failed (is the member's certificate signed by "
+            "ssl_ca_certs and made for the host name dialled, and does the member trust "
+            f"ssl_certfile?): {details}"
+        )
+    if "authentication is not enabled" in lowered:
+        return AccessDeniedError(
+            f"etcd: {details}: the URL names a user, but the cluster does not authenticate "
+            "(run 'etcdctl auth enable', or leave user:password@ out)"
+        )
+    if any(marker in lowered for marker in _DENIED_MARKERS):
+        return AccessDeniedError(f"etcd refused the credentials or a permission: {details}")
+    return None
+
+
+def _map_refusal(exc: grpc.aio.AioRpcError) -> LockError:
+    """The one mapping of an etcd refusal (or a failed TLS handshake) to an aiolocks error."""
     details = _details(exc)
+    denied = _denied(details)
+    if denied is not None or exc.code() in (
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+    ):
+        return denied or AccessDeniedError(f"etcd refused access: {details}")
     if "lease not found" in details:
         return LeaseNotFoundError(f"etcd: {details}")
     if "compacted" in details:
@@ -760,14 +830,72 @@ class _KVStub(pb_grpc.KVStub):  # type: ignore[misc]
 
 
 class _Stubs:
-    __slots__ = ("channel", "kv", "lease", "maintenance", "watch")
+    __slots__ = ("auth", "channel", "kv", "lease", "maintenance", "watch")
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.channel = channel
+        self.auth = pb_grpc.AuthStub(channel)
         self.kv = _KVStub(channel)
         self.lease = pb_grpc.LeaseStub(channel)
         self.watch = pb_grpc.WatchStub(channel)
         self.maintenance = pb_grpc.MaintenanceStub(channel)
+
+
+def _read(path: str | None, option: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        raise ValueError(f"{option}={path!r}: cannot be read ({exc.strerror})") from None
+
+
+class _Auth:
+    """The etcd user's credentials and its current token (nothing when no user is given).
+
+    The password stays in this object and is sent only in ``Authenticate``;
+    it is in no message and no ``repr``.
+    """
+
+    __slots__ = ("_lock", "_password", "count", "token", "username")
+
+    def __init__(self, username: str | None, password: str | None) -> None:
+        self.username = username
+        self._password = password
+        self.token: str | None = None
+        self.count = 0
+        self._lock: asyncio.Lock | None = None
+
+    def __repr__(self) -> str:
+        return f"<etcd auth user={self.username!r}>"
+
+    def current(self) -> tuple[tuple[str, str], ...] | None:
+        """The metadata that carries the current token (``None``: none yet, or no user)."""
+        return None if not self.token else (("token", self.token),)
+
+    def drop(self, token: str | None) -> None:
+        """``token`` was refused (or the member changed): the next request gets a new one."""
+        if token is not None and self.token == token:
+            self.token = None
+
+    async def metadata(self, stubs: _Stubs, timeout: float) -> tuple[tuple[str, str], ...] | None:
+        """The ``token`` metadata, authenticating first when there is no token.
+
+        :raises grpc.aio.AioRpcError: as ``Authenticate`` failed (the caller maps it).
+        """
+        if self.username is None or self.token is not None:
+            return self.current()
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self.token is None:  # not renewed by another request meanwhile
+                request = pb.AuthenticateRequest(name=self.username, password=self._password)
+                response = await _plain_await(stubs.auth.Authenticate(request, timeout=timeout))
+                self.token = str(response.token)
+                self.count += 1
+                _log.debug("etcd: authenticated as %r", self.username)
+        return self.current()
 
 
 def _check_endpoint(endpoint: str) -> str:
@@ -824,7 +952,10 @@ class EtcdClient:
             result = await client.range("k")
 
     ``endpoints`` are ``host:port`` strings, tried in order; the client sticks
-    to the member that answered until it fails. Channels are plain-text gRPC.
+    to the member that answered until it fails. Channels are plain-text gRPC
+    unless ``tls`` is given. With ``username`` and ``password`` the client
+    authenticates as that etcd user (see the module doc); the password is
+    never part of a message or ``repr``.
     """
 
     def __init__(
@@ -834,7 +965,12 @@ class EtcdClient:
         connect_timeout: float = 5.0,
         request_timeout: float = 5.0,
         channel_options: Sequence[tuple[str, int | str]] = (),
+        username: str | None = None,
+        password: str | None = None,
+        tls: EtcdTLS | None = None,
     ) -> None:
+        if (username is None) != (password is None):
+            raise ValueError("etcd authentication needs both username and password")
         if isinstance(endpoints, str):
             raise ValueError("endpoints is a list of 'host:port' strings, not one string")
         self._endpoints: tuple[str, ...] = tuple(_check_endpoint(e) for e in endpoints)
@@ -849,8 +985,26 @@ class EtcdClient:
         self._streams: set[LeaseKeepAlive | Watch] = set()
         self._hub: _WatchHub | None = None
         self._cluster_id = 0
+        self._auth = _Auth(username, password)
+        self._tls = tls
+        self._channel_credentials: grpc.ChannelCredentials | None = None
+
+    def __repr__(self) -> str:
+        user = f" user={self._auth.username!r}" if self._auth.username else ""
+        tls = " tls" if self._tls is not None else ""
+        return f"<EtcdClient {','.join(self._endpoints)}{user}{tls}>"
 
     # -- life cycle
+
+    @property
+    def username(self) -> str | None:
+        """The etcd user the client authenticates as (``None``: no authentication)."""
+        return self._auth.username
+
+    @property
+    def authentications(self) -> int:
+        """Tokens obtained so far (one per connect, failover or expired token)."""
+        return self._auth.count
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -904,8 +1058,14 @@ class EtcdClient:
             budget = remaining / (count - attempt)
             try:
                 stubs = self._stubs_for(endpoint)
-                status = await stubs.maintenance.Status(pb.StatusRequest(), timeout=budget)
+                self._auth.drop(self._auth.token)  # a new token on every (re)connect
+                metadata = await self._auth.metadata(stubs, budget)
+                status = await stubs.maintenance.Status(
+                    pb.StatusRequest(), timeout=budget, metadata=metadata
+                )
             except grpc.aio.AioRpcError as exc:
+                if not _is_transport(exc) or _tls_refused(exc):
+                    raise _map_refusal(exc) from exc
                 errors.append(f"{endpoint}: {_code_name(exc)} {_details(exc)}")
                 continue
             self._current = index
@@ -942,9 +1102,25 @@ class EtcdClient:
     def _stubs_for(self, endpoint: str) -> _Stubs:
         stubs = self._stubs.get(endpoint)
         if stubs is None:
-            channel = grpc.aio.insecure_channel(endpoint, options=self._channel_options)
+            if self._tls is None:
+                channel = grpc.aio.insecure_channel(endpoint, options=self._channel_options)
+            else:
+                channel = grpc.aio.secure_channel(
+                    endpoint, self._credentials_for_tls(), options=self._channel_options
+                )
             stubs = self._stubs[endpoint] = _Stubs(channel)
         return stubs
+
+    def _credentials_for_tls(self) -> grpc.ChannelCredentials:
+        """gRPC's TLS credentials from the PEM files (read once per client)."""
+        if self._channel_credentials is None:
+            assert self._tls is not None
+            self._channel_credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(self._tls.ca_certs, "ssl_ca_certs"),
+                private_key=_read(self._tls.keyfile or self._tls.certfile, "ssl_keyfile"),
+                certificate_chain=_read(self._tls.certfile, "ssl_certfile"),
+            )
+        return self._channel_credentials
 
     def _current_stubs(self) -> tuple[str, _Stubs]:
         self._check_open()
@@ -956,6 +1132,7 @@ class EtcdClient:
         if self._endpoints[self._current] == endpoint and len(self._endpoints) > 1:
             self._current = (self._current + 1) % len(self._endpoints)
             _log.info("etcd endpoint %s failed; moving to %s", endpoint, self.endpoint)
+            self._auth.drop(self._auth.token)  # authenticate again with the next member
 
     async def _unary(
         self,
@@ -974,6 +1151,7 @@ class EtcdClient:
         errors: list[str] = []
         last: grpc.aio.AioRpcError | None = None
         attempt = 0
+        renewals = 0
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -992,12 +1170,23 @@ class EtcdClient:
             # that the next member could answer.
             budget = max(min(remaining, 1.0), remaining / count) if retry else remaining
             attempt += 1
+            token = None
             try:
+                metadata = await self._auth.metadata(stubs, budget)
+                token = self._auth.token  # the one this request carries
                 return await _plain_await(
-                    getattr(getattr(stubs, service), method)(request, timeout=budget)
+                    getattr(getattr(stubs, service), method)(
+                        request, timeout=budget, metadata=metadata
+                    )
                 )
             except grpc.aio.AioRpcError as exc:
-                if not _is_transport(exc):
+                if self._auth.username and _stale_token(exc) and renewals < 2:
+                    # Refused before it was applied: safe to send again with a new token.
+                    renewals += 1
+                    attempt -= 1
+                    self._auth.drop(token)
+                    continue
+                if not _is_transport(exc) or _tls_refused(exc):
                     raise _map_refusal(exc) from exc
                 last = exc
                 errors.append(f"{endpoint}: {_code_name(exc)} {_details(exc)}")
@@ -1402,7 +1591,7 @@ class LeaseKeepAlive:
                 endpoint, stubs = self._client._current_stubs()
             except BackendUnavailableError:
                 return
-            call = stubs.lease.LeaseKeepAlive()
+            call = stubs.lease.LeaseKeepAlive(metadata=self._client._auth.current())
             try:
                 while not self.expired and not self._stopping:
                     sent_at = loop.time()
@@ -1501,6 +1690,10 @@ class LeaseKeepAlive:
         return f"<LeaseKeepAlive {self.lease_id:x} {state}>"
 
 
+class _Reauth(Exception):
+    """A watch was refused with a token that may have expired: reopen the stream with a new one."""
+
+
 class _Stalled(Exception):
     """A stream's member did not answer in time (internal)."""
 
@@ -1561,6 +1754,7 @@ class _WatchHub:
         self._kick: asyncio.Future[None] | None = None
         self._errors: list[str] = []
         self._closed = False
+        self._stream_token: str | None = None
         #: streams opened so far (a test and the benchmarks read it)
         self.streams_opened = 0
 
@@ -1642,6 +1836,8 @@ class _WatchHub:
                     )
                 return
             if response.canceled:
+                if self._token_refused(watch, str(response.cancel_reason)):
+                    raise _Reauth
                 self._watches.discard(watch)
                 error = watch._cancel_error(response)
                 if watch._created.done():
@@ -1667,6 +1863,44 @@ class _WatchHub:
             for watch in list(self._by_id.values()):
                 watch._deliver(_watch_response(response))
 
+    async def _authenticate(self, endpoint: str, stubs: _Stubs) -> bool:
+        """Get a token for the next stream (when the client has a user); ``False``: none.
+
+        A refusal fails every watch; a member that does not answer is marked bad.
+        """
+        client = self._client
+        try:
+            await client._auth.metadata(stubs, client.connect_timeout / len(client.endpoints))
+        except grpc.aio.AioRpcError as exc:
+            if not _is_transport(exc) or _tls_refused(exc):
+                self._fail_all(_map_refusal(exc))
+                self._watches.clear()
+                return False
+            self._errors.append(f"{endpoint}: {_code_name(exc)} {_details(exc)}")
+            client._failed(endpoint)
+            await asyncio.sleep(0.1)
+            return False
+        self._stream_token = client._auth.token
+        return True
+
+    def _token_refused(self, watch: Watch, reason: str) -> bool:
+        """Whether a refused create deserves one more try on a stream with a new token.
+
+        etcd checks a new watch against the token the stream was opened with:
+        once that token expired, every create is refused as if the user
+        lacked the permission. A refusal on a stream with a fresh token is
+        the real answer.
+        """
+        auth = self._client._auth
+        lowered = reason.lower()
+        if auth.username is None or watch._auth_retried:
+            return False
+        if "permission denied" not in lowered and "invalid auth token" not in lowered:
+            return False
+        watch._auth_retried = True
+        auth.drop(self._stream_token)
+        return True
+
     async def _write_loop(self, call: Any, outbox: asyncio.Queue[Any]) -> None:
         while True:
             request = await outbox.get()
@@ -1682,7 +1916,9 @@ class _WatchHub:
                 endpoint, stubs = client._current_stubs()
             except BackendUnavailableError:
                 return
-            call = stubs.watch.Watch()
+            if not await self._authenticate(endpoint, stubs):
+                continue  # no token: the next member, or every watch was refused
+            call = stubs.watch.Watch(metadata=client._auth.current())
             self.streams_opened += 1
             outbox: asyncio.Queue[Any] = asyncio.Queue()
             self._call, self._outbox = call, outbox
@@ -1725,6 +1961,9 @@ class _WatchHub:
                         raise _Stalled(endpoint)
                     failing_since, failures = None, 0
                     self._dispatch(response)
+            except _Reauth:
+                _log.debug("etcd watch refused with the stream's token: reopening with a new one")
+                continue
             except (grpc.aio.AioRpcError, _Stalled, asyncio.InvalidStateError) as exc:
                 if self._is_closed():
                     return
@@ -1812,6 +2051,7 @@ class Watch:
         self._filters = filters
         self._watch_id: int | None = None
         self._closed = False
+        self._auth_retried = False
         self._created_revision = 0
         self._created: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inbox: asyncio.Queue[WatchResponse | Exception | object] = asyncio.Queue()
@@ -1854,6 +2094,7 @@ class Watch:
 
     def _on_created(self, watch_id: int, revision: int) -> None:
         self._watch_id = watch_id
+        self._auth_retried = False
         self._created_revision = revision
         if self._next_revision == 0:
             self._next_revision = revision + 1
@@ -1886,7 +2127,7 @@ class Watch:
             return
         self._wakers.append(waker)
 
-    def _cancel_error(self, response: Any) -> EtcdError:
+    def _cancel_error(self, response: Any) -> LockError:
         compact = int(response.compact_revision)
         if compact:
             return CompactedError(
@@ -1894,7 +2135,8 @@ class Watch:
                 f"compacted (oldest left: {compact})",
                 compact,
             )
-        return EtcdRequestError("CANCELLED", str(response.cancel_reason or "watch canceled"))
+        reason = str(response.cancel_reason or "watch canceled")
+        return _denied(reason) or EtcdRequestError("CANCELLED", reason)
 
     def __aiter__(self) -> AsyncIterator[WatchResponse]:
         return self

@@ -128,7 +128,14 @@ async def diagnose_etcd(driver: EtcdDriver) -> Diagnosis:
     statuses: dict[str, dict[str, object]] = {}
     failed: dict[str, str] = {}
     for endpoint in options.endpoints:
-        probe = EtcdClient([endpoint], connect_timeout=CHECK_TIMEOUT, request_timeout=CHECK_TIMEOUT)
+        probe = EtcdClient(
+            [endpoint],
+            connect_timeout=CHECK_TIMEOUT,
+            request_timeout=CHECK_TIMEOUT,
+            username=options.username,
+            password=options.password,
+            tls=options.tls,
+        )
         try:
             statuses[endpoint] = await probe.status(timeout=CHECK_TIMEOUT)
         except BackendUnavailableError as exc:

@@ -96,7 +96,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
-from .._core.errors import BackendUnavailableError
+from .._core.errors import AccessDeniedError, BackendUnavailableError
 from .._core.participants import Participant
 from .._core.states import StateFeed
 from .._core.tasks import TaskSet
@@ -328,6 +328,9 @@ class EtcdDriver:
             list(options.endpoints),
             connect_timeout=options.connect_timeout,
             request_timeout=options.request_timeout,
+            username=options.username,
+            password=options.password,
+            tls=options.tls,
         )
         root = f"{options.prefix}/" if options.prefix else ""
         self._root = root.encode()
@@ -510,6 +513,8 @@ class EtcdDriver:
                 return
             except (BackendUnavailableError, EtcdError) as exc:
                 _log.info("etcd: no new session lease yet: %s", exc)
+            except AccessDeniedError as exc:  # a rotated password: an operator must act
+                _log.warning("etcd: no new session lease: %s", exc)
             await asyncio.sleep(pause)
             pause = min(pause * 2, 2.0)
 

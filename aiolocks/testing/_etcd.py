@@ -52,6 +52,7 @@ from ._process import (
     _wait_stopped,
     free_port,
 )
+from .tls import TlsFiles
 
 __all__ = [
     "EtcdCluster",
@@ -192,6 +193,8 @@ class _EtcdProcess(_ServerProcess):
         self._extra_args = list(extra_args)
         self._cluster_token = "aiolocks-" + secrets.token_hex(4)
         self._paused = False
+        #: more client URLs to listen on (a TLS port), besides :attr:`client_url`
+        self._more_client_urls: list[str] = []
 
     # -- addresses
 
@@ -239,7 +242,7 @@ class _EtcdProcess(_ServerProcess):
             "--data-dir",
             str(self._dir / "data"),
             "--listen-client-urls",
-            self.client_url,
+            ",".join([self.client_url, *self._more_client_urls]),
             "--advertise-client-urls",
             self.client_url,
             "--listen-peer-urls",
@@ -423,7 +426,16 @@ class EtcdServer(_EtcdProcess):
         extra_args: Sequence[str] = (),
         base_dir: Path | None = None,
         startup_timeout: float = 30.0,
+        tls: TlsFiles | None = None,
     ) -> None:
+        if tls is not None:
+            extra_args = [
+                *extra_args,
+                "--cert-file", str(tls.server_cert),
+                "--key-file", str(tls.server_key),
+                "--trusted-ca-file", str(tls.ca_cert),
+                "--client-cert-auth",
+            ]  # fmt: skip
         super().__init__(
             name="s1",
             port=port,
@@ -436,6 +448,19 @@ class EtcdServer(_EtcdProcess):
             startup_timeout=startup_timeout,
         )
         self._external_endpoints: tuple[str, ...] = ()
+        self._tls_port = 0
+        if tls is not None:
+            self._tls_port = free_port()
+            self._more_client_urls.append(f"https://{self._host}:{self._tls_port}")
+
+    @property
+    def tls_port(self) -> int:
+        """The client port that speaks TLS and wants a client certificate (0: none).
+
+        Its certificate names ``localhost`` only (see :mod:`aiolocks.testing.tls`);
+        :attr:`port` stays plain text, for the probes and ``etcdctl``.
+        """
+        return self._tls_port
 
     @classmethod
     def external(cls, endpoints: str) -> EtcdServer:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from aiolocks.etcd._url import EtcdOptions, parse_etcd_url
+from aiolocks.etcd._url import EtcdOptions, EtcdTLS, parse_etcd_url
 
 
 def test_defaults_and_every_part() -> None:
@@ -43,7 +45,14 @@ def test_keywords_win_over_the_query() -> None:
         ("etcd://h:abc", "invalid port 'abc'"),
         ("etcd://h1,,h2", "empty host"),
         ("etcd://::1", "IPv6"),
-        ("etcd://user:pw@h", "credentials"),
+        ("etcd://user@h", "needs a password"),
+        ("etcd://:pw@h", "needs the user name"),
+        ("etcd://h?ssl_ca_certs={ca}", "ssl_ca_certs needs TLS"),
+        ("etcd://h?tls=false&ssl_certfile={ca}", "ssl_certfile needs TLS"),
+        ("etcds://h?tls=false", "contradicts"),
+        ("etcd://h?tls=maybe", "true or false"),
+        ("etcds://h?ssl_ca_certs=/no/such/file.pem", "no such readable file"),
+        ("etcds://h?ssl_keyfile={ca}", "ssl_keyfile needs ssl_certfile"),
         ("etcd://h/app/", "must not end with '/'"),
         ("etcd://h/a//b", "invalid segment ''"),
         ("etcd://h/a/../b", "invalid segment '..'"),
@@ -58,9 +67,40 @@ def test_keywords_win_over_the_query() -> None:
         ("etcd://h#frag", "fragment"),
     ],
 )
-def test_bad_urls_name_the_bad_part(url: str, message: str) -> None:
+def test_bad_urls_name_the_bad_part(url: str, message: str, tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked before a connection\n")
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
-        parse_etcd_url(url)
+        parse_etcd_url(url.format(ca=ca))
+
+
+def test_credentials_and_tls(tmp_path: Path) -> None:
+    ca, cert, key = (tmp_path / name for name in ("ca.pem", "client.pem", "client.key"))
+    for path in (ca, cert, key):
+        path.write_text("pem\n")
+    options = parse_etcd_url(
+        f"etcds://app%40x:p%2Fw%40rd@h1,h2/locks?ssl_ca_certs={ca}"
+        f"&ssl_certfile={cert}&ssl_keyfile={key}"
+    )
+    assert (options.username, options.password) == ("app@x", "p/w@rd")
+    assert options.tls == EtcdTLS(str(ca), str(cert), str(key))
+    assert options.description == "etcds://app@x@h1:2379,h2:2379/locks"
+    assert "p/w@rd" not in repr(options)
+    assert parse_etcd_url("etcd://h?tls=true").tls == EtcdTLS()
+    assert parse_etcd_url("etcd://h?tls=false").tls is None
+    assert parse_etcd_url("etcd://h", tls=True, ssl_ca_certs=str(ca)).tls == EtcdTLS(str(ca))
+
+
+def test_messages_never_hold_the_password() -> None:
+    for url in (
+        "etcd://u:Secr3t-pw@h/a//b",
+        "etcd://u:Secr3t-pw@h?ssl_ca_certs=/x",
+        "etcd://u:Secr3t-pw@h?bogus=1",
+        "etcd://u:Secr3t-pw@h/app/",
+    ):
+        with pytest.raises(ValueError) as info:  # noqa: PT011 (any message: the point is redaction)
+            parse_etcd_url(url)
+        assert "Secr3t-pw" not in str(info.value)
 
 
 @pytest.mark.parametrize(
