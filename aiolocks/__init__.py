@@ -23,6 +23,7 @@ from ._core.doctor import Finding as Finding
 from ._core.doctor import SelfTest as SelfTest
 from ._core.doctor import Severity as Severity
 from ._core.driver import Capabilities as Capabilities
+from ._core.errors import AccessDeniedError as AccessDeniedError
 from ._core.errors import BackendUnavailableError as BackendUnavailableError
 from ._core.errors import DeadlockError as DeadlockError
 from ._core.errors import InvalidLockNameError as InvalidLockNameError
@@ -50,6 +51,7 @@ from ._core.semaphore import Semaphore as Semaphore
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AccessDeniedError",
     "Backend",
     "BackendUnavailableError",
     "Capabilities",

@@ -15,6 +15,8 @@ from typing import Any, final
 
 from ._core.backend import Backend
 from ._core.engine import ON_UNAVAILABLE
+from ._core.errors import LockError
+from ._core.urls import redact_url, scrub_exception, split_userinfo
 
 __all__ = ["SCHEMES", "connect"]
 
@@ -43,19 +45,22 @@ def backend_from_url(url: str, **options: Any) -> Backend:
     scheme, sep, _ = url.partition("://")
     if not sep or not scheme:
         raise ValueError(
-            f"invalid backend URL {url!r}: expected 'scheme://...' with a scheme among "
+            f"invalid backend URL {redact_url(url)!r}: expected 'scheme://...' with a scheme among "
             f"{', '.join(SCHEMES)}"
         )
     module_name = SCHEMES.get(scheme.lower())
     if module_name is None:
         raise ValueError(
-            f"unknown URL scheme {scheme!r} in {url!r}; supported: {', '.join(SCHEMES)}"
+            f"unknown URL scheme {scheme!r} in {redact_url(url)!r}; supported: {', '.join(SCHEMES)}"
         )
     if scheme != scheme.lower():
         url = scheme.lower() + url[len(scheme) :]
-    url, on_unavailable = _take_on_unavailable(url, options.pop("on_unavailable", None))
     try:
+        url, on_unavailable = _take_on_unavailable(url, options.pop("on_unavailable", None))
         backend: Backend = importlib.import_module(module_name).from_url(url, **options)
+    except ValueError as exc:
+        # every backend package redacts its own messages; this catches any it missed
+        raise scrub_exception(exc, url) from None
     except ImportError as exc:  # an optional dependency: name the pip install line
         missing = _missing_dependency(exc)
         if missing is None:
@@ -83,7 +88,11 @@ def _take_on_unavailable(url: str, keyword: object) -> tuple[str, str]:
     It is the engine's option, not the backend package's, so every scheme
     takes it the same way.
     """
-    base, sep, query = url.partition("?")
+    scheme, _, rest = url.partition("://")
+    userinfo, remainder = split_userinfo(rest)
+    head = f"{scheme}://{userinfo + '@' if userinfo is not None else ''}"
+    location, sep, query = remainder.partition("?")
+    base = head + location
     if not sep:
         return url, "raise" if keyword is None else _checked(keyword)
     kept: list[str] = []
@@ -92,13 +101,14 @@ def _take_on_unavailable(url: str, keyword: object) -> tuple[str, str]:
         key, _, value = part.partition("=")
         if key == "on_unavailable":
             if found is not None:
-                raise ValueError(f"on_unavailable given twice in {url!r}")
+                raise ValueError(f"on_unavailable given twice in {redact_url(url)!r}")
             found = value
         else:
             kept.append(part)
     if keyword is not None and found is not None and keyword != found:
         raise ValueError(
-            f"on_unavailable={keyword!r} contradicts on_unavailable={found!r} in the URL {url!r}"
+            f"on_unavailable={keyword!r} contradicts on_unavailable={found!r} "
+            f"in the URL {redact_url(url)!r}"
         )
     chosen = keyword if keyword is not None else found
     rebuilt = base + ("?" + "&".join(kept) if kept else "")
@@ -108,8 +118,7 @@ def _take_on_unavailable(url: str, keyword: object) -> tuple[str, str]:
 def _checked(value: object) -> str:
     if value not in ON_UNAVAILABLE:
         raise ValueError(
-            f"on_unavailable must be one of {', '.join(map(repr, ON_UNAVAILABLE))}, "
-            f"got {value!r}"
+            f"on_unavailable must be one of {', '.join(map(repr, ON_UNAVAILABLE))}, got {value!r}"
         )
     return str(value)
 
@@ -118,10 +127,15 @@ def _checked(value: object) -> str:
 class _Connecting:
     """What ``connect()`` returns: awaitable, and an async context manager."""
 
-    __slots__ = ("_backend",)
+    __slots__ = ("_backend", "_url")
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, url: str) -> None:
         self._backend = backend
+        #: the URL as given, only to redact its secrets out of open() errors
+        self._url = url
+
+    def __repr__(self) -> str:
+        return f"<connecting {self._backend.url}>"
 
     def __await__(self) -> Generator[Any, None, Backend]:
         return self._open().__await__()
@@ -129,8 +143,10 @@ class _Connecting:
     async def _open(self) -> Backend:
         try:
             await self._backend.open()
-        except BaseException:
+        except BaseException as exc:
             await self._backend.close()
+            if isinstance(exc, LockError | OSError | ValueError):
+                scrub_exception(exc, self._url)
             raise
         return self._backend
 
@@ -171,4 +187,4 @@ def connect(url: str = "memory://", **options: Any) -> _Connecting:
     :raises BackendUnavailableError: the server cannot be reached within
         ``connect_timeout`` (default 10 s).
     """
-    return _Connecting(backend_from_url(url, **options))
+    return _Connecting(backend_from_url(url, **options), url)

@@ -39,18 +39,27 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 from . import _connect, _doctor_cli
 from ._core.admin import KINDS as ADMIN_KINDS
 from ._core.backend import Backend
 from ._core.driver import Grant
-from ._core.errors import BackendUnavailableError, LockError, LockLostError, LockTimeoutError
+from ._core.errors import (
+    AccessDeniedError,
+    BackendUnavailableError,
+    LockError,
+    LockLostError,
+    LockTimeoutError,
+)
 from ._core.leader import LeaderLatch
 from ._core.names import validate_name
+from ._core.urls import scrub
 from ._procgroup import ProcessGroup, exit_status
 
 __all__ = [
+    "EXIT_ACCESS_DENIED",
     "EXIT_CANNOT_EXECUTE",
     "EXIT_CODES",
     "EXIT_COMMAND_NOT_FOUND",
@@ -67,6 +76,8 @@ EXIT_NOT_ACQUIRED = 75
 EXIT_LOCK_LOST = 76
 #: the backend could not be reached (sysexits EX_UNAVAILABLE)
 EXIT_UNAVAILABLE = 69
+#: the server refused the credentials, a permission or the TLS handshake (sysexits EX_NOPERM)
+EXIT_ACCESS_DENIED = 77
 #: bad arguments or options (sysexits EX_USAGE)
 EXIT_USAGE = 64
 #: ``run``/``elect``: CMD was found but cannot be executed (as in the shell)
@@ -82,6 +93,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_LOCK_ERROR: "a lock error (status/list/break), or CMD's own status 1",
     EXIT_USAGE: "bad arguments, options or URL",
     EXIT_UNAVAILABLE: "the backend could not be reached",
+    EXIT_ACCESS_DENIED: "the backend refused the credentials, a permission or the certificate",
     EXIT_NOT_ACQUIRED: "run/elect: not acquired in time (-n, -w); -E N changes it",
     EXIT_LOCK_LOST: "run/elect: the lock (leadership) was lost; CMD's process group was stopped",
     EXIT_CANNOT_EXECUTE: "run/elect: CMD cannot be executed",
@@ -92,7 +104,10 @@ EXIT_CODES: dict[int, str] = {
 DEFAULT_KILL_AFTER = 10.0
 
 URL_ENV = "AIOLOCKS_URL"
-"""Environment variable read when the URL argument is left out."""
+"""Environment variable read when the URL argument is left out (never passed to CMD)."""
+
+URL_FILE_ENV = "AIOLOCKS_URL_FILE"
+"""Environment variable naming a file that holds the URL (read before ``AIOLOCKS_URL``)."""
 
 
 class UsageError(Exception):
@@ -142,28 +157,64 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _read_url_file(path: str) -> str:
+    """The one URL in the file at ``path`` (blank lines and ``#`` comments skipped)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise UsageError(f"cannot read the URL file {path!r}: {reason}") from None
+    lines = [line.strip() for line in text.splitlines()]
+    urls = [line for line in lines if line and not line.startswith("#")]
+    if len(urls) != 1:
+        raise UsageError(f"the URL file {path!r} must hold one URL, found {len(urls)} lines")
+    return urls[0]
+
+
+def _default_url(url_file: str | None) -> str:
+    """``--url-file``, else ``AIOLOCKS_URL_FILE``, else ``AIOLOCKS_URL`` ("" when none)."""
+    path = url_file or os.environ.get(URL_FILE_ENV, "")
+    if path:
+        return _read_url_file(path)
+    return os.environ.get(URL_ENV, "")
+
+
 def _url_and(
-    command: str, positionals: list[str], what: str, *, optional_second: bool = False
+    command: str,
+    positionals: list[str],
+    what: str,
+    *,
+    optional_second: bool = False,
+    url_file: str | None = None,
 ) -> tuple[str, str | None]:
-    """Split ``[URL] NAME`` (or ``[URL] [PREFIX]``); the URL comes from AIOLOCKS_URL if left out."""
-    env_url = os.environ.get(URL_ENV, "")
+    """Split ``[URL] NAME`` (or ``[URL] [PREFIX]``).
+
+    Left out, the URL comes from ``--url-file``, ``AIOLOCKS_URL_FILE`` or
+    ``AIOLOCKS_URL``, in that order.
+    """
+    given = len(positionals) == 2 or (len(positionals) == 1 and "://" in positionals[0])
+    if given and url_file:
+        raise UsageError("give the backend URL either as an argument or with --url-file, not both")
+    missing = f"give it, use --url-file, or set {URL_FILE_ENV} or {URL_ENV}"
     if len(positionals) == 2:
         return positionals[0], positionals[1]
     if len(positionals) == 1:
         if "://" in positionals[0]:  # never part of a valid lock name
             if optional_second:
                 return positionals[0], None
-            raise UsageError(f"{what} is missing (after the URL {positionals[0]!r})")
+            raise UsageError(f"{what} is missing (after the URL)")
+        env_url = _default_url(url_file)
         if not env_url:
-            raise UsageError(f"the backend URL is missing: give it before {what} or set {URL_ENV}")
+            raise UsageError(f"the backend URL is missing before {what}: {missing}")
         return env_url, positionals[0]
     if not positionals:
-        if optional_second and env_url:
-            return env_url, None
         if optional_second:
-            raise UsageError(f"the backend URL is missing: give it or set {URL_ENV}")
+            env_url = _default_url(url_file)
+            if env_url:
+                return env_url, None
+            raise UsageError(f"the backend URL is missing: {missing}")
         raise UsageError(f"{what} is missing")
-    raise UsageError(f"too many arguments: {' '.join(positionals)!r} (commands go after '--')")
+    raise UsageError(f"too many arguments: {len(positionals)} (commands go after '--')")
 
 
 _MEMORY_REFUSED = (
@@ -385,6 +436,9 @@ class _Signals:
 
 def _child_env(name: str, kind: str, token: int | None) -> dict[str, str]:
     env = dict(os.environ)
+    # The URL may hold a password: CMD does not get it (AIOLOCKS_URL_FILE, a
+    # path, stays, so an aiolocks call inside CMD still finds the backend).
+    env.pop(URL_ENV, None)
     env["AIOLOCKS_LOCK_NAME"] = name
     env["AIOLOCKS_LOCK_KIND"] = kind
     if token is not None:
@@ -645,13 +699,16 @@ async def _break(url: str, name: str, kind: str | None) -> int:
 _MAIN_EPILOG = """\
 URL is a backend URL such as zk://127.0.0.1:2181, redis://127.0.0.1:6379/0,
 etcd://127.0.0.1:2379 or postgresql://app@db/app (see the README); it may be
-left out when AIOLOCKS_URL is set. memory:// lives inside one process: run
+left out when --url-file PATH, AIOLOCKS_URL_FILE or AIOLOCKS_URL gives it (in
+that order). A file keeps a password out of ps and shell history. CMD of
+run/elect does not get AIOLOCKS_URL. memory:// lives inside one process: run
 and elect refuse it without --local, status, list and break always.
 
 exit status: 0 success; run/elect: CMD's own status, 128+N if CMD died of
 signal N, 75 not acquired in time (-E N to change), 76 lock lost (CMD's
 process group stopped), 126 CMD cannot be executed, 127 CMD not found;
-64 bad usage, 69 backend unreachable, 1 other lock errors.
+64 bad usage, 69 backend unreachable, 77 access denied (credentials,
+permission, certificate), 1 other lock errors.
 """
 
 _RUN_DESCRIPTION = """\
@@ -711,7 +768,18 @@ def _add_url_name(parser: argparse.ArgumentParser, second: str, help_second: str
         "positionals",
         nargs="*",
         metavar=f"[URL] {second}",
-        help=f"backend URL (or set {URL_ENV}), then {help_second}",
+        help=f"backend URL (or --url-file, {URL_FILE_ENV}, {URL_ENV}), then {help_second}",
+    )
+    _add_url_file(parser)
+
+
+def _add_url_file(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url-file",
+        metavar="PATH",
+        default=None,
+        help=f"read the backend URL from PATH (keeps a password out of ps and shell "
+        f"history); also {URL_FILE_ENV}",
     )
 
 
@@ -790,7 +858,7 @@ def _setup_elect(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_options(command_name: str, args: argparse.Namespace, command: list[str]) -> _RunOptions:
-    url, name = _url_and(command_name, args.positionals, "NAME")
+    url, name = _url_and(command_name, args.positionals, "NAME", url_file=args.url_file)
     assert name is not None
     name = validate_name(name)  # a bad name is a usage error before any I/O
     _connect.backend_from_url(url)  # so is a bad URL
@@ -841,7 +909,7 @@ def _setup_status(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_status(args: argparse.Namespace, command: list[str]) -> int:
-    url, name = _url_and("status", args.positionals, "NAME")
+    url, name = _url_and("status", args.positionals, "NAME", url_file=args.url_file)
     assert name is not None
     _refuse_memory("status", url)
     return asyncio.run(_status(url, name, args.json))
@@ -852,13 +920,17 @@ def _setup_list(parser: argparse.ArgumentParser) -> None:
         "positionals",
         nargs="*",
         metavar="[URL] [PREFIX]",
-        help=f"backend URL (or set {URL_ENV}), then a name prefix such as jobs/ (default: all)",
+        help=f"backend URL (or --url-file, {URL_FILE_ENV}, {URL_ENV}), then a name prefix "
+        "such as jobs/ (default: all)",
     )
+    _add_url_file(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _cmd_list(args: argparse.Namespace, command: list[str]) -> int:
-    url, prefix = _url_and("list", args.positionals, "PREFIX", optional_second=True)
+    url, prefix = _url_and(
+        "list", args.positionals, "PREFIX", optional_second=True, url_file=args.url_file
+    )
     _refuse_memory("list", url)
     return asyncio.run(_list(url, prefix or "", args.json))
 
@@ -879,7 +951,7 @@ def _setup_break(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_break(args: argparse.Namespace, command: list[str]) -> int:
-    url, name = _url_and("break", args.positionals, "NAME")
+    url, name = _url_and("break", args.positionals, "NAME", url_file=args.url_file)
     assert name is not None
     name = validate_name(name)
     _refuse_memory("break", url)
@@ -1025,6 +1097,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _failed(command: str, exc: BaseException, urls: list[str], status: int) -> int:
+    """Print ``exc`` for ``command`` with every URL's password redacted; return ``status``."""
+    print(f"aiolocks {command}: {scrub(str(exc), *urls)}", file=sys.stderr)
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aiolocks`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -1051,23 +1129,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command and not spec.takes_command:
         print(f"aiolocks {spec.name}: unexpected arguments after '--'", file=sys.stderr)
         return EXIT_USAGE
+    urls = [a for a in argv if "://" in a] + [os.environ.get(URL_ENV, "")]
+    with contextlib.suppress(UsageError):  # so a URL read from a file is redacted too
+        urls.append(_default_url(getattr(args, "url_file", None)))
     try:
         return spec.handler(args, command)
     except (UsageError, ValueError, ImportError) as exc:  # ImportError: a missing extra
-        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _failed(spec.name, exc, urls, EXIT_USAGE)
+    except AccessDeniedError as exc:
+        return _failed(spec.name, exc, urls, EXIT_ACCESS_DENIED)
     except BackendUnavailableError as exc:
-        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return _failed(spec.name, exc, urls, EXIT_UNAVAILABLE)
     except LockTimeoutError as exc:
-        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
-        return EXIT_NOT_ACQUIRED
+        return _failed(spec.name, exc, urls, EXIT_NOT_ACQUIRED)
     except LockError as exc:
-        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
-        return EXIT_LOCK_ERROR
+        return _failed(spec.name, exc, urls, EXIT_LOCK_ERROR)
     except NotImplementedError as exc:  # list/break on a backend without admin support
-        print(f"aiolocks {spec.name}: {exc}", file=sys.stderr)
-        return EXIT_LOCK_ERROR
+        return _failed(spec.name, exc, urls, EXIT_LOCK_ERROR)
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
 

@@ -38,8 +38,11 @@ def test_error_tree() -> None:
         "DeadlockError",
         "InvalidLockNameError",
         "BackendUnavailableError",
+        "AccessDeniedError",
     ):
         assert issubclass(getattr(aiolocks, name), aiolocks.LockError)
+    assert issubclass(aiolocks.AccessDeniedError, PermissionError)
+    assert not issubclass(aiolocks.AccessDeniedError, aiolocks.BackendUnavailableError)
     assert issubclass(aiolocks.LockNotOwnedError, RuntimeError)
     assert issubclass(aiolocks.LockTimeoutError, TimeoutError)
     assert issubclass(aiolocks.InvalidLockNameError, ValueError)

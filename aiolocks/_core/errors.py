@@ -11,6 +11,9 @@
      +-- InvalidLockNameError (also ValueError)  a name that no backend accepts
      +-- BackendUnavailableError (also ConnectionError)
                                                  the server cannot be reached in time
+     +-- AccessDeniedError (also PermissionError)
+                                                 the server refused the credentials, a
+                                                 permission or the TLS handshake
 
 Driver errors (``aiozk.exc.*``, ``redis.exceptions.*``) are mapped to these in
 one place per driver, always with ``raise ... from exc``. Cancellation is never
@@ -20,6 +23,7 @@ wrapped or swallowed.
 from __future__ import annotations
 
 __all__ = [
+    "AccessDeniedError",
     "BackendUnavailableError",
     "DeadlockError",
     "InvalidLockNameError",
@@ -71,3 +75,15 @@ class InvalidLockNameError(LockError, ValueError):
 
 class BackendUnavailableError(LockError, ConnectionError):
     """The lock server cannot be reached within the connect timeout or retry policy."""
+
+
+class AccessDeniedError(LockError, PermissionError):
+    """The server refused the credentials, a permission, or the TLS handshake.
+
+    A wrong or rotated password, an ACL user without the right to a command
+    or key (Redis ``NOPERM``), a PostgreSQL role that may not log in, a server
+    certificate that is not trusted or does not match the host name. It is
+    not an outage: never a :class:`BackendUnavailableError`, never retried,
+    and an acquire never falls back to a local lock on it
+    (``on_unavailable="local"``). The command line exits 77 on it.
+    """

@@ -7,18 +7,25 @@ raises :class:`ValueError` whose message quotes the bad piece.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import final
 from urllib.parse import parse_qsl, unquote
 
 __all__ = [
+    "SECRET_OPTIONS",
     "HostPort",
     "ParsedURL",
     "parse_bool",
     "parse_positive_float",
     "parse_positive_int",
     "parse_url",
+    "redact_url",
+    "scrub",
+    "scrub_exception",
+    "split_userinfo",
+    "url_secrets",
 ]
 
 
@@ -44,20 +51,125 @@ class ParsedURL:
     hosts: tuple[HostPort, ...]
     path: str
     username: str | None
-    password: str | None
-    options: Mapping[str, object] = field(default_factory=dict)
-    raw: str = ""
+    password: str | None = field(repr=False)
+    options: Mapping[str, object] = field(default_factory=dict, repr=False)
+    raw: str = field(default="", repr=False)
+
+    @property
+    def redacted(self) -> str:
+        """The URL as given, with its password and secret options as ``***``."""
+        return redact_url(self.raw)
 
 
-def _redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (never raises: it builds error messages)."""
+#: query options whose values are secrets: printed as ``***`` like a URL password
+SECRET_OPTIONS = frozenset({"password", "sentinel_password", "ssl_password", "token"})
+
+#: a bare secret shorter than this is not searched for in free text by :func:`scrub`
+#: (it would mangle ordinary words); URLs holding it are still redacted whole
+MIN_SCRUBBED_SECRET = 4
+
+
+def split_userinfo(rest: str) -> tuple[str | None, str]:
+    """``(userinfo, remainder)`` of what follows ``scheme://``.
+
+    The userinfo runs to the *last* ``@`` of the URL, so a password may hold
+    ``/``, ``?``, ``#``, ``:`` or ``@`` unencoded (percent-encoding works as
+    well); an ``@`` in an option value must then be written ``%40``.
+    ``userinfo`` is None when the URL has no ``@``.
+    """
+    userinfo, at, remainder = rest.rpartition("@")
+    if not at:
+        return None, rest
+    return userinfo, remainder
+
+
+def _redact_query(query: str) -> str:
+    parts = []
+    for part in query.split("&"):
+        key, eq, _ = part.partition("=")
+        parts.append(f"{key}=***" if eq and key in SECRET_OPTIONS else part)
+    return "&".join(parts)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password and secret options replaced by ``***``.
+
+    Never raises (it builds error messages); whatever characters the
+    password holds, none of them is left:
+
+    >>> redact_url("redis://u:pa/ss@h:6379/0?sentinel_password=x")
+    'redis://u:***@h:6379/0?sentinel_password=***'
+    """
     scheme, sep, rest = url.partition("://")
-    netloc = rest.split("/", 1)[0].split("?", 1)[0]
-    userinfo, at, _ = netloc.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{rest[len(userinfo) + 1 :]}"
+    if not sep:
+        # not a URL: anything after a ':' may be a password
+        head, colon, _ = url.partition(":")
+        return f"{head}:***" if colon and "@" in url else url
+    userinfo, remainder = split_userinfo(rest)
+    if userinfo is not None and ":" in userinfo:
+        rest = f"{userinfo.split(':', 1)[0]}:***@{remainder}"
+    elif userinfo is not None:
+        rest = f"{userinfo}@{remainder}"
+    base, q, query = rest.partition("?")
+    return f"{scheme}://{base}{q}{_redact_query(query) if q else ''}"
+
+
+def url_secrets(url: str) -> list[str]:
+    """The password and secret option values of ``url`` (raw, percent-decoded, and the
+    pieces of the password between reserved characters)."""
+    found: list[str] = []
+    _, sep, rest = url.partition("://")
+    userinfo, remainder = split_userinfo(rest) if sep else (None, url)
+    if userinfo is not None and ":" in userinfo:
+        password = userinfo.split(":", 1)[1]
+        # a parser that splits at reserved characters quotes pieces of it
+        found += [password, unquote(password), *re.split(r"[/?#@:&=,;]", password)]
+    query = remainder.partition("?")[2]
+    for part in query.split("&"):
+        key, eq, value = part.partition("=")
+        if eq and key in SECRET_OPTIONS:
+            found += [value, unquote(value)]
+    return [s for s in dict.fromkeys(found) if s]
+
+
+def scrub(text: str, *urls: str) -> str:
+    """``text`` with each of ``urls`` redacted, and their secrets replaced by ``***``.
+
+    The one path by which a message that may quote a backend URL is made
+    safe to print, log or raise.
+    """
+    for url in urls:
+        if not isinstance(url, str) or not url:
+            continue
+        text = text.replace(url, redact_url(url))
+        for secret in sorted(url_secrets(url), key=len, reverse=True):
+            if len(secret) >= MIN_SCRUBBED_SECRET:
+                text = text.replace(secret, "***")
+    return text
+
+
+def scrub_exception(exc: BaseException, *urls: str) -> BaseException:
+    """Redact ``urls`` (see :func:`scrub`) in the string arguments of ``exc`` and its chain.
+
+    Returns ``exc`` (changed in place, type and traceback kept), so a
+    driver's message that quotes a URL or a password is safe to show.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        args = current.args
+        cleaned = tuple(scrub(a, *urls) if isinstance(a, str) else a for a in args)
+        if cleaned != args:
+            try:
+                current.args = cleaned
+            except (AttributeError, TypeError):  # pragma: no cover - exotic exception types
+                pass
+        current = current.__cause__ or current.__context__
+    return exc
+
+
+_redact = redact_url
 
 
 def _parse_port(text: str, url: str) -> int:
@@ -122,17 +234,17 @@ def parse_url(
         raise ValueError(f"invalid backend URL {_redact(url)!r}: expected 'scheme://...'")
     if scheme not in schemes:
         raise ValueError(f"URL scheme {scheme!r} is not one of {', '.join(schemes)}")
+    userinfo, rest = split_userinfo(rest)
+    username = password = None
+    if userinfo is not None:
+        user, colon, pw = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(pw) if colon else None
     if "#" in rest:
         raise ValueError(f"backend URL {_redact(url)!r} must not have a '#fragment'")
     netloc_path, _, query = rest.partition("?")
     netloc, slash, path = netloc_path.partition("/")
     path = slash + path if slash else ""
-    username = password = None
-    if "@" in netloc:
-        userinfo, _, netloc = netloc.rpartition("@")
-        user, colon, pw = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(pw) if colon else None
     hosts: tuple[HostPort, ...] = ()
     if netloc:
         hosts = tuple(_parse_host(item.strip(), default_port, url) for item in netloc.split(","))
@@ -143,7 +255,9 @@ def parse_url(
         try:
             pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
         except ValueError:
-            raise ValueError(f"malformed query string {query!r} in {_redact(url)!r}") from None
+            raise ValueError(
+                f"malformed query string {_redact_query(query)!r} in {_redact(url)!r}"
+            ) from None
         for key, value in pairs:
             if key not in options:
                 allowed = ", ".join(sorted(options)) or "none"

@@ -7,7 +7,13 @@ can only be released by the session that holds it, so force-release
 *terminates the holder's server session* (``pg_terminate_backend``): every
 other lock that session holds goes too, and its client sees the session end
 (its holds are lost at once). The role running it needs the right to signal
-that session (superuser, the same role, or ``pg_signal_backend``).
+that session (superuser, the same role, or ``pg_signal_backend``). Only
+sessions aiolocks opened are ended: their ``application_name`` is this
+backend's (``aiolocks`` unless the URL sets another), or, for a leader
+latch, the session is the latch's own (named after its participant). A
+session of another program that happens to hold the same advisory key is
+left alone and logged; each session ended is logged at WARNING (the command
+line prints it).
 
 ``mode=lease``: names are the lease rows; force-release deletes the rows and
 notifies waiters. The holder notices at its next renewal (every third of
@@ -16,6 +22,7 @@ notifies waiters. The holder notices at its next renewal (every third of
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Final, final
 
 from .._core.admin import KINDS, name_matches
@@ -26,6 +33,14 @@ if TYPE_CHECKING:
     from ._driver import PostgresAdvisoryDriver
 
 __all__ = ["MAX_ADMIN_SLOTS", "PostgresAdvisoryAdmin", "PostgresLeaseAdmin", "parse_fencing_name"]
+
+logger = logging.getLogger("aiolocks.postgres")
+
+#: who a session holding a key is: (application_name, user, client address)
+_WHO: Final = (
+    "SELECT pid, coalesce(application_name, ''), coalesce(usename, ''), "
+    "coalesce(host(client_addr), 'local') FROM pg_stat_activity WHERE pid = ANY($1::int[])"
+)
 
 #: slots of a semaphore looked for in ``pg_locks`` (a slot's key says nothing of the count)
 MAX_ADMIN_SLOTS: Final = 256
@@ -108,6 +123,11 @@ class PostgresAdvisoryAdmin:
             return 0
         primary = await self._driver._get_primary()
         own = primary.pid
+        ours = str((await primary.fetch("SELECT current_setting('application_name')"))[0][0])
+        who = {
+            int(r[0]): (str(r[1]), str(r[2]), str(r[3]))
+            for r in await primary.fetch(_WHO, list(holders))
+        }
         removed = 0
         for pid, count in holders.items():
             if pid == own:
@@ -116,6 +136,20 @@ class PostgresAdvisoryAdmin:
                 self._driver._session_ended(primary, "force-released by an administrator")
                 removed += count
                 continue
+            app, user, client = who.get(pid, ("", "", "?"))
+            if app != ours and family is not Family.LEADER:
+                logger.warning(
+                    "not ending PostgreSQL session pid=%d (application_name=%r, user=%r, "
+                    "client %s): it holds the advisory key of %r but is not an aiolocks "
+                    "session of application_name=%r",
+                    pid, app, user, client, name, ours,
+                )  # fmt: skip
+                continue
+            logger.warning(
+                "ending PostgreSQL session pid=%d (application_name=%r, user=%r, client %s) "
+                "that holds %r",
+                pid, app, user, client, name,
+            )  # fmt: skip
             rows = await primary.fetch("SELECT pg_terminate_backend($1)", pid)
             if rows and rows[0][0]:
                 removed += count

@@ -100,6 +100,7 @@ from .._core.errors import BackendUnavailableError, LockError
 from .._core.options import check_portable_options
 from .._core.participants import Participant
 from .._core.tasks import TaskSet, wait_done
+from ._errors import REFUSED, denied
 from ._errors import TRANSIENT as _TRANSIENT
 from ._sql import (
     AdvisoryQueries,
@@ -169,8 +170,10 @@ class PostgresPoolerError(LockError, RuntimeError):
     """``mode=advisory`` was pointed at a connection pooler, where session locks mean nothing."""
 
 
-def _unavailable(exc: BaseException, what: str, where: str) -> BackendUnavailableError:
-    return BackendUnavailableError(f"PostgreSQL {where}: {what} failed: {exc!r}")
+def _unavailable(exc: BaseException, what: str, where: str) -> LockError:
+    return denied(exc, what, where) or BackendUnavailableError(
+        f"PostgreSQL {where}: {what} failed: {exc!r}"
+    )
 
 
 # (key, shared)
@@ -490,7 +493,7 @@ class PostgresAdvisoryDriver:
     async def _new_session(self, primary: bool) -> _Session:
         try:
             conn = await self._connect()
-        except _TRANSIENT as exc:
+        except (*_TRANSIENT, *REFUSED) as exc:
             raise _unavailable(exc, "connect", self._describe) from exc
         try:
             if primary and self._check_pooler:
@@ -1349,7 +1352,7 @@ class PostgresAdvisoryDriver:
         async def connect() -> Any:
             try:
                 return await self._connect()
-            except _TRANSIENT as exc:
+            except (*_TRANSIENT, *REFUSED) as exc:
                 raise _unavailable(exc, "connect", self._describe) from exc
 
         async def server_time() -> float:

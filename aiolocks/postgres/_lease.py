@@ -46,10 +46,11 @@ import asyncpg
 
 from .._core.doctor import Diagnosis
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
-from .._core.errors import BackendUnavailableError
+from .._core.errors import BackendUnavailableError, LockError
 from .._core.options import check_portable_options
 from .._core.participants import Participant
 from .._core.tasks import TaskSet, wait_done
+from ._errors import REFUSED, denied
 from ._errors import TRANSIENT as _TRANSIENT
 from ._sql import LeaseQueries, TableNames, advisory_key, ensure_schema, probe_session
 from ._state import ConnectionState, StateBroadcaster
@@ -208,7 +209,10 @@ class PostgresLeaseDriver:
         """The portable ``fair``/``lease_time``/``watchdog``; ``lease_time`` sets the row's TTL."""
         return check_portable_options(family, options, self._describe)
 
-    def _unavailable(self, exc: BaseException, what: str) -> BackendUnavailableError:
+    def _unavailable(self, exc: BaseException, what: str) -> LockError:
+        refused = denied(exc, what, self._describe)
+        if refused is not None:
+            return refused
         if self.states.state is not None and not self._closed:
             self.states.set(ConnectionState.SUSPENDED)
         return BackendUnavailableError(f"PostgreSQL {self._describe}: {what} failed: {exc!r}")
@@ -247,7 +251,7 @@ class PostgresLeaseDriver:
             if listener is not None:
                 await listener.add_listener(self._tables.channel, self._on_notify)
                 self._listener, listener = listener, None
-        except _BROKEN as exc:
+        except (*_BROKEN, *REFUSED) as exc:
             raise self._unavailable(exc, "connect") from exc
         finally:
             if listener is not None:
@@ -362,7 +366,7 @@ class PostgresLeaseDriver:
                 if row is None:
                     break
                 rows.append(row)
-        except _BROKEN as exc:
+        except (*_BROKEN, *REFUSED) as exc:
             raise self._unavailable(exc, "lease acquire") from exc
         self.states.connected()  # the statements went through
         if len(rows) < request.count:

@@ -26,6 +26,9 @@ option             default   meaning
                              missing table is an error that shows the DDL
 ``sslmode``        (none)    ``disable``, ``allow``, ``prefer``, ``require``,
                              ``verify-ca`` or ``verify-full`` (as libpq)
+``sslrootcert``    (none)    CA file the server's certificate must chain to
+``sslcert``        (none)    client certificate file (with ``sslkey``)
+``sslkey``         (none)    the client certificate's key file
 ``application_name`` aiolocks  shown in ``pg_stat_activity``
 =================  ========  ====================================================
 
@@ -35,6 +38,7 @@ database defaults to the user name, the user to ``postgres``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, final
@@ -70,6 +74,30 @@ class PostgresOptions:
     create_tables: bool
     sslmode: str | None
     application_name: str
+    sslrootcert: str | None = None
+    sslcert: str | None = None
+    sslkey: str | None = None
+
+    def ssl_argument(self) -> object:
+        """asyncpg's ``ssl=``: libpq's mode name, or a context built from the files.
+
+        With no file option asyncpg applies libpq's rules itself (``PGSSLROOTCERT``,
+        ``~/.postgresql/root.crt``). With ``sslrootcert`` the server's certificate
+        must chain to it (``require`` then verifies the chain, as libpq does);
+        ``verify-full`` also checks the host name.
+        """
+        if self.sslrootcert is None and self.sslcert is None:
+            return self.sslmode
+        import ssl
+
+        context = ssl.create_default_context(cafile=self.sslrootcert)
+        if self.sslmode != "verify-full":
+            context.check_hostname = False
+            if self.sslrootcert is None:  # require, no CA given: encrypted, not verified
+                context.verify_mode = ssl.CERT_NONE
+        if self.sslcert is not None:
+            context.load_cert_chain(self.sslcert, self.sslkey)
+        return context
 
     def connect_kwargs(self) -> dict[str, object]:
         """Keyword arguments for ``asyncpg.connect()`` (password included)."""
@@ -84,7 +112,7 @@ class PostgresOptions:
         if self.password is not None:
             kwargs["password"] = self.password
         if self.sslmode is not None:
-            kwargs["ssl"] = self.sslmode
+            kwargs["ssl"] = self.ssl_argument()
         if self.mode == "lease":
             # A transaction pooler cannot keep prepared statements per client.
             kwargs["statement_cache_size"] = 0
@@ -133,8 +161,29 @@ _OPTIONS: Final[Mapping[str, Callable[[str, str], object]]] = {
     "table_prefix": _text,
     "create_tables": parse_bool,
     "sslmode": _choice(_SSL_MODES),
+    "sslrootcert": _text,
+    "sslcert": _text,
+    "sslkey": _text,
     "application_name": _text,
 }
+
+
+def _ssl_files(options: Mapping[str, object]) -> dict[str, str | None]:
+    """``sslrootcert``/``sslcert``/``sslkey``: readable files, and only with TLS on."""
+    files: dict[str, str | None] = {}
+    for name in ("sslrootcert", "sslcert", "sslkey"):
+        value = options.get(name)
+        if value is not None and not (
+            os.path.isfile(str(value)) and os.access(str(value), os.R_OK)
+        ):
+            raise ValueError(f"option {name}={value!r}: no such readable file")
+        files[name] = None if value is None else str(value)
+    given = [name for name, value in files.items() if value is not None]
+    if given and options.get("sslmode") not in ("require", "verify-ca", "verify-full"):
+        raise ValueError(f"option {given[0]} needs sslmode=require, verify-ca or verify-full")
+    if files["sslkey"] is not None and files["sslcert"] is None:
+        raise ValueError("option sslkey needs sslcert (the client certificate)")
+    return files
 
 
 def _float(options: Mapping[str, object], name: str, default: float) -> float:
@@ -194,4 +243,5 @@ def parse_postgres_url(url: str) -> PostgresOptions:
         create_tables=bool(options.get("create_tables", True)),
         sslmode=None if sslmode is None else str(sslmode),
         application_name=str(options.get("application_name", "aiolocks")),
+        **_ssl_files(options),
     )

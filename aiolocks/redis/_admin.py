@@ -15,7 +15,9 @@ from redis.exceptions import RedisError
 
 from .._core.admin import KINDS, name_matches
 from .._core.driver import Family
-from ._driver import _text, lock_keys, map_error
+from .._core.errors import InvalidLockNameError
+from .._core.names import validate_name
+from ._driver import lock_keys, map_error
 
 if TYPE_CHECKING:
     from ._driver import RedisNode
@@ -80,6 +82,24 @@ def parse_lock_key(key: str, key_prefix: str) -> tuple[Family, str] | None:
     return family, name
 
 
+def _lock_of(raw: object, key_prefix: str) -> tuple[Family, str] | None:
+    """``(family, name)`` of a key, or None for a key no aiolocks lock could have written
+    (not UTF-8, or a name :func:`validate_name` refuses): another program's key under
+    the prefix is skipped, not fatal, and never printed."""
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    except UnicodeDecodeError:
+        return None
+    parsed = parse_lock_key(text, key_prefix)
+    if parsed is None:
+        return None
+    try:
+        validate_name(parsed[1])
+    except InvalidLockNameError:
+        return None
+    return parsed
+
+
 @final
 class RedisAdmin:
     """:class:`aiolocks._core.admin.AdminDriver` over one or more Redis nodes (Redlock: all)."""
@@ -97,7 +117,7 @@ class RedisAdmin:
             client: Any = node.client
             try:
                 async for raw in client.scan_iter(match=pattern, count=500):
-                    parsed = parse_lock_key(_text(raw), self._prefix)
+                    parsed = _lock_of(raw, self._prefix)
                     if parsed is not None and name_matches(parsed[1], prefix):
                         found.add(parsed)
             except (RedisError, OSError) as exc:

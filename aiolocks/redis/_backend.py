@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
 from .._core.backend import Backend
-from .._core.urls import HostPort, ParsedURL, parse_positive_float, parse_url
+from .._core.urls import HostPort, ParsedURL, parse_bool, parse_positive_float, parse_url
 from ._driver import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_KEY_PREFIX,
@@ -47,14 +49,57 @@ URL_OPTIONS = {
     "min_replicas": _parse_nonnegative_int,
     "connect_timeout": parse_positive_float,
     "keyspace_events": _parse_text,
+    "ssl": parse_bool,
+    "ssl_ca_certs": _parse_text,
+    "ssl_certfile": _parse_text,
+    "ssl_keyfile": _parse_text,
+    "ssl_check_hostname": parse_bool,
+    "sentinel_username": _parse_text,
+    "sentinel_password": _parse_text,
 }
+
+#: options of a URL (or keywords) that configure the connection, not the locks
+CONNECTION_OPTIONS = frozenset(
+    {
+        "ssl",
+        "ssl_ca_certs",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_check_hostname",
+        "sentinel_username",
+        "sentinel_password",
+    }
+)
+
+
+def _check_file(name: str, value: object) -> str:
+    """A readable file named by an ``ssl_*`` option (checked now, not at the first connect)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be the path of a PEM file, got {type(value).__name__}")
+    if not os.path.isfile(value) or not os.access(value, os.R_OK):
+        raise ValueError(f"{name}={value!r}: no such readable file")
+    return value
+
+
+def _check_connection_option(key: str, value: object) -> object:
+    if key in ("ssl", "ssl_check_hostname"):
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} must be true or false, got {type(value).__name__}")
+        return value
+    if key.startswith("ssl_"):
+        return _check_file(key, value)
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a str, got {type(value).__name__}")
+    return value
 
 
 def _check_options(options: Mapping[str, object]) -> dict[str, Any]:
     """Validate backend options given as keywords or parsed from the query string."""
     out: dict[str, Any] = {}
     for key, value in options.items():
-        if key == "lease_time":
+        if key in CONNECTION_OPTIONS:
+            out[key] = _check_connection_option(key, value)
+        elif key == "lease_time":
             out[key] = validate_lease_time(value)
         elif key == "key_prefix":
             out[key] = validate_key_prefix(value)
@@ -240,7 +285,7 @@ def _bounded_class(cls: type[Any]) -> type[Any]:
 
 
 @functools.cache
-def _sentinel_connection_class() -> type[Any]:
+def _sentinel_connection_class(tls: bool = False) -> type[Any]:
     """redis-py's Sentinel-managed connection, asking the sentinels again on *every* connect.
 
     redis-py asks the sentinels for the master's address only in
@@ -251,10 +296,13 @@ def _sentinel_connection_class() -> type[Any]:
     into a replica, it takes writes: our holds would then live on two
     masters. Seen in the chaos suite (seed 4242): a worker whose event loop
     was blocked across a failover kept acquiring on the restarted old master.
+    ``tls``: built on redis-py's TLS connection (``ssl=true``).
     """
-    from redis.asyncio.sentinel import SentinelManagedConnection
+    from redis.asyncio.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
 
-    class RediscoveringSentinelConnection(_BoundedCommands, SentinelManagedConnection):
+    base = SentinelManagedSSLConnection if tls else SentinelManagedConnection
+
+    class RediscoveringSentinelConnection(_BoundedCommands, base):  # type: ignore[valid-type,misc]
         """``SentinelManagedConnection`` that resolves the master before each socket connect."""
 
         async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
@@ -398,7 +446,7 @@ def _db(url: ParsedURL, text: str) -> int:
     if text == "":
         return 0
     if not text.isdigit():
-        raise ValueError(f"invalid database {text!r} in {url.raw!r}: expected /<number>")
+        raise ValueError(f"invalid database {text!r} in {url.redacted!r}: expected /<number>")
     return int(text)
 
 
@@ -471,7 +519,6 @@ class RedisBackend(Backend):
         )
 
 
-
 @final
 class RedlockBackend(Backend):
     """Redlock: a mutex taken on a majority of N independent Redis masters.
@@ -490,6 +537,37 @@ class RedlockBackend(Backend):
     """
 
 
+_TLS_ONLY = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname")
+
+
+def _tls_kwargs(scheme: str, opts: Mapping[str, Any]) -> dict[str, Any]:
+    """redis-py's TLS keywords from ``rediss://``/``ssl=true`` and the ``ssl_*`` options.
+
+    The server's certificate is always verified, and its host name checked
+    unless ``ssl_check_hostname=false`` (redis-py 5 does not check it by
+    default). An ``ssl_*`` option without TLS is a mistake, not ignored.
+    """
+    tls = opts.get("ssl")
+    if scheme == "rediss":
+        if tls is False:
+            raise ValueError("rediss:// means TLS: ssl=false contradicts it")
+        tls = True
+    if not tls:
+        given = [key for key in _TLS_ONLY if key in opts]
+        if given:
+            raise ValueError(f"{given[0]} needs TLS: use rediss:// or ssl=true")
+        return {}
+    if "ssl_keyfile" in opts and "ssl_certfile" not in opts:
+        raise ValueError("ssl_keyfile needs ssl_certfile (the client certificate)")
+    return {
+        "ssl": True,
+        "ssl_cert_reqs": "required",
+        "ssl_check_hostname": opts.get("ssl_check_hostname", True),
+        "ssl_ca_certs": opts.get("ssl_ca_certs"),
+        "ssl_certfile": opts.get("ssl_certfile"),
+        "ssl_keyfile": opts.get("ssl_keyfile"),
+    }
+
 
 def from_url(url: str, **options: object) -> Backend:
     """Build a Redis backend from a URL without any I/O; ``ValueError`` names a bad part.
@@ -499,172 +577,231 @@ def from_url(url: str, **options: object) -> Backend:
     ``redis+cluster://h1:7000,h2:7001``, ``redlock://h1:6379,h2:6380,h3:6381[/db]``.
     Query options and keywords: ``lease_time``, ``key_prefix``,
     ``min_replicas``, ``connect_timeout``, ``keyspace_events``
-    (``auto``/``listen``/``off``).
+    (``auto``/``listen``/``off``); on every scheme TLS with ``ssl=true``
+    (or ``rediss://``), ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``
+    and ``ssl_check_hostname`` (default true); on ``redis+sentinel://``
+    the Sentinels' own ``sentinel_username`` and ``sentinel_password``.
     """
     scheme = url.partition("://")[0] if isinstance(url, str) else ""
     default_port = 26379 if scheme == "redis+sentinel" else 6379
     parsed = parse_url(url, schemes=SCHEMES, default_port=default_port, options=URL_OPTIONS)
     opts = _check_options({**parsed.options, **options})
-    lease_time = opts.get("lease_time", DEFAULT_LEASE_TIME)
-    key_prefix = opts.get("key_prefix", DEFAULT_KEY_PREFIX)
-    min_replicas = opts.get("min_replicas", 0)
+    if scheme != "redis+sentinel" and ("sentinel_username" in opts or "sentinel_password" in opts):
+        raise ValueError("sentinel_username/sentinel_password are options of redis+sentinel://")
     connect_timeout = opts.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
-    keyspace_events = opts.get("keyspace_events", "auto")
-    path = parsed.path.lstrip("/")
-    hosts = parsed.hosts
-    kwargs = _client_kwargs(parsed, connect_timeout, retries=1)
-
+    plan = _Plan(
+        scheme=scheme,
+        url=parsed,
+        opts=opts,
+        path=parsed.path.lstrip("/"),
+        connect_timeout=connect_timeout,
+        min_replicas=opts.get("min_replicas", 0),
+        keyspace_events=opts.get("keyspace_events", "auto"),
+        kwargs=_client_kwargs(parsed, connect_timeout, retries=1),
+        tls=_tls_kwargs(scheme, opts),
+    )
     if scheme in ("redis", "rediss"):
-        if len(hosts) != 1:
-            raise ValueError(
-                f"{scheme}:// takes one host, got {len(hosts)} in {url!r} "
-                "(use redis+sentinel://, redis+cluster:// or redlock:// for several)"
-            )
-        db = _db(parsed, path)
-        host = hosts[0]
-        describe = f"{scheme}://{host}/{db}"
-
-        def make_plain() -> Any:
-            import redis.asyncio
-
-            return _pooled(
-                redis.asyncio.Redis(
-                    host=host.host, port=host.port, db=db, ssl=scheme == "rediss", **kwargs
-                ),
-                connect_timeout,
-            )
-
-        node = RedisNode(
-            make_plain,
-            owns_client=True,
-            describe=describe,
-            connect_timeout=connect_timeout,
-            min_replicas=min_replicas,
-            keyspace_events=keyspace_events,
-        )
-        return RedisBackend._around(
-            RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
-        )
-
+        return _plain(plan)
     if scheme == "redis+sentinel":
-        service, _, db_text = path.partition("/")
-        if not service:
-            raise ValueError(f"redis+sentinel:// URL {url!r} needs /<service name> after the hosts")
-        if "/" in db_text:
-            raise ValueError(f"invalid path {parsed.path!r} in {url!r}: expected /<service>[/db]")
-        db = _db(parsed, db_text)
-        describe = f"redis+sentinel://{','.join(map(str, hosts))}/{service}/{db}"
-        closers: list[Any] = []
-
-        def make_sentinel() -> Any:
-            from redis.asyncio.sentinel import Sentinel
-
-            sentinel = Sentinel(  # type: ignore[no-untyped-call]
-                [(h.host, h.port) for h in hosts],
-                sentinel_kwargs={
-                    "socket_connect_timeout": connect_timeout,
-                    "socket_timeout": connect_timeout,
-                },
-                **_bounded_kwargs(
-                    {k: v for k, v in kwargs.items() if k not in ("username", "password")}
-                ),
-            )
-            closers.extend(sentinel.sentinels)
-            # The sentinel pool cannot block; lift redis-py's default cap of
-            # 100 connections so a burst of renewals does not fail.
-            return sentinel.master_for(
-                service,
-                db=db,
-                username=parsed.username,
-                password=parsed.password,
-                max_connections=10 * POOL_SIZE,
-                connection_class=_sentinel_connection_class(),
-            )
-
-        async def close_sentinels() -> None:
-            for client in closers:
-                with contextlib.suppress(Exception):
-                    await client.aclose()
-
-        node = RedisNode(
-            make_sentinel,
-            owns_client=True,
-            describe=describe,
-            connect_timeout=connect_timeout,
-            min_replicas=min_replicas,
-            on_close=close_sentinels,
-            keyspace_events=keyspace_events,
-        )
-        return RedisBackend._around(
-            RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
-        )
-
+        return _sentinel(plan)
     if scheme == "redis+cluster":
-        if path:
-            raise ValueError(
-                f"redis+cluster:// URL {url!r} must not have a path (a cluster has only db 0)"
-            )
-        if min_replicas:
-            raise ValueError("min_replicas is not supported on redis+cluster://")
-        from redis.asyncio.cluster import RedisCluster
+        return _cluster(plan)
+    return _redlock(plan)
 
-        if not hasattr(RedisCluster, "pubsub"):
-            raise ValueError(_CLUSTER_NEEDS)
-        describe = f"redis+cluster://{','.join(map(str, hosts))}"
 
-        def make_cluster() -> Any:
-            from redis.asyncio.cluster import ClusterNode, RedisCluster
+@final
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What :func:`from_url` checked, for the builder of one scheme."""
 
-            return RedisCluster(
-                startup_nodes=[ClusterNode(h.host, h.port) for h in hosts],
-                username=parsed.username,
-                password=parsed.password,
-                socket_connect_timeout=connect_timeout,
-                socket_timeout=connect_timeout,
-            )
+    scheme: str
+    url: ParsedURL
+    opts: Mapping[str, Any]
+    path: str
+    connect_timeout: float
+    min_replicas: int
+    keyspace_events: str
+    #: redis-py keywords: credentials, timeouts, retry
+    kwargs: Mapping[str, Any]
+    #: redis-py's TLS keywords (empty without TLS)
+    tls: Mapping[str, Any]
 
-        node = RedisNode(
-            make_cluster,
-            owns_client=True,
-            describe=describe,
-            connect_timeout=connect_timeout,
-            cluster=True,
-            keyspace_events=keyspace_events,
-        )
+    def backend(self, node: RedisNode) -> Backend:
+        """A :class:`RedisBackend` on ``node`` with the URL's lease and prefix."""
         return RedisBackend._around(
-            RedisDriver(node, lease_time=lease_time, key_prefix=key_prefix)
+            RedisDriver(
+                node,
+                lease_time=self.opts.get("lease_time", DEFAULT_LEASE_TIME),
+                key_prefix=self.opts.get("key_prefix", DEFAULT_KEY_PREFIX),
+            )
         )
 
-    # redlock://
-    if min_replicas:
+
+def _plain(plan: _Plan) -> Backend:
+    """``redis://`` / ``rediss://``: one server."""
+    parsed, hosts = plan.url, plan.url.hosts
+    if len(hosts) != 1:
+        raise ValueError(
+            f"{plan.scheme}:// takes one host, got {len(hosts)} in {parsed.redacted!r} "
+            "(use redis+sentinel://, redis+cluster:// or redlock:// for several)"
+        )
+    db = _db(parsed, plan.path)
+    host = hosts[0]
+
+    def make_plain() -> Any:
+        import redis.asyncio
+
+        client = redis.asyncio.Redis(
+            host=host.host, port=host.port, db=db, **plan.tls, **plan.kwargs
+        )
+        return _pooled(client, plan.connect_timeout)
+
+    node = RedisNode(
+        make_plain,
+        owns_client=True,
+        describe=f"{plan.scheme}://{host}/{db}",
+        connect_timeout=plan.connect_timeout,
+        min_replicas=plan.min_replicas,
+        keyspace_events=plan.keyspace_events,
+    )
+    return plan.backend(node)
+
+
+def _sentinel(plan: _Plan) -> Backend:
+    """``redis+sentinel://``: the master a set of Sentinels names, followed across failovers."""
+    parsed, hosts, tls = plan.url, plan.url.hosts, plan.tls
+    service, _, db_text = plan.path.partition("/")
+    if not service:
+        raise ValueError(
+            f"redis+sentinel:// URL {parsed.redacted!r} needs /<service name> after the hosts"
+        )
+    if "/" in db_text:
+        raise ValueError(
+            f"invalid path {parsed.path!r} in {parsed.redacted!r}: expected /<service>[/db]"
+        )
+    db = _db(parsed, db_text)
+    closers: list[Any] = []
+
+    def make_sentinel() -> Any:
+        from redis.asyncio.sentinel import Sentinel
+
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            [(h.host, h.port) for h in hosts],
+            sentinel_kwargs={
+                "socket_connect_timeout": plan.connect_timeout,
+                "socket_timeout": plan.connect_timeout,
+                "username": plan.opts.get("sentinel_username"),
+                "password": plan.opts.get("sentinel_password"),
+                **tls,
+            },
+            **_bounded_kwargs(
+                {k: v for k, v in plan.kwargs.items() if k not in ("username", "password")}
+            ),
+            **tls,
+        )
+        closers.extend(sentinel.sentinels)
+        # The sentinel pool cannot block; lift redis-py's default cap of
+        # 100 connections so a burst of renewals does not fail.
+        return sentinel.master_for(
+            service,
+            db=db,
+            username=parsed.username,
+            password=parsed.password,
+            max_connections=10 * POOL_SIZE,
+            connection_class=_sentinel_connection_class(bool(tls)),
+        )
+
+    async def close_sentinels() -> None:
+        for client in closers:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+    node = RedisNode(
+        make_sentinel,
+        owns_client=True,
+        describe=f"redis+sentinel://{','.join(map(str, hosts))}/{service}/{db}",
+        connect_timeout=plan.connect_timeout,
+        min_replicas=plan.min_replicas,
+        on_close=close_sentinels,
+        keyspace_events=plan.keyspace_events,
+    )
+    return plan.backend(node)
+
+
+def _cluster(plan: _Plan) -> Backend:
+    """``redis+cluster://``: a Redis Cluster (every lock's keys in one slot)."""
+    parsed, hosts = plan.url, plan.url.hosts
+    if plan.path:
+        raise ValueError(
+            f"redis+cluster:// URL {parsed.redacted!r} must not have a path "
+            "(a cluster has only db 0)"
+        )
+    if plan.min_replicas:
+        raise ValueError("min_replicas is not supported on redis+cluster://")
+    from redis.asyncio.cluster import RedisCluster
+
+    if not hasattr(RedisCluster, "pubsub"):
+        raise ValueError(_CLUSTER_NEEDS)
+
+    def make_cluster() -> Any:
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+        return RedisCluster(
+            startup_nodes=[ClusterNode(h.host, h.port) for h in hosts],
+            username=parsed.username,
+            password=parsed.password,
+            socket_connect_timeout=plan.connect_timeout,
+            socket_timeout=plan.connect_timeout,
+            **plan.tls,
+        )
+
+    node = RedisNode(
+        make_cluster,
+        owns_client=True,
+        describe=f"redis+cluster://{','.join(map(str, hosts))}",
+        connect_timeout=plan.connect_timeout,
+        cluster=True,
+        keyspace_events=plan.keyspace_events,
+    )
+    return plan.backend(node)
+
+
+def _redlock(plan: _Plan) -> Backend:
+    """``redlock://``: a mutex on a majority of independent masters."""
+    parsed, hosts = plan.url, plan.url.hosts
+    if plan.min_replicas:
         raise ValueError("min_replicas is not supported on redlock:// (independent masters)")
-    db = _db(parsed, path)
+    db = _db(parsed, plan.path)
     if len(set(hosts)) != len(hosts):
-        raise ValueError(f"redlock:// URL {url!r} names a host twice")
+        raise ValueError(f"redlock:// URL {parsed.redacted!r} names a host twice")
     nodes = []
     # Independent masters: no retries, so a dead master costs one refused
     # connection, not a backoff (Redlock needs answers well within the lease).
-    node_kwargs = _client_kwargs(parsed, connect_timeout, retries=0)
+    node_kwargs = _client_kwargs(parsed, plan.connect_timeout, retries=0)
     for host in hosts:
 
         def make_node(host: HostPort = host) -> Any:
             import redis.asyncio
 
-            return _pooled(
-                redis.asyncio.Redis(host=host.host, port=host.port, db=db, **node_kwargs),
-                connect_timeout,
+            client = redis.asyncio.Redis(
+                host=host.host, port=host.port, db=db, **plan.tls, **node_kwargs
             )
+            return _pooled(client, plan.connect_timeout)
 
         nodes.append(
             RedisNode(
                 make_node,
                 owns_client=True,
                 describe=f"redis://{host}/{db}",
-                connect_timeout=connect_timeout,
-                keyspace_events=keyspace_events,
+                connect_timeout=plan.connect_timeout,
+                keyspace_events=plan.keyspace_events,
             )
         )
-    describe = f"redlock://{','.join(map(str, hosts))}/{db}"
     return RedlockBackend._around(
-        RedlockDriver(nodes, describe=describe, lease_time=lease_time, key_prefix=key_prefix)
+        RedlockDriver(
+            nodes,
+            describe=f"redlock://{','.join(map(str, hosts))}/{db}",
+            lease_time=plan.opts.get("lease_time", DEFAULT_LEASE_TIME),
+            key_prefix=plan.opts.get("key_prefix", DEFAULT_KEY_PREFIX),
+        )
     )

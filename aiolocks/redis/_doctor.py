@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from .._core.doctor import Diagnosis, Finding, Severity
 from .._core.errors import BackendUnavailableError
+from ._doctor_security import security_findings
 
 if TYPE_CHECKING:
     from ._driver import RedisDriver
@@ -533,6 +534,7 @@ async def diagnose_redis(driver: RedisDriver) -> Diagnosis:
     for server in servers:
         try:
             findings.extend(await check_server(server, node.min_replicas))
+            findings.extend(await security_findings(server, node))
         except (RedisError, OSError, TimeoutError) as exc:
             if not node.cluster:
                 # the one server is the whole backend: doctor reports it as unreachable
@@ -562,6 +564,7 @@ async def diagnose_redlock(driver: RedlockDriver) -> Diagnosis:
         server = Server(f"Redlock master {node.describe}", node.client.execute_command)
         try:
             findings.extend(await check_server(server, 0))
+            findings.extend(await security_findings(server, node))
         except (RedisError, OSError, TimeoutError) as exc:
             failed.append((server, str(exc) or type(exc).__name__))
             continue

@@ -60,6 +60,7 @@ from .._core.errors import BackendUnavailableError, LockError
 from .._core.participants import Participant
 from .._core.tasks import TaskSet
 from .._core.timeouts import LEASE_TIME_RANGE, check_seconds
+from ._access import denied
 from ._pubsub import PubSubHub, Wake
 from ._scripts import Scripts, source
 from ._watchdog import Renewal, RenewResult, Watchdog
@@ -396,7 +397,21 @@ class RedisNode:
     # -- lifecycle ---------------------------------------------------------
 
     async def open(self) -> None:
-        """Build the client and preload the scripts, within ``connect_timeout``."""
+        """Build the client and preload the scripts, within ``connect_timeout``.
+
+        A failed open closes the connections its helpers made (the engine
+        closes only a driver that opened): a Sentinel connection left open
+        after a refused password was a socket nobody closed. The clients stay
+        usable (a Redlock master that failed to open is tried again later).
+        """
+        try:
+            await self._load()
+        except BaseException:
+            if self._on_close is not None:
+                await self._on_close()
+            raise
+
+    async def _load(self) -> None:
         if self.client is None:
             self.client = self._make_client()
             self.scripts = Scripts.register(self.client)
@@ -409,12 +424,19 @@ class RedisNode:
                 if self.cluster:
                     await self.client.initialize()
                 await self.scripts.load(self.client)
-        except TimeoutError:
+        except TimeoutError as exc:
+            # redis-py may have retried a refusal until the deadline (Sentinel discovery)
+            refused = denied(exc, self.describe)
+            if refused is not None:
+                raise refused from exc
             raise BackendUnavailableError(
                 f"Redis {self.describe} did not answer within "
                 f"connect_timeout={self.connect_timeout:g} s"
             ) from None
         except (RedisError, OSError) as exc:
+            refused = denied(exc, self.describe)
+            if refused is not None:
+                raise refused from exc
             raise BackendUnavailableError(f"cannot reach Redis {self.describe}: {exc}") from exc
 
     async def close(self) -> None:
@@ -533,8 +555,16 @@ class RedisNode:
         have = set(flags.replace("A", "g$lshzxetd"))
         missing = [c for c in LOSS_EVENT_FLAGS if c not in have]
         if missing:
-            flags += "".join(missing)
-            await self.client.config_set("notify-keyspace-events", flags, **target)
+            wanted = flags + "".join(missing)
+            await self.client.config_set("notify-keyspace-events", wanted, **target)
+            logger.warning(
+                "aiolocks changed notify-keyspace-events on the Redis server %s from %r to %r "
+                "with CONFIG SET (keyspace_events=auto); configure it on the server and "
+                "connect with keyspace_events=listen to leave a shared server's settings alone",
+                self.describe,
+                flags,
+                wanted,
+            )
         return bool(missing)
 
     # -- commands ------------------------------------------------------------
@@ -779,6 +809,9 @@ def refused_unrun(exc: BaseException) -> bool:
 
 def map_error(exc: BaseException, what: str, describe: str) -> LockError:
     """Driver errors -> aiolocks errors, in one place (``raise map_error(...) from exc``)."""
+    refused = denied(exc, describe, what)
+    if refused is not None:
+        return refused
     if isinstance(exc, TRANSIENT):
         return BackendUnavailableError(f"Redis {describe} unreachable while {what}: {exc}")
     return LockError(f"Redis {describe} refused {what}: {exc}")

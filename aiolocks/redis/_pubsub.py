@@ -28,6 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.errors import BackendUnavailableError
+from ._access import denied
 
 __all__ = ["WATCH_LINGER", "PubSubHub", "Wake"]
 
@@ -399,7 +400,8 @@ class PubSubHub:
         entry = self._channels.get(channel)
         if entry is not None and not entry.ready.done():
             entry.ready.set_exception(
-                BackendUnavailableError(f"cannot subscribe on Redis {self._describe}: {exc}")
+                denied(exc, self._describe, f"subscribing to {channel!r}")
+                or BackendUnavailableError(f"cannot subscribe on Redis {self._describe}: {exc}")
             )
             entry.ready.exception()  # retrieved by whoever awaits it
             del self._channels[channel]

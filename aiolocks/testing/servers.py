@@ -62,8 +62,6 @@ from pathlib import Path
 from typing import ClassVar, Final, Self, TypeAlias, final
 from urllib.parse import unquote, urlsplit
 
-# The process handling every launcher shares (ports, folders, start, stop,
-# clean-up at exit, ensembles) lives in ._process.
 from ._process import (
     INSTALL_HINT,
     LOCALHOST,
@@ -83,6 +81,10 @@ from ._process import (
     _wait_until,
     free_port,
 )
+
+# The process handling every launcher shares (ports, folders, start, stop,
+# clean-up at exit, ensembles) lives in ._process.
+from .tls import TlsFiles
 
 __all__ = [
     "LOCALHOST",
@@ -728,10 +730,26 @@ class RedisServer(_RedisProcess):
         extra_args: Sequence[str] = (),
         base_dir: Path | None = None,
         startup_timeout: float = 15.0,
+        password: str | None = None,
+        acl_users: Sequence[str] = (),
+        tls: TlsFiles | None = None,
     ) -> None:
+        """See the class docstring; the security options:
+
+        :param password: ``requirepass``: the ``default`` user's password
+            (``command()`` and the start-up probe use it)
+        :param acl_users: ACL rules, one user each (``"alice on >pw ~k:* &k:* +@all"``)
+        :param tls: also listen with TLS on :attr:`tls_port`, with these
+            certificates; clients must present a certificate of the same CA
+        """
         super().__init__(port=port, base_dir=base_dir, startup_timeout=startup_timeout)
         self._extra_args = list(extra_args)
         self._external_url: str | None = None
+        self._password = password
+        self._acl_users = list(acl_users)
+        self._tls_files = tls
+        #: the TLS port (0: no TLS)
+        self.tls_port = free_port() if tls is not None else 0
 
     @classmethod
     def external(cls, url: str) -> RedisServer:
@@ -773,7 +791,24 @@ class RedisServer(_RedisProcess):
 
     def _command(self) -> list[str]:
         binary = _find_binary("AIOLOCKS_REDIS_SERVER", "redis-server", "redis-server")
-        return [binary, *self._base_args(), *self._extra_args]
+        return [binary, *self._base_args(), *self._security_args(), *self._extra_args]
+
+    def _security_args(self) -> list[str]:
+        args: list[str] = []
+        if self._password is not None:
+            args += ["--requirepass", self._password]
+        for rule in self._acl_users:
+            args += ["--user", *rule.split()]
+        tls = self._tls_files
+        if tls is not None:
+            args += [
+                "--tls-port", str(self.tls_port),
+                "--tls-cert-file", str(tls.server_cert),
+                "--tls-key-file", str(tls.server_key),
+                "--tls-ca-cert-file", str(tls.ca_cert),
+                "--tls-auth-clients", "yes",
+            ]  # fmt: skip
+        return args
 
     def _base_args(self) -> list[str]:
         return [
@@ -819,8 +854,14 @@ class RedisSentinel(_RedisProcess):
         failover_timeout_ms: int,
         base_dir: Path,
         startup_timeout: float,
+        password: str | None = None,
+        auth_pass: str | None = None,
     ) -> None:
         super().__init__(port=None, base_dir=base_dir, startup_timeout=startup_timeout)
+        #: the sentinels' own password (requirepass; they use it between them too)
+        self._password = password
+        #: the data servers' password
+        self._auth_pass = auth_pass
         self._service_name = service_name
         self._master = master
         self._quorum = quorum
@@ -848,6 +889,10 @@ class RedisSentinel(_RedisProcess):
             f"sentinel failover-timeout {name} {self._failover_timeout_ms}",
             f"sentinel parallel-syncs {name} 1",
         ]
+        if self._auth_pass is not None:
+            lines.append(f"sentinel auth-pass {name} {self._auth_pass}")
+        if self._password is not None:
+            lines += [f"requirepass {self._password}", f"sentinel sentinel-pass {self._password}"]
         # Pre-announce the replica and the other sentinels (the lines a
         # sentinel itself writes on CONFIG REWRITE): otherwise discovery
         # waits for INFO and hello rounds, several seconds.
@@ -904,7 +949,13 @@ class RedisSentinelSet(_Launcher):
         failover_timeout_ms: int = 3000,
         base_dir: Path | None = None,
         startup_timeout: float = 30.0,
+        password: str | None = None,
+        sentinel_password: str | None = None,
     ) -> None:
+        """See the class docstring; ``password`` is the master's and the replica's
+        (``requirepass``/``masterauth``), ``sentinel_password`` the sentinels' own."""
+        self._password = password
+        self._sentinel_password = sentinel_password
         self.service_name: Final = service_name
         """The monitored service name (``"mymaster"``)."""
         self._count = sentinels
@@ -996,14 +1047,24 @@ class RedisSentinelSet(_Launcher):
             return self
         self._dir = _make_dir("sentinel-set", self._base_dir)
         try:
-            master = RedisServer(base_dir=self._dir, startup_timeout=self._startup_timeout)
+            auth = self._password
+            master = RedisServer(
+                base_dir=self._dir,
+                startup_timeout=self._startup_timeout,
+                password=auth,
+                extra_args=("--masterauth", auth) if auth else (),
+            )
             self._master = master
             master.start()
             replica = RedisServer(
-                extra_args=("--replicaof", master.host, str(master.port)),
+                extra_args=(
+                    "--replicaof", master.host, str(master.port),
+                    *(("--masterauth", auth) if auth else ()),
+                ),
                 base_dir=self._dir,
                 startup_timeout=self._startup_timeout,
-            )
+                password=auth,
+            )  # fmt: skip
             self._replica = replica
             replica.start()
             _wait_until(
@@ -1020,6 +1081,8 @@ class RedisSentinelSet(_Launcher):
                     failover_timeout_ms=self._failover_timeout_ms,
                     base_dir=self._dir,
                     startup_timeout=self._startup_timeout,
+                    password=self._sentinel_password,
+                    auth_pass=auth,
                 )
                 for _ in range(self._count)
             ]

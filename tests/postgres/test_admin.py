@@ -91,9 +91,10 @@ async def test_names_with_like_wildcards_are_listed_literally(
 
 
 async def test_a_lock_held_outside_aiolocks_is_listed_by_its_key(
-    postgres_server: PostgresServer,
+    postgres_server: PostgresServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # the same key taken by a plain session (another client of the same lock)
+    """A plain session holding the same key is listed; force-release ends it only when it
+    carries aiolocks' application_name (another program's session is left alone)."""
     from aiolocks.postgres._sql import advisory_key
 
     name = unique("adm/raw")
@@ -102,13 +103,27 @@ async def test_a_lock_held_outside_aiolocks_is_listed_by_its_key(
         assert await lock.acquire(timeout=10)  # writes the fencing row
         await lock.release()
         assert await backend.list_locks(name) == []
-        raw = await asyncpg.connect(postgres_server.url)
+        stranger = await asyncpg.connect(
+            postgres_server.url, server_settings={"application_name": "billing-batch"}
+        )
         try:
-            await raw.execute("SELECT pg_advisory_lock($1)", advisory_key("mutex", name))
+            await stranger.execute("SELECT pg_advisory_lock($1)", advisory_key("mutex", name))
             (info,) = await backend.list_locks(name)
             assert info.participants[0].id.startswith("pid:")
             assert info.participants[0].fencing_token is None  # not an aiolocks session
+            assert await backend.force_release(name) == 0
+            assert stranger.get_server_pid() in postgres_server.backend_pids()
+            assert "not ending PostgreSQL session" in caplog.text
+            assert "billing-batch" in caplog.text
+        finally:
+            stranger.terminate()
+        raw = await asyncpg.connect(
+            postgres_server.url, server_settings={"application_name": "aiolocks"}
+        )
+        try:
+            await raw.execute("SELECT pg_advisory_lock($1)", advisory_key("mutex", name))
             assert await backend.force_release(name) == 1
+            assert "ending PostgreSQL session pid=" in caplog.text
             # the plain session ended: its lock is free for us
             assert await lock.acquire(timeout=10)
             assert raw.get_server_pid() not in postgres_server.backend_pids()
@@ -116,7 +131,6 @@ async def test_a_lock_held_outside_aiolocks_is_listed_by_its_key(
         finally:
             raw.terminate()
         assert await backend.list_locks(name) == []
-
 
 async def test_fencing_names_parse() -> None:
     assert parse_fencing_name("mutex/a/b") is not None

@@ -1,0 +1,82 @@
+"""Which Redis failures are a refusal (:class:`AccessDeniedError`), not an outage.
+
+redis-py's ``AuthenticationError`` subclasses its ``ConnectionError``, and a
+TLS handshake that fails verification surfaces as a ``ConnectionError`` too;
+left alone, a wrong password or an untrusted certificate would read as
+"server unreachable": retried, and with ``on_unavailable="local"`` turned
+into a process-local lock in every process at once. Every place that maps
+Redis errors asks :func:`denied` first.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+from redis.asyncio.sentinel import MasterNotFoundError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
+
+from .._core.errors import AccessDeniedError
+
+__all__ = ["denied", "is_refusal"]
+
+#: server replies that refuse the client whatever it retries
+_REFUSAL_PREFIXES = ("NOPERM", "WRONGPASS", "NOAUTH")
+
+#: how a refusal shows in the Sentinel's summary of the errors it met
+_REFUSAL_NAMES = ("AuthenticationError(", "NoPermissionError(", "WRONGPASS", "NOAUTH")
+
+#: OpenSSL reasons for a handshake the peer refused (our certificate missing,
+#: not trusted, or expired on the server's side)
+_TLS_REFUSALS = (
+    "CERTIFICATE_VERIFY_FAILED",
+    "certificate verify failed",
+    "CERTIFICATE_REQUIRED",
+    "certificate required",
+    "UNKNOWN_CA",
+    "unknown ca",
+    "BAD_CERTIFICATE",
+    "bad certificate",
+    "CERTIFICATE_EXPIRED",
+    "certificate expired",
+)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in out:
+        out.append(current)
+        current = current.__cause__ or current.__context__
+    return out
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """``exc`` (or what it was raised from) says Redis refused us, not that it is away."""
+    for item in _chain(exc):
+        if isinstance(item, AuthenticationError | NoPermissionError | ssl.SSLCertVerificationError):
+            return True
+        if isinstance(item, ResponseError) and str(item).startswith(_REFUSAL_PREFIXES):
+            return True
+        if isinstance(item, OSError | RedisError) and any(
+            reason in str(item) for reason in _TLS_REFUSALS
+        ):
+            return True
+        if isinstance(item, MasterNotFoundError) and any(
+            name in str(item) for name in _REFUSAL_NAMES
+        ):
+            return True  # every Sentinel that answered refused our credentials
+    return False
+
+
+def denied(exc: BaseException, describe: str, what: str = "connecting") -> AccessDeniedError | None:
+    """The :class:`AccessDeniedError` for ``exc``, or None when it is not a refusal.
+
+    ``raise denied(...) from exc``; the message names the server (never a
+    password) and what was being done.
+    """
+    if not is_refusal(exc):
+        return None
+    return AccessDeniedError(
+        f"Redis {describe} refused access while {what}: {exc} "
+        "(check the user, password, ACL rules and TLS certificates)"
+    )

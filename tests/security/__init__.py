@@ -1,0 +1,1 @@
+"""Security: redaction, access denied, names, TLS."""
