@@ -525,8 +525,9 @@ class ZooKeeperClient:
     :class:`aiolocks.BackendUnavailableError`); a read is sent again after a
     dropped connection; a write whose reply was lost raises
     :class:`AmbiguousResult` instead of being sent twice. The server's
-    refusals are aiozk's exceptions (``aiozk.exc.NoNode``, ``NodeExists``,
-    ``BadVersion``, ``NotEmpty``...).
+    answers are aiozk's exceptions (``aiozk.exc.NoNode``, ``NodeExists``,
+    ``BadVersion``, ``NotEmpty``...), except a permission refusal
+    (``NoAuth``): :class:`aiolocks.AccessDeniedError`.
 
     ``watch=`` (where offered) is a callback called at most once, with
     ``(kind, path)``: ``kind`` is ``"created"``, ``"deleted"``, ``"data"``
