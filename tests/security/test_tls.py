@@ -110,7 +110,7 @@ async def test_client_certificate_of_another_ca_is_denied(
         ("rediss://h/0?ssl_keyfile={ca}", "ssl_keyfile needs ssl_certfile"),
         ("redis://h/0?sentinel_password=x", "options of redis.sentinel"),
         ("redis+cluster://h:1?ssl=maybe", "true or false"),
-        ("redis://h/0?lease_time=10000000000000", "more than a year"),
+        ("redis://h/0?lease_time=10000000000000", "lease_time"),
     ],
 )
 def test_tls_option_errors(url: str, message: str, tls_files: TlsFiles) -> None:
@@ -136,7 +136,7 @@ def test_every_scheme_takes_the_tls_options(tls_files: TlsFiles) -> None:
 @pytest.mark.asyncio
 async def test_per_lock_lease_time_is_bounded(redis_server: RedisServer) -> None:
     async with aiolocks.connect(redis_server.url) as backend:
-        with pytest.raises(ValueError, match="more than a year"):
+        with pytest.raises(ValueError, match="lease_time"):
             backend.mutex("sec/lease", lease_time=1e13)
 
 
