@@ -122,6 +122,7 @@ async def test_a_stranger_reads_but_cannot_delete_or_queue(
             # a credential-less backend sees the lock ...
             [info] = await plain.list_locks("sec/")
             assert info.name == name and len(info.participants) == 1
+            assert len(await plain.mutex(name).participants()) == 1  # `aiolocks status`
             # ... but may neither break it nor queue for it
             with pytest.raises(AccessDeniedError):
                 await plain.force_release(name)
