@@ -247,8 +247,13 @@ def _zookeeper_classpath() -> list[str]:
     if debian.is_file():
         # The Debian jar's manifest Class-Path lists its dependencies, but no
         # slf4j binding: add slf4j-simple (from libslf4j-java) to get a log.
-        binding = Path("/usr/share/java/slf4j-simple.jar")
-        return [str(debian)] + ([str(binding)] if binding.is_file() else [])
+        # Netty's codec and resolver are missing from it too; the Netty server
+        # (serverCnxnFactory, needed for secureClientPort) loads them.
+        extras = [
+            Path("/usr/share/java") / name
+            for name in ("slf4j-simple.jar", "netty-codec.jar", "netty-resolver.jar")
+        ]
+        return [str(debian)] + [str(jar) for jar in extras if jar.is_file()]
     raise ServerNotInstalledError(
         "the ZooKeeper jars were not found (Debian package 'zookeeper', or set "
         f"ZOOKEEPER_HOME / AIOLOCKS_ZK_CLASSPATH); {INSTALL_HINT}"
@@ -380,6 +385,21 @@ class _ZooKeeperProcess(_ServerProcess):
         ]
 
 
+def _zookeeper_tls_config(tls: TlsFiles, port: int) -> dict[str, str]:
+    """zoo.cfg lines for a ``secureClientPort`` with PEM files (ZooKeeper 3.6+, Netty)."""
+    keystore = tls.server_cert.with_name("zookeeper-server.pem")
+    keystore.write_text(tls.server_key.read_text() + tls.server_cert.read_text())
+    return {
+        "secureClientPort": str(port),
+        "serverCnxnFactory": "org.apache.zookeeper.server.NettyServerCnxnFactory",
+        "ssl.keyStore.location": str(keystore),
+        "ssl.keyStore.type": "PEM",
+        "ssl.trustStore.location": str(tls.ca_cert),
+        "ssl.trustStore.type": "PEM",
+        "ssl.clientAuth": "want",
+    }
+
+
 @final
 class ZooKeeperServer(_ZooKeeperProcess):
     """A single (standalone) ZooKeeper server on a free port in a temporary folder.
@@ -415,7 +435,19 @@ class ZooKeeperServer(_ZooKeeperProcess):
         jvm_options: Sequence[str] = (),
         base_dir: Path | None = None,
         startup_timeout: float = 30.0,
+        tls: TlsFiles | None = None,
     ) -> None:
+        """See the class doc; ``tls``: also serve TLS on :attr:`tls_port`.
+
+        With ``tls`` the server listens on a ``secureClientPort`` (Netty) with
+        ``tls.server_cert``, trusts ``tls.ca_cert`` and asks clients for a
+        certificate (``ssl.clientAuth=want``: one signed by another authority
+        is refused, none at all is accepted).
+        """
+        self.tls_port = free_port() if tls is not None else 0
+        extra = dict(extra_config or {})
+        if tls is not None:
+            extra.update(_zookeeper_tls_config(tls, self.tls_port))
         super().__init__(
             port=port,
             base_dir=base_dir,
@@ -424,7 +456,7 @@ class ZooKeeperServer(_ZooKeeperProcess):
             min_session_timeout=min_session_timeout,
             max_session_timeout=max_session_timeout,
             container_check_interval=container_check_interval,
-            extra_config=extra_config,
+            extra_config=extra,
             jvm_options=jvm_options,
         )
 

@@ -1,6 +1,7 @@
 """The ZooKeeper backend (``zk://``): Apache Curator's lock recipes on asyncio.
 
 >>> url = "zk://127.0.0.1:2181/myapp?session_timeout=10"
+>>> secured = "zk://app:s3cret@zk1:2181,zk2:2181/myapp"  # digest auth, creator-only ACLs
 >>> async with aiolocks.connect(url) as backend:  # doctest: +SKIP
 ...     async with backend.mutex("orders/42") as lock:
 ...         print(lock.fencing_token)      # czxid of our lock node
@@ -32,7 +33,8 @@ from typing import Any, Final, cast, final
 from .._core.backend import Backend
 from .._core.names import has_control_character
 from .._core.timeouts import SETTING_RANGE, check_seconds
-from .._core.urls import parse_bool, parse_positive_float, parse_url
+from .._core.urls import ParsedURL, parse_bool, parse_positive_float, parse_url
+from ._auth import ACL_MODES, check_user, creator_acl, digest_credential, tls_context
 from ._client import AiozkLink, ZooKeeperClient
 from ._driver import ZooKeeperDriver, lock_path
 from ._layout import DEFAULT_LAYOUT, parse_layout
@@ -57,6 +59,12 @@ _URL_OPTIONS: Final = {
     "connect_timeout": parse_positive_float,
     "suspended_is_lost": parse_bool,
     "layout": lambda _name, text: parse_layout(text),
+    "acl": lambda _name, text: _check_acl(text),
+    "tls": parse_bool,
+    "ssl_ca_certs": lambda _name, text: text,
+    "ssl_certfile": lambda _name, text: text,
+    "ssl_keyfile": lambda _name, text: text,
+    "ssl_check_hostname": parse_bool,
 }
 
 
@@ -173,8 +181,49 @@ def _check_bool(name: str, value: object) -> bool:
     return value
 
 
+def _check_acl(value: object) -> str:
+    """``creator`` or ``open`` (the ``acl`` option)."""
+    if value not in ACL_MODES:
+        raise ValueError(f"acl must be one of {', '.join(ACL_MODES)}, got {value!r}")
+    return str(value)
+
+
+def _security(parsed: ParsedURL, values: dict[str, object]) -> dict[str, Any]:
+    """The driver's ``credentials`` and ``acl`` for the URL's user, password and ``acl=``.
+
+    Messages name the user, never the password.
+    """
+    user, password = parsed.username, parsed.password
+    if user is None and password is None:
+        if _check_acl(values.get("acl", "open")) == "creator":
+            raise ValueError(
+                "acl=creator needs credentials in the zk:// URL (zk://user:password@...)"
+            )
+        return {}
+    if password is None:
+        raise ValueError(
+            f"the zk:// URL names the user {user!r} without a password "
+            "(digest authentication needs zk://user:password@...)"
+        )
+    user = check_user(user or "")
+    acl = _check_acl(values.get("acl", "creator"))
+    return {
+        "credentials": (digest_credential(user, password),),
+        "acl": creator_acl(user, password) if acl == "creator" else None,
+    }
+
+
 def from_url(url: str, **options: object) -> ZooKeeperBackend:
     """Build (without I/O) a backend for ``zk://host:port[,host:port...][/chroot][?options]``.
+
+    ``zk://user:password@hosts/...`` authenticates every connection with
+    ZooKeeper's digest scheme (the password may hold ``/ ? @ #``); the nodes
+    the backend creates are then writable by that identity only and readable
+    by anyone (``acl=creator``, the default with credentials; ``acl=open``
+    leaves them world-writable). ``tls=true`` connects with TLS (to the
+    ensemble's ``secureClientPort``): ``ssl_ca_certs``, ``ssl_certfile``,
+    ``ssl_keyfile``, ``ssl_check_hostname`` (default true). See
+    ``docs/zookeeper.md``, "Security".
 
     Options (in the query or as keywords; keywords win): ``session_timeout``
     (seconds, default 10; the server clamps it to its min/max),
@@ -187,23 +236,21 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
         credentials, unknown option or bad value).
     """
     parsed = parse_url(url, schemes=("zk",), default_port=2181, options=_URL_OPTIONS)
-    if parsed.username is not None or parsed.password is not None:
-        raise ValueError(
-            "credentials in a zk:// URL are not supported (ZooKeeper authentication "
-            "is not supported by aiolocks; protect lock paths with a chroot or network rules)"
-        )
     chroot = parsed.path
     if chroot in ("", "/"):
         chroot = ""
     else:
+        shown = parsed.redacted
         body = chroot[1:]
         if body.endswith("/"):
-            raise ValueError(f"chroot {chroot!r} in {url!r} must not end with '/'")
+            raise ValueError(f"chroot {chroot!r} in {shown!r} must not end with '/'")
         for segment in body.split("/"):
             if segment in ("", ".", ".."):
-                raise ValueError(f"chroot {chroot!r} in {url!r} has an invalid segment {segment!r}")
+                raise ValueError(
+                    f"chroot {chroot!r} in {shown!r} has an invalid segment {segment!r}"
+                )
             if has_control_character(segment):
-                raise ValueError(f"chroot {chroot!r} in {url!r} contains a control character")
+                raise ValueError(f"chroot {chroot!r} in {shown!r} contains a control character")
     values: dict[str, object] = dict(parsed.options)
     for key, value in options.items():
         if key not in _URL_OPTIONS:
@@ -219,7 +266,12 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
     )
     suspended_is_lost = _check_bool("suspended_is_lost", values.get("suspended_is_lost", False))
     layout = parse_layout(values.get("layout", DEFAULT_LAYOUT))
+    security = _security(parsed, values)
+    context = tls_context(values)
+    if context is not None:
+        security["ssl_context"] = context
     servers = ",".join(str(h) for h in parsed.hosts)
+    user = f"{parsed.username}@" if "credentials" in security else ""
     driver = ZooKeeperDriver(
         given=None,
         servers=servers,
@@ -227,7 +279,8 @@ def from_url(url: str, **options: object) -> ZooKeeperBackend:
         session_timeout=session_timeout,
         connect_timeout=connect_timeout,
         suspended_is_lost=suspended_is_lost,
-        description=f"zk://{servers}{chroot}",
+        description=f"zk://{user}{servers}{chroot}",
         layout=layout,
+        **security,
     )
     return ZooKeeperBackend._around(driver)

@@ -38,6 +38,7 @@ from aiozk import exc as zk_exc
 from aiozk import protocol
 from aiozk.protocol.create import Create2Request
 
+from .._core.errors import AccessDeniedError
 from ._connection import Session, SessionEvents
 from ._protocol import CONTAINER_FLAG, CreateContainerRequest, encode_request
 
@@ -96,6 +97,10 @@ class Link(Protocol):
     @property
     def hosts(self) -> list[tuple[str, int]]:
         """The ensemble's ``(host, port)`` pairs (for messages)."""
+
+    @property
+    def refused(self) -> AccessDeniedError | None:
+        """Set once the server refused the link's credentials: it will not connect again."""
 
     def connected_future(self) -> asyncio.Future[None]:
         """Resolved while (or as soon as) connected."""
@@ -178,6 +183,11 @@ class OwnLink:
     def hosts(self) -> list[tuple[str, int]]:
         """The ensemble."""
         return self.session.hosts
+
+    @property
+    def refused(self) -> AccessDeniedError | None:
+        """The session's refusal (``AUTH_FAILED``), if the server refused its credentials."""
+        return self.session.refused
 
     def connected_future(self) -> asyncio.Future[None]:
         """See :meth:`Session.connected_future`."""
@@ -323,6 +333,11 @@ class AiozkLink:
     def hosts(self) -> list[tuple[str, int]]:
         """The client's servers."""
         return [(str(h), int(p)) for h, p in self._session.hosts]
+
+    @property
+    def refused(self) -> AccessDeniedError | None:
+        """Always ``None``: the application's client handles its own authentication."""
+        return None
 
     def connected_future(self) -> asyncio.Future[None]:
         """aiozk's future for the CONNECTED state."""
@@ -510,8 +525,9 @@ class ZooKeeperClient:
     :class:`aiolocks.BackendUnavailableError`); a read is sent again after a
     dropped connection; a write whose reply was lost raises
     :class:`AmbiguousResult` instead of being sent twice. The server's
-    refusals are aiozk's exceptions (``aiozk.exc.NoNode``, ``NodeExists``,
-    ``BadVersion``, ``NotEmpty``...).
+    answers are aiozk's exceptions (``aiozk.exc.NoNode``, ``NodeExists``,
+    ``BadVersion``, ``NotEmpty``...), except a permission refusal
+    (``NoAuth``): :class:`aiolocks.AccessDeniedError`.
 
     ``watch=`` (where offered) is a callback called at most once, with
     ``(kind, path)``: ``kind`` is ``"created"``, ``"deleted"``, ``"data"``

@@ -20,6 +20,18 @@ that hold aiozk objects instead of patching them:
   connect loop, so a drop during it cannot stall reconnection. Pings go
   out every third of the session timeout; a connection silent for two
   thirds of it is dropped, as the Java client does.
+* Authentication (``addauth``): the session's credentials go out right
+  after every handshake, the first connection and each reconnection alike,
+  and their answers are awaited before the connection counts as up, so no
+  request (SetWatches included) ever runs unauthenticated. A refusal
+  (``AUTH_FAILED``) ends the session: :attr:`Session.refused` holds the
+  :class:`~aiolocks.AccessDeniedError`, ``start()`` raises it, and the
+  connect loop stops (credentials the server refuses are refused on every
+  server; retrying would only hide the mistake as an outage).
+* TLS (``secureClientPort``): the socket is wrapped with the session's
+  ``ssl.SSLContext``; a certificate that is not trusted, a host name
+  mismatch or a server that refuses our certificate is a refusal too
+  (:class:`~aiolocks.AccessDeniedError`, no reconnect loop), never an outage.
 * The lock recipe reaches the session through :class:`~._client.OwnLink`
   (the chroot, the default ACL and path mapping are there).
 
@@ -33,17 +45,20 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, Protocol
 
 from aiozk import exc as zk_exc
 from aiozk import protocol
+from aiozk.protocol.auth import AUTH_XID, AuthRequest
 
+from .._core.errors import AccessDeniedError
 from ._protocol import decode_reply, decode_watch_event, encode_request
 
-__all__ = ["Connection", "Session", "SessionEvents", "parse_hosts"]
+__all__ = ["Connection", "Credential", "Session", "SessionEvents", "parse_hosts"]
 
 logger = logging.getLogger("aiolocks.zookeeper")
 
@@ -67,6 +82,28 @@ _HANDSHAKE_LIMIT: Final = 10.0
 #: paths per SetWatches request, in bytes (the Java client's limit: far below
 #: the server's packet limit, so re-arming many watches cannot be refused)
 _SET_WATCHES_BYTES: Final = 128 * 1024
+
+
+class Credential:
+    """One ``addauth``: a scheme (``"digest"``) and its secret (``b"user:password"``).
+
+    The secret never shows in ``repr()``, ``str()`` or messages; only
+    :attr:`identity` (the user name, for messages) does.
+    """
+
+    __slots__ = ("_secret", "identity", "scheme")
+
+    def __init__(self, scheme: str, secret: bytes, *, identity: str) -> None:
+        self.scheme = scheme
+        self._secret = secret
+        self.identity = identity
+
+    def request(self) -> Any:
+        """The ``AuthPacket`` (sent with xid -4)."""
+        return AuthRequest(type=0, scheme=self.scheme, auth=self._secret)
+
+    def __repr__(self) -> str:
+        return f"Credential({self.scheme!r}, identity={self.identity!r}, secret=***)"
 
 
 class SessionEvents(Protocol):
@@ -102,6 +139,8 @@ class Connection(asyncio.Protocol):
         self._handshake: asyncio.Future[bytes] | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.last_received = time.monotonic()
+        #: why the connection ended, if asyncio said (a TLS alert, a reset...)
+        self.error: Exception | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -144,6 +183,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Fail every pending request; resolve :attr:`closed`; tell the session."""
+        self.error = exc
         self._lost()
 
     def _lost(self) -> None:
@@ -261,10 +301,19 @@ class Session:
     :param timeout: the session timeout to ask for, in seconds (the server
         clamps it; :attr:`timeout` is then the negotiated value)
     :param events: told about connections, disconnections and expiry
+    :param credentials: sent (``addauth``) after every handshake, before any request
+    :param ssl_context: TLS to the servers' ``secureClientPort``: the server's
+        certificate is verified (and its host name, if the context checks it)
     """
 
     def __init__(
-        self, hosts: Iterable[tuple[str, int]], *, timeout: float, events: SessionEvents | None
+        self,
+        hosts: Iterable[tuple[str, int]],
+        *,
+        timeout: float,
+        events: SessionEvents | None,
+        credentials: Sequence[Credential] = (),
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.hosts = list(hosts)
         if not self.hosts:
@@ -286,6 +335,10 @@ class Session:
         self._task: asyncio.Task[None] | None = None
         self._ticker: asyncio.TimerHandle | None = None
         self.closing = False
+        self.credentials = tuple(credentials)
+        self.ssl_context = ssl_context
+        #: set when the server refused our credentials: the session is over
+        self.refused: AccessDeniedError | None = None
 
     # -- state ------------------------------------------------------------------------
 
@@ -293,7 +346,7 @@ class Session:
     def connected(self) -> bool:
         """A connection is up and the handshake done."""
         fut = self._connected
-        return fut is not None and fut.done() and not fut.cancelled()
+        return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
 
     def connected_future(self) -> asyncio.Future[None]:
         """Resolved while connected; a new one (resolved at the next connection) otherwise."""
@@ -458,12 +511,21 @@ class Session:
         loop = asyncio.get_running_loop()
         # Java's connect timeout: the session timeout shared by the servers.
         per_server = max(0.5, self.timeout / len(self.hosts))
+        tls = self.ssl_context
         try:
             async with asyncio.timeout(per_server):
                 _, conn = await loop.create_connection(
-                    lambda: Connection(host, port, self), host, port
+                    lambda: Connection(host, port, self),
+                    host,
+                    port,
+                    ssl=tls,
+                    server_hostname=host if tls is not None else None,
                 )
         except (OSError, TimeoutError) as exc:
+            refusal = tls_refusal(exc)
+            if refusal is not None:
+                self._refuse(f"TLS to ZooKeeper {host}:{port} refused: {refusal}")
+                return None
             logger.debug("cannot connect to ZooKeeper %s:%s: %r", host, port, exc)
             return None
         try:
@@ -485,6 +547,13 @@ class Session:
             read_only=False,
         )
         reply = await conn.handshake(request, per_server)
+        refusal = None if conn.error is None else tls_refusal(conn.error)
+        if refusal is not None:
+            # TLS 1.3: the server checks our certificate after our side of the
+            # handshake is done; its refusal arrives as the first read fails.
+            self._refuse(f"TLS to ZooKeeper {host}:{port} refused: {refusal}")
+            conn.abort()
+            return None
         if reply is None or self.closing:
             # Closed or silent without an answer: electing a leader, behind
             # our zxid, or read-only (locks need writes). Not an expiry: try
@@ -513,6 +582,9 @@ class Session:
         self.session_id = session_id
         self.password = bytes(password)
         self.timeout = timeout_ms / 1000
+        if self.credentials and not await self._authenticate(conn, host, port, per_server):
+            conn.abort()
+            return None
         self.conn = conn
         if same:
             # Written before anything else on this connection: the server
@@ -530,6 +602,42 @@ class Session:
         if self.events is not None:
             self.events.session_connected(session_id)
         return conn
+
+    async def _authenticate(self, conn: Connection, host: str, port: int, limit: float) -> bool:
+        """Send every credential and await the answers; ``False`` to try again elsewhere.
+
+        A refusal (``AUTH_FAILED``) ends the session (see :meth:`_refuse`).
+        """
+        # Every AuthPacket has the protocol's xid -4: one in flight at a time.
+        for credential in self.credentials:
+            reply = conn.send(credential.request(), xid=AUTH_XID)
+            try:
+                async with asyncio.timeout(limit):
+                    await reply
+            except zk_exc.AuthFailed:
+                self._refuse(
+                    f"ZooKeeper {host}:{port} refused the {credential.scheme} credentials of "
+                    f"{credential.identity!r} (AUTH_FAILED)"
+                )
+                return False
+            except (TimeoutError, zk_exc.ZKError, ConnectionError):
+                reply.cancel()
+                logger.debug("ZooKeeper %s:%s: no answer to addauth", host, port)
+                return False
+        return True
+
+    def _refuse(self, message: str) -> None:
+        """A refusal (credentials, certificate): end the session, keep the error for callers."""
+        error = AccessDeniedError(message)
+        logger.error("%s", error)
+        self.refused = error
+        self.closing = True
+        fut = self.connected_future()
+        if not fut.done():
+            fut.set_exception(error)
+            fut.exception()  # retrieved: connected() and callers look at refused
+        if self.events is not None:
+            self.events.session_disconnected()
 
     def connection_lost(self, conn: Connection) -> None:
         """Called by ``conn`` when it ends: if it was our connection, we are disconnected."""
@@ -562,6 +670,27 @@ class Session:
             return
         conn.ping()
         self._schedule_tick(conn)
+
+
+#: OpenSSL reasons for a handshake the peer refused (our certificate missing,
+#: not trusted, or expired on its side): retrying cannot help
+_TLS_REFUSALS: Final = (
+    "CERTIFICATE_REQUIRED",
+    "UNKNOWN_CA",
+    "BAD_CERTIFICATE",
+    "CERTIFICATE_EXPIRED",
+    "CERTIFICATE_UNKNOWN",
+    "HANDSHAKE_FAILURE",
+)
+
+
+def tls_refusal(exc: BaseException) -> str | None:
+    """Why a TLS handshake failure is a refusal (untrusted, wrong host name...), else None."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"the server's certificate: {exc.verify_message or exc.reason}"
+    if isinstance(exc, ssl.SSLError) and any(r in str(exc.reason) for r in _TLS_REFUSALS):
+        return f"the server refused our TLS handshake ({exc.reason})"
+    return None
 
 
 def _log_failure(conn: Connection) -> Callable[[asyncio.Future[Any]], None]:

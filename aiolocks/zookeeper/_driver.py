@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from aiozk import protocol
@@ -45,7 +46,7 @@ from .._core.options import check_portable_options
 from .._core.participants import Participant
 from .._core.tasks import TaskSet
 from ._client import AiozkLink, Link, OwnLink, ZooKeeperClient
-from ._connection import Session, parse_hosts
+from ._connection import Credential, Session, parse_hosts
 from ._internals import (
     HoldWatch,
     LockInternals,
@@ -95,6 +96,9 @@ class ZooKeeperDriver:
         suspended_is_lost: bool,
         description: str,
         layout: str = DEFAULT_LAYOUT,
+        credentials: Sequence[Credential] = (),
+        acl: list[Any] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         #: the session of an ``aiozk.ZKClient`` the application gave us
         self._given = given
@@ -110,6 +114,12 @@ class ZooKeeperDriver:
         self._description = description
         #: where names map to paths (see :mod:`._layout`)
         self._layout = layout
+        #: ``addauth`` on every connection of our own session (see :mod:`._auth`)
+        self._credentials = tuple(credentials)
+        #: the ACL of every node we create (None: world-writable)
+        self._acl = acl
+        #: TLS to the ensemble's secureClientPort
+        self._ssl_context = ssl_context
         #: the engine's owned task set (given to open())
         self._tasks = TaskSet()
         #: held grants and the watch that reports their node's deletion
@@ -192,9 +202,13 @@ class ZooKeeperDriver:
             link = self._given
         else:
             session = Session(
-                parse_hosts(self._servers), timeout=self._session_timeout, events=None
+                parse_hosts(self._servers),
+                timeout=self._session_timeout,
+                events=None,
+                credentials=self._credentials,
+                ssl_context=self._ssl_context,
             )
-            link = OwnLink(session, chroot=self._chroot, default_acl=None)
+            link = OwnLink(session, chroot=self._chroot, default_acl=self._acl)
         try:
             await link.start(self._connect_timeout)
         except TimeoutError as exc:

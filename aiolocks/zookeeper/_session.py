@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from aiozk import exc as zk_exc
 
-from .._core.errors import BackendUnavailableError
+from .._core.errors import AccessDeniedError, BackendUnavailableError
 from .._core.states import StateFeed
 from .._core.tasks import wait_done
 from ._client import Link
@@ -54,6 +54,22 @@ _CONNECTION_ERRORS: Final = (
     ConnectionError,
     OSError,
 )
+
+
+#: the server's answers that refuse this client whatever it retries
+_REFUSALS: Final = (zk_exc.NoAuth, zk_exc.AuthFailed)
+
+
+def _denied(exc: BaseException, request: Any, link: Link) -> AccessDeniedError:
+    """The :class:`AccessDeniedError` for a request the server refused (``NoAuth``...)."""
+    hosts = ",".join(f"{host}:{port}" for host, port in link.hosts)
+    path = getattr(request, "path", None)
+    target = f" on {link.denormalize_path(path)!r}" if isinstance(path, str) else ""
+    return AccessDeniedError(
+        f"ZooKeeper {hosts} refused {type(request).__name__}{target}: "
+        f"{type(exc).__name__} (the node's ACL does not let these credentials do it; "
+        "check the user and password of the zk:// URL)"
+    )
 
 
 class ConnectionState(enum.Enum):
@@ -321,6 +337,8 @@ class SessionMonitor:
         while not link.connected:
             if self._closed:
                 raise BackendUnavailableError("the ZooKeeper backend is closed")
+            if link.refused is not None:
+                raise AccessDeniedError(str(link.refused))
             limit = deadline
             if unavailable_after is not None and (limit is None or unavailable_after < limit):
                 limit = unavailable_after
@@ -334,6 +352,8 @@ class SessionMonitor:
                 await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if self._closed:
                 raise BackendUnavailableError("the ZooKeeper backend is closed")
+            if link.refused is not None:
+                raise AccessDeniedError(str(link.refused))
             if not link.connected and timeout is not None and remaining(limit) == 0:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise _DeadlinePassed
@@ -441,6 +461,8 @@ class SessionMonitor:
                 if link.session_id == sent_in:
                     await self._next_connection(deadline)
                 continue
+            except _REFUSALS as exc:
+                raise _denied(exc, request, link) from exc
             except _CONNECTION_ERRORS as exc:
                 # The connection broke: make sure it is dropped, so that the
                 # session reconnects (it reports the drop to us).
