@@ -31,7 +31,6 @@ ALLOWED_LONG = frozenset(
         "zookeeper/_internals.py:LockInternals.create_entry",
         "zookeeper/_session.py:SessionMonitor.call",
         # aiolocks/redis/_backend.py: URL parsing and client building (being reworked)
-        "redis/_backend.py:from_url",
         "redis/_backend.py:_waiting_pool_class",
     }
 )
