@@ -12,7 +12,12 @@ from aiolocks import LockLostError
 from aiolocks._core.driver import Family
 from aiolocks._core.participants import Participant
 from aiolocks.etcd._client import EtcdClient, KeyValue
-from aiolocks.etcd._doctor import leader_findings, ttl_finding, version_finding
+from aiolocks.etcd._doctor import (
+    leader_findings,
+    plaintext_finding,
+    ttl_finding,
+    version_finding,
+)
 from aiolocks.testing import EtcdServer
 from tests.polling import eventually
 
@@ -37,6 +42,24 @@ def test_leader_findings() -> None:
     assert [f.code for f in leader_findings({"a": {"leader": 0}})] == ["etcd-no-leader"]
     split = leader_findings({"a": {"leader": 7}, "b": {"leader": 9}})
     assert [f.code for f in split] == ["etcd-split-leader"]
+
+
+def test_plaintext_finding_is_info_on_loopback_only() -> None:
+    assert plaintext_finding(["127.0.0.1:2379", "localhost:2379"]).severity.value == "info"
+    assert plaintext_finding(["[::1]:2379"]).severity.value == "info"
+    found = plaintext_finding(["127.0.0.1:2379", "10.0.0.2:2379"])
+    assert found.code == "etcd-no-tls" and found.severity.value == "warning"
+
+
+@pytest.mark.asyncio
+async def test_doctor_finds_an_open_cluster(etcd: EtcdServer, prefix: str) -> None:
+    """Auth disabled (AuthStatus on 3.5, inferred on 3.4, which lacks it), no TLS."""
+    async with aiolocks.connect(f"{etcd.url}/{prefix.rstrip('/')}") as backend:
+        report = await backend.doctor(self_test=False)
+    found = {f.code: f for f in report.findings}
+    assert found["etcd-open"].severity is aiolocks.Severity.WARNING, report.findings
+    assert found["etcd-no-tls"].severity is aiolocks.Severity.INFO  # loopback
+    assert ("3.4" in str(found["etcd-open"].details["how"])) == etcd.version().startswith("3.4")
 
 
 @pytest.mark.asyncio
