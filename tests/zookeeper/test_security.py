@@ -302,3 +302,17 @@ async def test_doctor_finds_a_lock_folder_left_world_writable(
     assert finding.details["acl_open"] is False
     # the lock root too: the client without credentials created it
     assert finding.details["paths"] == ["/aiolocks", f"/aiolocks/mutex/{name}"], finding
+
+
+@pytest.mark.asyncio
+async def test_doctor_on_an_application_client_reads_the_acls(stranger: Any) -> None:
+    """Over an ``aiozk`` client doctor cannot see the credentials: the ACLs tell."""
+    async with ZooKeeperBackend(stranger, connect_timeout=5) as backend:
+        name = f"doc/{uuid.uuid4().hex}"
+        async with backend.mutex(name):
+            report = await backend.doctor(self_test=False)
+    codes = set(report.codes())
+    assert "zookeeper-open" not in codes and "zookeeper-no-tls" in codes, report.findings
+    (finding,) = [f for f in report.findings if f.code == "zookeeper-world-writable"]
+    assert finding.details["acl_open"] is False
+    assert f"/aiolocks/mutex/{name}" in finding.details["paths"], finding
