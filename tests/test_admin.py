@@ -128,6 +128,34 @@ async def test_zookeeper_escaped_names_round_trip(zookeeper_server: ZooKeeperSer
             await lock.release()
 
 
+@pytest.mark.asyncio
+@pytest.mark.zookeeper
+@pytest.mark.parametrize("layout", ["aiolocks", "curator"])
+async def test_zookeeper_semaphore_named_like_its_own_folders_is_listed(
+    zookeeper_server: ZooKeeperServer, layout: str
+) -> None:
+    """``x/leases`` and ``x/locks`` are semaphores of their own, next to ``x``'s folders."""
+    top = unique("adm/seg")
+    url = f"{zookeeper_server.url}?layout={layout}"
+    names = [top, f"{top}/leases", f"{top}/locks", f"{top}/leases/leases"]
+    async with aiolocks.connect(url) as backend:
+        sems = [backend.semaphore(n, max_leases=2) for n in names]
+        leases = [await sem.acquire(timeout=10) for sem in sems]
+        try:
+            infos = await backend.list_locks(top)
+            assert sorted((i.kind, i.name) for i in infos) == sorted(
+                ("semaphore", n) for n in names
+            )
+            assert all(len(i.participants) == 1 for i in infos)
+            only = await backend.list_locks(f"{top}/leases/")
+            assert sorted(i.name for i in only) == [f"{top}/leases/leases"]
+        finally:
+            for lease in leases:
+                assert lease is not None
+                await lease.release()
+        assert await backend.list_locks(top) == []
+
+
 # -- the command line -------------------------------------------------------------
 
 

@@ -27,7 +27,6 @@ ALLOWED_LONG = frozenset(
         "etcd/_driver.py:EtcdDriver.try_once",
         "etcd/_driver.py:EtcdDriver.wait_for_change",
         # aiolocks/zookeeper/*: the ZooKeeper driver (being reworked)
-        "zookeeper/_doctor.py:diagnose_zookeeper",
         "zookeeper/_internals.py:LockInternals.create_entry",
         "zookeeper/_session.py:SessionMonitor.call",
         # aiolocks/redis/_backend.py: URL parsing and client building (being reworked)

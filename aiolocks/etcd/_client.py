@@ -1313,6 +1313,22 @@ class EtcdClient:
             "raft_term": int(response.raftTerm),
         }
 
+    async def auth_enabled(self, *, timeout: float | None = None) -> bool | None:
+        """Whether the cluster checks users (``AuthStatus``, etcd 3.5+); ``None`` on 3.4.
+
+        etcd 3.4 has no ``AuthStatus``: it answers UNIMPLEMENTED, and the
+        caller has to infer the answer otherwise.
+        """
+        try:
+            response = await self._unary(
+                "auth", "AuthStatus", pb.AuthStatusRequest(), timeout=timeout, retry=True
+            )
+        except EtcdRequestError as exc:
+            if exc.code == "UNIMPLEMENTED":
+                return None
+            raise
+        return bool(response.enabled)
+
     # -- leases
 
     async def lease_grant(

@@ -15,21 +15,38 @@
   to learn that minimum. A lease TTL below three election timeouts leaves
   the keep-alive (every third of the TTL) no margin across one leader
   election: warning.
+* **How open the cluster is.** ``etcd-open`` (warning): the cluster does not
+  check users (``auth enable`` was never run), so whoever reaches a member
+  can delete any lock key. Asked with ``AuthStatus`` (etcd 3.5+); on 3.4,
+  which lacks it, a backend that works without a user in its URL and
+  without a client certificate proves it (with a client certificate the
+  member may take the certificate's name as the user: not reported).
+  ``etcd-no-tls``: the URL is not ``etcds://`` (warning; info when every
+  endpoint is on this machine's loopback).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from .._core.doctor import Diagnosis, Finding, Severity
 from .._core.errors import BackendUnavailableError
+from .._core.hosts import is_loopback
 from ._client import EtcdClient
 
 if TYPE_CHECKING:
     from ._driver import EtcdDriver
 
-__all__ = ["diagnose_etcd", "leader_findings", "ttl_finding", "version_finding"]
+__all__ = [
+    "diagnose_etcd",
+    "leader_findings",
+    "open_finding",
+    "plaintext_finding",
+    "ttl_finding",
+    "version_finding",
+]
 
 #: the first etcd release whose lease checks are safe for locks
 SAFE_VERSION: Final = (3, 5)
@@ -121,6 +138,58 @@ def ttl_finding(lease_ttl: int, min_ttl: int) -> Finding | None:
     )
 
 
+def open_finding(endpoints: Sequence[str], how: str) -> Finding:
+    """Warning: the cluster does not check users (``how``: how doctor knows)."""
+    return Finding(
+        code="etcd-open",
+        severity=Severity.WARNING,
+        title=f"etcd at {', '.join(endpoints)} does not check users (auth is disabled)",
+        breaks=(
+            "whoever reaches a member can delete or overwrite any lock key, so two processes "
+            "may both believe they hold a lock"
+        ),
+        fix=(
+            "create a user whose role may read and write the lock prefix only, run "
+            "'etcdctl auth enable', and connect with etcd://user:password@... "
+            "(see docs/security.md)"
+        ),
+        details={"endpoints": list(endpoints), "how": how},
+    )
+
+
+def plaintext_finding(endpoints: Sequence[str]) -> Finding:
+    """Warning (info when every endpoint is on the loopback): the connection is not encrypted."""
+    hosts = [endpoint.rpartition(":")[0] or endpoint for endpoint in endpoints]
+    loopback = bool(hosts) and all(is_loopback(host) for host in hosts)
+    return Finding(
+        code="etcd-no-tls",
+        severity=Severity.INFO if loopback else Severity.WARNING,
+        title=f"etcd at {', '.join(endpoints)}: the connection is not encrypted (no TLS)",
+        breaks=(
+            "whoever can read the network sees the password, the auth token and the lock "
+            "traffic, and can take over the connection"
+        ),
+        fix="serve TLS on the members' client URLs and connect with etcds://...&ssl_ca_certs=...",
+        details={"endpoints": list(endpoints), "loopback": loopback},
+    )
+
+
+async def security_findings(driver: EtcdDriver) -> list[Finding]:
+    """``etcd-open`` and ``etcd-no-tls`` for the backend's cluster and URL."""
+    options = driver.options
+    findings: list[Finding] = []
+    if options.username is None:  # with a user, opening the backend proved auth is on
+        enabled = await driver.client.auth_enabled(timeout=CHECK_TIMEOUT)
+        if enabled is False:
+            findings.append(open_finding(options.endpoints, "AuthStatus: auth disabled"))
+        elif enabled is None and (options.tls is None or options.tls.certfile is None):
+            how = "etcd 3.4 has no AuthStatus; requests without a user or certificate succeed"
+            findings.append(open_finding(options.endpoints, how))
+    if options.tls is None:
+        findings.append(plaintext_finding(options.endpoints))
+    return findings
+
+
 async def diagnose_etcd(driver: EtcdDriver) -> Diagnosis:
     """Ask every endpoint for its status, and the cluster for its minimum lease TTL."""
     options = driver.options
@@ -169,4 +238,5 @@ async def diagnose_etcd(driver: EtcdDriver) -> Diagnosis:
     found = ttl_finding(options.lease_ttl, grant.ttl)
     if found is not None:
         findings.append(found)
+    findings.extend(await security_findings(driver))
     return Diagnosis(findings=findings, timeout=float(options.lease_ttl), timeout_name="lease_ttl")

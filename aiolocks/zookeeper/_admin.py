@@ -66,7 +66,13 @@ class ZooKeeperAdmin:
         self._timeout = connect_timeout
 
     async def lock_names(self, prefix: str) -> list[tuple[Family, str]]:
-        """Every lock path with lock nodes below it, walking only where ``prefix`` leads."""
+        """Every lock path with lock nodes below it, walking only where ``prefix`` leads.
+
+        A semaphore's own ``leases``/``locks`` folders are walked into too:
+        ``x/leases`` is a valid name of its own, whose folder is the one
+        holding ``x``'s lease nodes (skipped as nodes), and which is listed
+        when *its* ``leases``/``locks`` folders hold nodes.
+        """
         found: list[tuple[Family, str]] = []
         if self._driver.layout == "curator":
             await self._walk_curator("", prefix, found)
@@ -97,8 +103,6 @@ class ZooKeeperAdmin:
         for child in children:
             if parse_node(path, child) is not None:
                 continue
-            if family in _LEASED and child in _SEMAPHORE_DIRS and name:
-                continue
             candidate = f"{name}/{child}" if name else child
             if candidate.startswith(wanted) or wanted.startswith(candidate):
                 await self._walk(family, f"{path}/{child}", candidate, wanted, found)
@@ -118,8 +122,6 @@ class ZooKeeperAdmin:
             found.append((family, name))
         for child in children:
             if parse_node(path, child) is not None or (not name and child == "zookeeper"):
-                continue
-            if family is Family.SEMAPHORE and child in _SEMAPHORE_DIRS:
                 continue
             candidate = f"{name}/{child}" if name else child
             if candidate.startswith(wanted) or wanted.startswith(f"{candidate}/"):

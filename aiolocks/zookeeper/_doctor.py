@@ -9,6 +9,8 @@ What is read, and from where:
   (always allowed by ZooKeeper); the server's session bounds: ``conf``;
 * the ensemble's voting members: the ``/zookeeper/config`` znode (3.5+),
   read in the session, so no four-letter word is needed for it;
+* how open the deployment is (credentials, ``acl``, TLS, the ACL of the
+  lock root and of the lock folders): :mod:`._doctor_security`;
 * leftovers under the lock root: a bounded walk of ``/aiolocks`` that finds
   lock nodes that are not ephemeral (they block their lock forever) and
   empty lock parents that never had a child. The server hides whether a node
@@ -31,6 +33,7 @@ from aiozk import exc as zk_exc
 from aiozk import protocol
 
 from .._core.doctor import Diagnosis, Finding, Severity
+from ._doctor_security import security_findings
 
 if TYPE_CHECKING:
     from ._driver import ZooKeeperDriver
@@ -232,6 +235,8 @@ class Leftovers:
 
     stale_lock_nodes: list[str] = field(default_factory=list)
     empty_parents: list[str] = field(default_factory=list)
+    #: folders with lock nodes in them (their ACL decides who may break the holds)
+    lock_folders: list[str] = field(default_factory=list)
     visited: int = 0
     truncated: bool = False
 
@@ -273,6 +278,8 @@ async def walk_lock_root(driver: ZooKeeperDriver, root: str) -> Leftovers:
                 and path.count("/") > root.count("/") + 1
             ):
                 found.empty_parents.append(path)
+        if any(_is_lock_node(child) for child in reply.children):
+            found.lock_folders.append(path)
         queue.extend(f"{path}/{child}" for child in sorted(reply.children))
     return found
 
@@ -361,6 +368,42 @@ async def _dynamic_members(driver: ZooKeeperDriver) -> list[str] | None:
     return parse_dynamic_config(bytes(reply.data or b"").decode("utf-8", "replace"))
 
 
+async def _session_bounds(
+    answered: Sequence[FourLetter],
+) -> tuple[tuple[float, float] | None, Finding | None]:
+    """The server's session-timeout bounds (``conf``), or the finding that ``conf`` is refused."""
+    if not answered:
+        return None, None
+    host, _, port = answered[0].server.rpartition(":")
+    conf = await four_letter(host, int(port), "conf")
+    if conf.text is not None:
+        values = _fields(conf.text, "=")
+        try:
+            return (
+                int(values["minSessionTimeout"]) / 1000,
+                int(values["maxSessionTimeout"]) / 1000,
+            ), None
+        except (KeyError, ValueError):
+            return None, None
+    if not conf.refused:
+        return None, None
+    refused = ["conf"]
+    return None, Finding(
+        code="zk-4lw-unavailable",
+        severity=Severity.INFO,
+        title=(
+            f"four-letter word(s) {', '.join(refused)} not allowed by "
+            f"4lw.commands.whitelist; the server's session-timeout bounds were not read"
+        ),
+        breaks=(
+            "doctor could not report the server's minSessionTimeout/maxSessionTimeout "
+            "(the negotiated timeout is still checked)"
+        ),
+        fix="add conf (and srvr, mntr for monitoring) to 4lw.commands.whitelist",
+        details={"refused": refused},
+    )
+
+
 async def diagnose_zookeeper(driver: ZooKeeperDriver, root: str) -> Diagnosis:
     """All ZooKeeper findings for an open driver."""
     findings: list[Finding] = []
@@ -394,40 +437,9 @@ async def diagnose_zookeeper(driver: ZooKeeperDriver, root: str) -> Diagnosis:
             old = version_finding(answer.server, version)
             if old is not None:
                 findings.append(old)
-    # conf: the server's session-timeout bounds
-    bounds: tuple[float, float] | None = None
-    refused: list[str] = []
-    if answered:
-        host, _, port = answered[0].server.rpartition(":")
-        conf = await four_letter(host, int(port), "conf")
-        if conf.text is not None:
-            values = _fields(conf.text, "=")
-            try:
-                bounds = (
-                    int(values["minSessionTimeout"]) / 1000,
-                    int(values["maxSessionTimeout"]) / 1000,
-                )
-            except (KeyError, ValueError):
-                bounds = None
-        elif conf.refused:
-            refused.append("conf")
-    if refused:
-        findings.append(
-            Finding(
-                code="zk-4lw-unavailable",
-                severity=Severity.INFO,
-                title=(
-                    f"four-letter word(s) {', '.join(refused)} not allowed by "
-                    f"4lw.commands.whitelist; the server's session-timeout bounds were not read"
-                ),
-                breaks=(
-                    "doctor could not report the server's minSessionTimeout/maxSessionTimeout "
-                    "(the negotiated timeout is still checked)"
-                ),
-                fix="add conf (and srvr, mntr for monitoring) to 4lw.commands.whitelist",
-                details={"refused": refused},
-            )
-        )
+    bounds, conf_finding = await _session_bounds(answered)
+    if conf_finding is not None:
+        findings.append(conf_finding)
     # session timeout (of the backend's own session)
     negotiated = float(driver.monitor.link.timeout or 0)
     clamped = session_timeout_finding(driver._session_timeout, negotiated, bounds)
@@ -442,6 +454,9 @@ async def diagnose_zookeeper(driver: ZooKeeperDriver, root: str) -> Diagnosis:
     # leftovers
     leftovers = await walk_lock_root(driver, root)
     findings.extend(leftover_findings(leftovers, root))
+    # how open the deployment is
+    hosts = [host for host, _ in listed]
+    findings.extend(await security_findings(driver, hosts, [root, *leftovers.lock_folders]))
     return Diagnosis(
         findings=findings,
         timeout=negotiated or driver._session_timeout,

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 import aiolocks
 from aiolocks import LockLostError
-from aiolocks.etcd._doctor import leader_findings, ttl_finding, version_finding
+from aiolocks._core.driver import Family
+from aiolocks._core.participants import Participant
+from aiolocks.etcd._client import EtcdClient, KeyValue
+from aiolocks.etcd._doctor import (
+    leader_findings,
+    plaintext_finding,
+    ttl_finding,
+    version_finding,
+)
 from aiolocks.testing import EtcdServer
+from tests.polling import eventually
 
 pytestmark = pytest.mark.etcd
 
@@ -32,6 +42,24 @@ def test_leader_findings() -> None:
     assert [f.code for f in leader_findings({"a": {"leader": 0}})] == ["etcd-no-leader"]
     split = leader_findings({"a": {"leader": 7}, "b": {"leader": 9}})
     assert [f.code for f in split] == ["etcd-split-leader"]
+
+
+def test_plaintext_finding_is_info_on_loopback_only() -> None:
+    assert plaintext_finding(["127.0.0.1:2379", "localhost:2379"]).severity.value == "info"
+    assert plaintext_finding(["[::1]:2379"]).severity.value == "info"
+    found = plaintext_finding(["127.0.0.1:2379", "10.0.0.2:2379"])
+    assert found.code == "etcd-no-tls" and found.severity.value == "warning"
+
+
+@pytest.mark.asyncio
+async def test_doctor_finds_an_open_cluster(etcd: EtcdServer, prefix: str) -> None:
+    """Auth disabled (AuthStatus on 3.5, inferred on 3.4, which lacks it), no TLS."""
+    async with aiolocks.connect(f"{etcd.url}/{prefix.rstrip('/')}") as backend:
+        report = await backend.doctor(self_test=False)
+    found = {f.code: f for f in report.findings}
+    assert found["etcd-open"].severity is aiolocks.Severity.WARNING, report.findings
+    assert found["etcd-no-tls"].severity is aiolocks.Severity.INFO  # loopback
+    assert ("3.4" in str(found["etcd-open"].details["how"])) == etcd.version().startswith("3.4")
 
 
 @pytest.mark.asyncio
@@ -77,3 +105,60 @@ async def test_list_and_break(etcd: EtcdServer, prefix: str) -> None:
         await lease.release()
         await other.release()
         assert await admin.list_locks("") == []
+
+
+@pytest.mark.asyncio
+async def test_break_spares_a_key_written_again_after_the_listing(
+    etcd: EtcdServer, prefix: str, client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between ``break``'s read and its delete the holder's key is written again
+    (a newer hold under the same key): the delete compares the create revision
+    it read, so the newer key stays."""
+    url = f"{etcd.url}/{prefix.rstrip('/')}"
+    async with aiolocks.connect(url) as backend, aiolocks.connect(url) as admin:
+        lock = backend.mutex("jobs/a")
+        assert await lock.acquire(timeout=10)
+        driver: Any = admin._driver  # the hook sits between the read and the delete
+        read = driver.participants
+        rewritten: list[KeyValue] = []
+
+        async def read_then_rewrite(name: str, family: Family) -> list[Participant]:
+            found: list[Participant] = await read(name, family)
+            keys = [p.node.encode() for p in found if p.is_holder and p.node]
+            if family is not Family.MUTEX or not keys:
+                return found
+            (key,) = keys
+            await client.delete(key)
+            await client.put(key, b"newer holder")
+            kv = await client.get(key)
+            assert kv is not None
+            rewritten.append(kv)
+            return found
+
+        monkeypatch.setattr(driver, "participants", read_then_rewrite)
+        assert await admin.force_release("jobs/a") == 0
+        (kv,) = rewritten
+        survivor = await client.get(kv.key)
+        assert survivor is not None and survivor.create_revision == kv.create_revision
+        monkeypatch.undo()
+        await client.delete(kv.key)
+        await eventually(lambda: lock.is_lost, what="the first holder seeing its key go")
+
+
+@pytest.mark.asyncio
+async def test_delete_holds_with_a_stale_revision_deletes_nothing(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    url = f"{etcd.url}/{prefix.rstrip('/')}"
+    async with aiolocks.connect(url) as backend, aiolocks.connect(url) as admin:
+        lock = backend.mutex("jobs/a")
+        assert await lock.acquire(timeout=10)
+        (info,) = await admin.list_locks("jobs/a")
+        holder = info.participants[0]
+        assert holder.node is not None and holder.fencing_token is not None
+        driver: Any = admin._driver
+        key = holder.node.encode()
+        assert await driver.admin().delete_holds([(key, holder.fencing_token - 1)]) == 0
+        assert not lock.is_lost
+        assert await driver.admin().delete_holds([(key, holder.fencing_token)]) == 1
+        await eventually(lambda: lock.is_lost, what="the holder seeing its key deleted")

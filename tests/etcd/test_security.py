@@ -131,6 +131,18 @@ async def test_doctor_runs_with_the_least_privilege_user(
         report = await backend.doctor()
     assert report.ok, report
     assert report.self_test is not None and report.self_test.released
+    assert not set(report.codes()) & {"etcd-open", "etcd-no-tls"}, report.findings
+
+
+@pytest.mark.asyncio
+async def test_doctor_with_a_user_over_plain_text_finds_no_tls_only(
+    secure_etcd: EtcdServer,
+) -> None:
+    async with aiolocks.connect(_url(secure_etcd)) as backend:
+        report = await backend.doctor(self_test=False)
+    codes = set(report.codes())
+    assert "etcd-no-tls" in codes and "etcd-open" not in codes, report.findings
+    assert SENTINEL not in repr(report.findings)
 
 
 @pytest.mark.asyncio

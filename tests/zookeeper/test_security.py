@@ -245,3 +245,74 @@ async def test_acl_open_keeps_nodes_world_writable(
             assert (entry.id.scheme, entry.id.id) == ("world", "anyone")
     finally:
         await backend.close()
+
+
+# -- doctor: how open the deployment is ----------------------------------------------------
+
+_SECURITY = {"zookeeper-open", "zookeeper-no-tls", "zookeeper-world-writable"}
+
+
+@pytest.mark.asyncio
+async def test_doctor_finds_an_open_deployment(
+    zookeeper_server: ZooKeeperServer, chroot: str
+) -> None:
+    target = f"zk://{zookeeper_server.hosts}{chroot}?session_timeout={SESSION_TIMEOUT}"
+    async with await _connect(target) as backend, backend.mutex(f"doc/{uuid.uuid4().hex}"):
+        report = await backend.doctor(self_test=False)
+    found = {f.code: f for f in report.findings if f.code in _SECURITY}
+    assert set(found) == {"zookeeper-open", "zookeeper-no-tls"}, report.findings
+    assert found["zookeeper-open"].severity is aiolocks.Severity.WARNING
+    assert found["zookeeper-no-tls"].severity is aiolocks.Severity.INFO  # loopback
+
+
+@pytest.mark.asyncio
+async def test_doctor_with_credentials_finds_no_open_nodes(authed: ZooKeeperBackend) -> None:
+    async with authed.mutex(f"doc/{uuid.uuid4().hex}"):
+        report = await authed.doctor(self_test=False)
+    codes = {f.code for f in report.findings} & _SECURITY
+    assert codes == {"zookeeper-no-tls"}, report.findings
+    assert PASSWORD not in repr(report.findings)
+
+
+@pytest.mark.asyncio
+async def test_doctor_finds_acl_open_with_credentials(
+    zookeeper_server: ZooKeeperServer, chroot: str
+) -> None:
+    async with await _connect(url(zookeeper_server.hosts, chroot, query="&acl=open")) as backend:
+        report = await backend.doctor(self_test=False)
+    (finding,) = [f for f in report.findings if f.code == "zookeeper-world-writable"]
+    assert finding.details["acl_open"] is True
+    assert "zookeeper-open" not in report.codes()
+
+
+@pytest.mark.asyncio
+async def test_doctor_finds_a_lock_folder_left_world_writable(
+    zookeeper_server: ZooKeeperServer, chroot: str, authed: ZooKeeperBackend
+) -> None:
+    """A folder an open client created keeps its open ACL under an authenticated backend."""
+    name = f"doc/{uuid.uuid4().hex}"
+    plain = f"zk://{zookeeper_server.hosts}{chroot}?session_timeout={SESSION_TIMEOUT}"
+    async with await _connect(plain) as opener:
+        opened = opener.mutex(name)
+        assert await opened.acquire(timeout=10)
+        async with authed.semaphore_mutex(f"doc/{uuid.uuid4().hex}"):
+            report = await authed.doctor(self_test=False)
+        await opened.release()
+    (finding,) = [f for f in report.findings if f.code == "zookeeper-world-writable"]
+    assert finding.details["acl_open"] is False
+    # the lock root too: the client without credentials created it
+    assert finding.details["paths"] == ["/aiolocks", f"/aiolocks/mutex/{name}"], finding
+
+
+@pytest.mark.asyncio
+async def test_doctor_on_an_application_client_reads_the_acls(stranger: Any) -> None:
+    """Over an ``aiozk`` client doctor cannot see the credentials: the ACLs tell."""
+    async with ZooKeeperBackend(stranger, connect_timeout=5) as backend:
+        name = f"doc/{uuid.uuid4().hex}"
+        async with backend.mutex(name):
+            report = await backend.doctor(self_test=False)
+    codes = set(report.codes())
+    assert "zookeeper-open" not in codes and "zookeeper-no-tls" in codes, report.findings
+    (finding,) = [f for f in report.findings if f.code == "zookeeper-world-writable"]
+    assert finding.details["acl_open"] is False
+    assert f"/aiolocks/mutex/{name}" in finding.details["paths"], finding

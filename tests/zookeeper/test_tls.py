@@ -102,3 +102,18 @@ def test_tls_options_are_checked_before_any_io(tmp_path: Path, tls_files: TlsFil
         from_url(f"zk://h:2181?tls=true&ssl_keyfile={tls_files.client_key}")
     backend = from_url(f"zk://h:2181?tls=true&ssl_ca_certs={tls_files.ca_cert}")
     assert backend.url == "zk://h:2181"
+
+
+@pytest.mark.asyncio
+async def test_doctor_over_tls_with_credentials_finds_nothing_open(
+    tls_zookeeper: ZooKeeperServer, tls_files: TlsFiles
+) -> None:
+    query = f"&ssl_certfile={tls_files.client_cert}&ssl_keyfile={tls_files.client_key}"
+    target = tls_url(tls_zookeeper, tls_files.ca_cert, query=query).replace(
+        "zk://", f"zk://locker:{PASSWORD}@"
+    )
+    backend = await aiolocks.connect(target, connect_timeout=10)
+    async with backend, backend.mutex("tls/doctor"):
+        report = await backend.doctor(self_test=False)
+    security = {"zookeeper-open", "zookeeper-no-tls", "zookeeper-world-writable"}
+    assert not set(report.codes()) & security, report.findings
