@@ -50,33 +50,39 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
+def _refuses(item: BaseException) -> bool:
+    """``item`` itself (not what it was raised from) is a refusal."""
+    if isinstance(item, AuthenticationError | NoPermissionError | ssl.SSLCertVerificationError):
+        return True
+    if isinstance(item, ResponseError) and str(item).startswith(_REFUSAL_PREFIXES):
+        return True
+    if isinstance(item, OSError | RedisError) and any(
+        reason in str(item) for reason in _TLS_REFUSALS
+    ):
+        return True
+    # every Sentinel that answered refused our credentials
+    return isinstance(item, MasterNotFoundError) and any(
+        name in str(item) for name in _REFUSAL_NAMES
+    )
+
+
 def is_refusal(exc: BaseException) -> bool:
     """``exc`` (or what it was raised from) says Redis refused us, not that it is away."""
-    for item in _chain(exc):
-        if isinstance(item, AuthenticationError | NoPermissionError | ssl.SSLCertVerificationError):
-            return True
-        if isinstance(item, ResponseError) and str(item).startswith(_REFUSAL_PREFIXES):
-            return True
-        if isinstance(item, OSError | RedisError) and any(
-            reason in str(item) for reason in _TLS_REFUSALS
-        ):
-            return True
-        if isinstance(item, MasterNotFoundError) and any(
-            name in str(item) for name in _REFUSAL_NAMES
-        ):
-            return True  # every Sentinel that answered refused our credentials
-    return False
+    return any(_refuses(item) for item in _chain(exc))
 
 
 def denied(exc: BaseException, describe: str, what: str = "connecting") -> AccessDeniedError | None:
     """The :class:`AccessDeniedError` for ``exc``, or None when it is not a refusal.
 
     ``raise denied(...) from exc``; the message names the server (never a
-    password) and what was being done.
+    password), what was being done and the refusal itself (which may be
+    deep in the chain: a Sentinel connection's handshake failure reaches us
+    wrapped in a bare ``TimeoutError``).
     """
-    if not is_refusal(exc):
+    reason = next((item for item in _chain(exc) if _refuses(item)), None)
+    if reason is None:
         return None
     return AccessDeniedError(
-        f"Redis {describe} refused access while {what}: {exc} "
+        f"Redis {describe} refused access while {what}: {reason} "
         "(check the user, password, ACL rules and TLS certificates)"
     )

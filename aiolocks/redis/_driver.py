@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError, RedisError
+from redis.exceptions import NoScriptError, ReadOnlyError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.backoff import Backoff
@@ -433,7 +433,9 @@ class RedisNode:
                 f"Redis {self.describe} did not answer within "
                 f"connect_timeout={self.connect_timeout:g} s"
             ) from None
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:
+            # RedisClusterException (no node answered the cluster's start-up)
+            # is no RedisError; its cause says why (e.g. a TLS refusal).
             refused = denied(exc, self.describe)
             if refused is not None:
                 raise refused from exc

@@ -839,6 +839,9 @@ class RedisServer(_RedisProcess):
                 "--tls-key-file", str(tls.server_key),
                 "--tls-ca-cert-file", str(tls.ca_cert),
                 "--tls-auth-clients", "yes",
+                # what it presents when it dials (replication, cluster bus)
+                "--tls-client-cert-file", str(tls.client_cert),
+                "--tls-client-key-file", str(tls.client_key),
             ]  # fmt: skip
         return args
 
@@ -867,6 +870,11 @@ class RedisServer(_RedisProcess):
         ]
 
 
+def _served_port(process: RedisServer | RedisSentinel) -> int:
+    """The port clients are sent to: the TLS port when the process serves TLS."""
+    return process.tls_port or process.port
+
+
 @final
 class RedisSentinel(_RedisProcess):
     """One ``redis-sentinel`` process of a :class:`RedisSentinelSet`.
@@ -888,8 +896,12 @@ class RedisSentinel(_RedisProcess):
         startup_timeout: float,
         password: str | None = None,
         auth_pass: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         super().__init__(port=None, base_dir=base_dir, startup_timeout=startup_timeout)
+        self._tls_files = tls
+        #: the TLS port (0: no TLS); with TLS, the port it announces and monitors by
+        self.tls_port = free_port() if tls is not None else 0
         #: the sentinels' own password (requirepass; they use it between them too)
         self._password = password
         #: the data servers' password
@@ -916,7 +928,9 @@ class RedisSentinel(_RedisProcess):
             f"dir {directory}",
             "logfile sentinel.log",
             f"sentinel myid {self.run_id}",
-            f"sentinel monitor {name} {self._master.host} {self._master.port} {self._quorum}",
+            *self._tls_lines(),
+            f"sentinel monitor {name} {self._master.host} {_served_port(self._master)}"
+            f" {self._quorum}",
             f"sentinel down-after-milliseconds {name} {self._down_after_ms}",
             f"sentinel failover-timeout {name} {self._failover_timeout_ms}",
             f"sentinel parallel-syncs {name} 1",
@@ -929,14 +943,31 @@ class RedisSentinel(_RedisProcess):
         # sentinel itself writes on CONFIG REWRITE): otherwise discovery
         # waits for INFO and hello rounds, several seconds.
         lines.extend(
-            f"sentinel known-replica {name} {replica.host} {replica.port}"
+            f"sentinel known-replica {name} {replica.host} {_served_port(replica)}"
             for replica in self._known_replicas
         )
         lines.extend(
-            f"sentinel known-sentinel {name} {peer.host} {peer.port} {peer.run_id}"
+            f"sentinel known-sentinel {name} {peer.host} {_served_port(peer)} {peer.run_id}"
             for peer in self._peers
         )
         config.write_text("\n".join(lines) + "\n")
+
+    def _tls_lines(self) -> list[str]:
+        tls = self._tls_files
+        if tls is None:
+            return []
+        # tls-replication: it talks TLS to the data servers and to its peers,
+        # and announces its TLS port to them.
+        return [
+            f"tls-port {self.tls_port}",
+            f"tls-cert-file {tls.server_cert}",
+            f"tls-key-file {tls.server_key}",
+            f"tls-client-cert-file {tls.client_cert}",
+            f"tls-client-key-file {tls.client_key}",
+            f"tls-ca-cert-file {tls.ca_cert}",
+            "tls-auth-clients yes",
+            "tls-replication yes",
+        ]
 
     def _command(self) -> list[str]:
         binary = _find_binary("AIOLOCKS_REDIS_SENTINEL", "redis-sentinel", "redis-sentinel")
@@ -969,6 +1000,13 @@ class RedisSentinelSet(_Launcher):
     ``failover-timeout`` 3000. ``start()`` returns once the replica is in sync
     and every sentinel knows the master, the replica and the other sentinels
     (which failover needs).
+
+    With ``tls`` every process also serves TLS (``tls-replication yes``: the
+    replica and the sentinels talk TLS to the master and to each other) and
+    :attr:`url`, :attr:`sentinel_addresses` and what the sentinels report
+    name the TLS ports; add the ``ssl=true&ssl_ca_certs=...`` options to the
+    URL. The plain ports stay open for the launcher's own probes
+    (``command()`` speaks plain RESP only).
     """
 
     def __init__(
@@ -983,10 +1021,13 @@ class RedisSentinelSet(_Launcher):
         startup_timeout: float = 30.0,
         password: str | None = None,
         sentinel_password: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         """See the class docstring; ``password`` is the master's and the replica's
-        (``requirepass``/``masterauth``), ``sentinel_password`` the sentinels' own."""
+        (``requirepass``/``masterauth``), ``sentinel_password`` the sentinels' own,
+        ``tls`` the certificates of every process (clients must present one of its CA)."""
         self._password = password
+        self._tls = tls
         self._sentinel_password = sentinel_password
         self.service_name: Final = service_name
         """The monitored service name (``"mymaster"``)."""
@@ -1052,7 +1093,7 @@ class RedisSentinelSet(_Launcher):
         """``[(host, port), ...]`` of the sentinels."""
         if self._external_url is not None:
             return _split_hosts(self._external_url, "redis+sentinel")
-        return [(sentinel.host, sentinel.port) for sentinel in self._sentinels]
+        return [(sentinel.host, _served_port(sentinel)) for sentinel in self._sentinels]
 
     @property
     def url(self) -> str:
@@ -1080,23 +1121,26 @@ class RedisSentinelSet(_Launcher):
         self._dir = _make_dir("sentinel-set", self._base_dir)
         try:
             auth = self._password
+            common = [
+                *(("--masterauth", auth) if auth else ()),
+                *(("--tls-replication", "yes") if self._tls else ()),
+            ]
             master = RedisServer(
                 base_dir=self._dir,
                 startup_timeout=self._startup_timeout,
                 password=auth,
-                extra_args=("--masterauth", auth) if auth else (),
+                extra_args=common,
+                tls=self._tls,
             )
             self._master = master
             master.start()
             replica = RedisServer(
-                extra_args=(
-                    "--replicaof", master.host, str(master.port),
-                    *(("--masterauth", auth) if auth else ()),
-                ),
+                extra_args=("--replicaof", master.host, str(_served_port(master)), *common),
                 base_dir=self._dir,
                 startup_timeout=self._startup_timeout,
                 password=auth,
-            )  # fmt: skip
+                tls=self._tls,
+            )
             self._replica = replica
             replica.start()
             _wait_until(
@@ -1115,6 +1159,7 @@ class RedisSentinelSet(_Launcher):
                     startup_timeout=self._startup_timeout,
                     password=self._sentinel_password,
                     auth_pass=auth,
+                    tls=self._tls,
                 )
                 for _ in range(self._count)
             ]
@@ -1136,7 +1181,7 @@ class RedisSentinelSet(_Launcher):
         assert master is not None
         for sentinel in self._sentinels:
             state = sentinel.master_state()
-            if state.get("port") != str(master.port) or state.get("flags") != "master":
+            if state.get("port") != str(_served_port(master)) or state.get("flags") != "master":
                 return False
             if int(str(state.get("num-slaves", 0))) < 1:
                 return False
@@ -1156,7 +1201,7 @@ class RedisSentinelSet(_Launcher):
         """
         old_master, new_master = self._require_started()
         old_master.kill()
-        expected = (new_master.host, new_master.port)
+        expected = (new_master.host, _served_port(new_master))
 
         def failed_over() -> bool:
             if any(s.master_address() != expected for s in self._sentinels if s.running):
@@ -1190,6 +1235,11 @@ class RedisCluster(_Launcher):
     (no ``redis-cli`` needed). ``start()`` returns once every node reports
     ``cluster_state:ok`` and knows every other node. Nodes use
     ``cluster-node-timeout`` 2000 ms and an explicit ``--cluster-port``.
+
+    With ``tls`` the nodes also serve TLS and speak it on the cluster bus
+    (``--tls-cluster yes``); they announce their TLS ports, which
+    :attr:`url` and :attr:`addresses` name (add the ``ssl=true&...``
+    options). The plain ports stay open for the launcher's own probes.
     """
 
     def __init__(
@@ -1199,10 +1249,14 @@ class RedisCluster(_Launcher):
         node_timeout_ms: int = 2000,
         base_dir: Path | None = None,
         startup_timeout: float = 30.0,
+        tls: TlsFiles | None = None,
     ) -> None:
+        """See the class docstring; ``tls``: the nodes' certificates (clients
+        must present one of the same CA)."""
         if masters < 1:
             raise ValueError(f"a cluster needs at least one master, not {masters}")
         self._count = masters
+        self._tls = tls
         self._node_timeout_ms = node_timeout_ms
         self._base_dir = base_dir
         self._startup_timeout = startup_timeout
@@ -1233,7 +1287,7 @@ class RedisCluster(_Launcher):
         """``[(host, port), ...]`` of the nodes."""
         if self._external_url is not None:
             return _split_hosts(self._external_url, "redis+cluster")
-        return [node.address for node in self._nodes]
+        return [(node.host, _served_port(node)) for node in self._nodes]
 
     @property
     def url(self) -> str:
@@ -1270,9 +1324,15 @@ class RedisCluster(_Launcher):
                         str(self._node_timeout_ms),
                         "--cluster-port",
                         str(bus_port),
+                        *(
+                            ("--tls-cluster", "yes", "--tls-replication", "yes")
+                            if self._tls
+                            else ()
+                        ),
                     ),
                     base_dir=self._dir,
                     startup_timeout=self._startup_timeout,
+                    tls=self._tls,
                 )
                 for bus_port in bus_ports
             ]
@@ -1288,7 +1348,7 @@ class RedisCluster(_Launcher):
                 node.command("CLUSTER", "ADDSLOTS", *range(bounds[index], bounds[index + 1]))
             first = self._nodes[0]
             for node, bus_port in zip(self._nodes[1:], bus_ports[1:], strict=True):
-                first.command("CLUSTER", "MEET", node.host, node.port, bus_port)
+                first.command("CLUSTER", "MEET", node.host, _served_port(node), bus_port)
             self._wait_ok()
         except BaseException:
             self.close()

@@ -143,8 +143,9 @@ async def test_per_lock_lease_time_is_bounded(redis_server: RedisServer) -> None
 @pytest.mark.asyncio
 async def test_sentinel_and_cluster_clients_are_built_with_tls(tls_files: TlsFiles) -> None:
     """The redis-py clients of redis+sentinel:// (master and Sentinels) and
-    redis+cluster:// carry the TLS settings. (No TLS-serving Sentinel set or
-    Cluster is started by the tests yet: this checks what is handed to redis-py.)"""
+    redis+cluster:// carry the TLS settings (and the host name check); the
+    connections themselves are tested against TLS-serving servers in
+    test_tls_topologies.py."""
     from redis.asyncio.connection import SSLConnection
 
     query = (
