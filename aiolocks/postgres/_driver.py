@@ -148,6 +148,11 @@ _DOWNGRADE_BOUND = 5.0
 _BROKEN: tuple[type[BaseException], ...] = (*_TRANSIENT, asyncpg.exceptions.InternalClientError)
 
 
+#: a lock call's errors that become a :class:`LockError` (unavailable, or
+#: :class:`AccessDeniedError` for a refused privilege)
+_FAILED: tuple[type[BaseException], ...] = (*_TRANSIENT, *REFUSED)
+
+
 #: what a reconnect attempt waits out (the server is not reachable yet)
 _RECONNECT_ERRORS: tuple[type[BaseException], ...] = (BackendUnavailableError, *_BROKEN)
 
@@ -869,7 +874,7 @@ class PostgresAdvisoryDriver:
         primary = await self._get_primary()
         try:
             rows = await primary.fetch(self._queries.join_shared, a.keys[0])
-        except _TRANSIENT as exc:
+        except _FAILED as exc:
             raise _unavailable(exc, "lock call", self._describe) from exc
         # Answered: from here to the return, no await.
         if not rows or self._shared.get(a.keys[0]) is not hold or not hold.joinable():
@@ -890,7 +895,7 @@ class PostgresAdvisoryDriver:
                         "SELECT set_config('application_name', $1, false)",
                         a.request.participant[:63],
                     )
-            except _TRANSIENT as exc:
+            except _FAILED as exc:
                 raise _unavailable(exc, "set application_name", self._describe) from exc
         return session
 
@@ -928,6 +933,11 @@ class PostgresAdvisoryDriver:
                 raise _SessionGone(
                     f"PostgreSQL {self._describe}: lock call failed: {exc!r}"
                 ) from exc
+            raise _unavailable(exc, "lock call", self._describe) from exc
+        except REFUSED as exc:
+            # A privilege the statement needs (the token sequence, the fencing
+            # table) is refused: never retried. The entry stays pending, so
+            # the caller's cleanup gives back a lock the statement may have won.
             raise _unavailable(exc, "lock call", self._describe) from exc
         # Answered: from here to the return, no await.
         a.pending.remove(entry)
@@ -1022,7 +1032,7 @@ class PostgresAdvisoryDriver:
                     row = await primary.conn.fetchrow(
                         self._queries.try_slot_register, free, a.fence
                     )
-            except _TRANSIENT as exc:
+            except _FAILED as exc:
                 raise _unavailable(exc, "lock call", self._describe) from exc
         # Answered: from here to the return, no await.
         taken = None if row is None else (free[int(row[0])], False)

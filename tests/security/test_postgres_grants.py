@@ -84,3 +84,50 @@ async def test_role_without_grants_is_access_denied(
     finally:
         await admin.execute(f"DROP ROLE {role}")
         await admin.close()
+
+
+async def _advisory_locks_of(admin: asyncpg.Connection, role: str) -> int:
+    """How many advisory locks the sessions of ``role`` hold."""
+    return int(
+        await admin.fetchval(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND a.usename = $1",
+            role,
+        )
+    )
+
+
+@pytest.mark.parametrize("revoke", ["sequence", "fencing"])
+@pytest.mark.parametrize("family", ["mutex", "read", "semaphore"])
+async def test_advisory_privilege_error_is_access_denied(
+    postgres_server: PostgresServer, locker: tuple[str, str], revoke: str, family: str
+) -> None:
+    """A lock call refused a privilege raises AccessDeniedError: no local hold, no lock left."""
+    role, prefix = locker
+    admin = await asyncpg.connect(postgres_server.url)
+    try:
+        if revoke == "sequence":  # the advisory token: nextval is refused
+            await admin.execute(f"REVOKE USAGE ON SEQUENCE {prefix}_fencing_seq FROM {role}")
+        else:  # a new name's fencing row: the INSERT is refused
+            await admin.execute(f"REVOKE INSERT, UPDATE ON {prefix}_fencing FROM {role}")
+        url = (
+            f"postgresql://{role}@{postgres_server.host}:{postgres_server.port}/"
+            f"{postgres_server.database}?table_prefix={prefix}&create_tables=false"
+            "&mode=advisory"
+        )
+        async with aiolocks.connect(url, on_unavailable="local") as backend:
+            name = f"sec/pg-priv-{family}"
+            lock = (
+                backend.mutex(name)
+                if family == "mutex"
+                else backend.read_write_lock(name).read
+                if family == "read"
+                else backend.semaphore(name, 2).lease()
+            )
+            with pytest.raises(aiolocks.AccessDeniedError, match="refused access"):
+                async with lock:
+                    pytest.fail("acquired without the privilege")
+            # the failed call's session lock, if the server took it, was given back
+            assert await _advisory_locks_of(admin, role) == 0
+    finally:
+        await admin.close()
