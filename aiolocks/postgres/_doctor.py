@@ -9,7 +9,7 @@ keeps them busy. ``mode=lease`` keeps rows, so what matters is whether a
 commit survives a crash or a failover (``synchronous_commit``, synchronous
 replication) and whether renewals come often enough for
 ``idle_session_timeout``. Both modes share the lock table capacity and the
-fencing table.
+fencing table, and how open the deployment is (:mod:`._doctor_security`).
 
 The checks run on a connection of their own, opened for the diagnosis (so
 that they also work when the backend refused to open, e.g. behind a pooler)
@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from .._core.doctor import Diagnosis, Finding, Severity
+from ._doctor_security import plaintext_finding, read_security, superuser_finding
 from ._sql import SessionProbe, probe_session
 
 __all__ = [
@@ -323,6 +324,7 @@ async def diagnose_postgres(
         standbys = int(
             await conn.fetchval("SELECT count(*) FROM pg_stat_replication", timeout=CHECK_TIMEOUT)
         )
+        facts = await read_security(conn, CHECK_TIMEOUT)
     finally:
         await drop(conn)
     findings: list[Finding] = []
@@ -340,6 +342,11 @@ async def diagnose_postgres(
     if table is not None:
         findings.append(table)
     findings.extend(durability_findings(settings, mode, standbys, label))
+    exposed = (
+        plaintext_finding(facts, pooled=probe.pooled, label=label),
+        superuser_finding(facts, label),
+    )
+    findings.extend(f for f in exposed if f is not None)
     if listen is not None:
         listener = await listen()
         try:
