@@ -56,13 +56,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._core.backoff import Backoff
 from .._core.doctor import Diagnosis
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
-from .._core.errors import BackendUnavailableError, LockError
+from .._core.errors import AccessDeniedError, BackendUnavailableError, LockError
 from .._core.participants import Participant
 from .._core.tasks import TaskSet
 from .._core.timeouts import LEASE_TIME_RANGE, check_seconds
 from ._access import denied
 from ._pubsub import PubSubHub, Wake
 from ._scripts import Scripts, source
+from ._tls_probe import certificate_refusal, probe_target, was_reset
 from ._watchdog import Renewal, RenewResult, Watchdog
 
 if TYPE_CHECKING:
@@ -436,10 +437,20 @@ class RedisNode:
         except (RedisError, RedisClusterException, OSError) as exc:
             # RedisClusterException (no node answered the cluster's start-up)
             # is no RedisError; its cause says why (e.g. a TLS refusal).
-            refused = denied(exc, self.describe)
+            refused = denied(exc, self.describe) or await self._certificate_refused(exc)
             if refused is not None:
                 raise refused from exc
             raise BackendUnavailableError(f"cannot reach Redis {self.describe}: {exc}") from exc
+
+    async def _certificate_refused(self, exc: BaseException) -> AccessDeniedError | None:
+        """A reset at connect over TLS: ask again whether the server refused our certificate."""
+        if not was_reset(exc):
+            return None
+        target = probe_target(self.client)
+        if target is None:
+            return None
+        alert = await certificate_refusal(*target, timeout=self.connect_timeout)
+        return None if alert is None else denied(alert, self.describe)
 
     async def close(self) -> None:
         """Let scripts on the wire finish, stop pub/sub, close the client if we made it.
@@ -1553,9 +1564,7 @@ class RedisDriver:
                 hold.recheck = True
                 return
             hold.checking = True
-            self._spawn(
-                self._check_hold(hold, hub), f"aiolocks-redis-check:{hold.keys.holders}"
-            )
+            self._spawn(self._check_hold(hold, hub), f"aiolocks-redis-check:{hold.keys.holders}")
 
         confirmed = hub.is_confirmed(channel)
         hub.watch(channel, changed)  # an unconfirmed channel calls changed(None) once confirmed
