@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, final
 from .._core.backend import Backend
 from .._core.doctor import Diagnosis
 from .._core.localstore import LocalDriver
+from ._records import MemoryRecords
 
 if TYPE_CHECKING:
     from ._admin import MemoryAdmin
@@ -24,6 +25,19 @@ __all__ = ["MemoryBackend", "MemoryDriver", "from_url"]
 @final
 class MemoryDriver(LocalDriver):
     """The ``memory://`` driver: the process-local store, with admin and ``doctor``."""
+
+    def __init__(self, store: str = "default") -> None:
+        super().__init__(store)
+        self._records = MemoryRecords(store)
+
+    def records(self) -> MemoryRecords:
+        """The record store under the coordination recipes (groups, latches, ``once``)."""
+        return self._records
+
+    async def close(self) -> None:
+        """This driver's ephemeral records go, as a session's would."""
+        self._records.close()
+        await super().close()
 
     def admin(self) -> MemoryAdmin:
         """Listing and force-release (``aiolocks list``/``break``)."""
