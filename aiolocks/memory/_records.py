@@ -141,7 +141,9 @@ class MemoryRecords:
             return False
         del space.records[key]
         if stored.owner is not None:
-            stored.owner._entries.pop(key, None)
+            entry = stored.owner._entries.pop(key, None)
+            if entry is not None and stored.owner is not self:
+                entry.mark_lost(f"record {key!r} was deleted by another client")
         space.changed(key)
         return True
 
