@@ -13,12 +13,13 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, final
 
+from . import permits
 from .driver import Family, Mode, Request
 from .errors import LockLostError, LockTimeoutError
 from .hold import Hold
 from .locks import current_task, enter_hold_body, exit_hold_body
 from .participants import Participant
-from .timeouts import check_timeout, deadline_from
+from .timeouts import LEASE_TIME_RANGE, check_seconds, check_timeout, deadline_from
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -41,11 +42,18 @@ class Lease:
     raises :class:`LockLostError`.
     """
 
-    __slots__ = ("_hold", "_semaphore")
+    __slots__ = ("_expiry", "_hold", "_semaphore")
 
-    def __init__(self, semaphore: Semaphore, hold: Hold) -> None:
+    def __init__(self, semaphore: Semaphore, hold: Hold, lease_time: float | None) -> None:
         self._semaphore = semaphore
         self._hold = hold
+        self._expiry = None if lease_time is None else permits.expire_after(hold, lease_time)
+        permits.register(hold)
+
+    @property
+    def id(self) -> str:
+        """This lease's id (its fencing token as text): ``sem.release_by_id(id)`` anywhere."""
+        return str(self._hold.token)
 
     @property
     def semaphore(self) -> Semaphore:
@@ -95,6 +103,9 @@ class Lease:
         hold = self._hold
         if hold.released:
             return False
+        if self._expiry is not None:
+            self._expiry.cancel()
+        permits.forget(hold)
         hold.grant.verify()  # a lease that ran out while the loop was busy counts as lost
         await self._semaphore._engine.release(hold)
         return hold.lost
@@ -123,15 +134,18 @@ class LeaseContext:
     :raises LockTimeoutError: no lease within ``timeout``.
     """
 
-    __slots__ = ("_lease", "_semaphore", "_timeout")
+    __slots__ = ("_lease", "_lease_time", "_semaphore", "_timeout")
 
-    def __init__(self, semaphore: Semaphore, timeout: float | None) -> None:
+    def __init__(
+        self, semaphore: Semaphore, timeout: float | None, lease_time: float | None = None
+    ) -> None:
         self._semaphore = semaphore
         self._timeout = timeout
+        self._lease_time = lease_time
         self._lease: Lease | None = None
 
     async def __aenter__(self) -> Lease:
-        lease = await self._semaphore.acquire(self._timeout)
+        lease = await self._semaphore.acquire(self._timeout, lease_time=self._lease_time)
         if lease is None:
             raise LockTimeoutError(
                 f"semaphore {self._semaphore.name!r} gave no lease within {self._timeout} s"
@@ -197,15 +211,24 @@ class Semaphore:
     def __repr__(self) -> str:
         return f"<Semaphore {self._name!r} max_leases={self._max_leases} on {self._engine.url}>"
 
-    async def acquire(self, timeout: float | None = None) -> Lease | None:
-        """One lease, or ``None`` when ``timeout`` passed first (``0`` tries once)."""
-        leases = await self.acquire_many(1, timeout)
+    async def acquire(
+        self, timeout: float | None = None, *, lease_time: float | None = None
+    ) -> Lease | None:
+        """One lease, or ``None`` when ``timeout`` passed first (``0`` tries once).
+
+        ``lease_time``: seconds after which the lease ends by itself (reported
+        lost to its holder and given back), Redisson's expirable permit.
+        """
+        leases = await self.acquire_many(1, timeout, lease_time=lease_time)
         return None if leases is None else leases[0]
 
-    async def acquire_many(self, n: int, timeout: float | None = None) -> list[Lease] | None:
+    async def acquire_many(
+        self, n: int, timeout: float | None = None, *, lease_time: float | None = None
+    ) -> list[Lease] | None:
         """``n`` leases at once, or ``None`` (and none held) when ``timeout`` passed first.
 
-        :raises ValueError: ``n < 1`` or ``n > max_leases`` (it could never succeed).
+        :raises ValueError: ``n < 1`` or ``n > max_leases`` (it could never succeed),
+            or a ``lease_time`` out of range.
         """
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"semaphore {self._name!r}: n must be an int, got {type(n).__name__}")
@@ -215,6 +238,8 @@ class Semaphore:
                 f"n must be between 1 and max_leases={self._max_leases}"
             )
         seconds = check_timeout(timeout)
+        if lease_time is not None:
+            lease_time = check_seconds(lease_time, "lease_time", LEASE_TIME_RANGE)
         task = current_task("Semaphore.acquire()")
         self._engine.check_open()
         request = Request(
@@ -231,13 +256,38 @@ class Semaphore:
         if not grants:
             return None
         return [
-            Lease(self, Hold(self._engine, grant, kind="semaphore lease", owner=None))
+            Lease(self, Hold(self._engine, grant, kind="semaphore lease", owner=None), lease_time)
             for grant in grants
         ]
 
-    def lease(self, timeout: float | None = None) -> LeaseContext:
+    def lease(
+        self, timeout: float | None = None, *, lease_time: float | None = None
+    ) -> LeaseContext:
         """``async with sem.lease(timeout=2) as lease:``; :class:`LockTimeoutError` on timeout."""
-        return LeaseContext(self, check_timeout(timeout))
+        if lease_time is not None:
+            lease_time = check_seconds(lease_time, "lease_time", LEASE_TIME_RANGE)
+        return LeaseContext(self, check_timeout(timeout), lease_time)
+
+    async def release_by_id(self, lease_id: str, timeout: float = 30.0) -> bool:
+        """Release the lease ``lease_id`` (``lease.id``), held by this or any other process.
+
+        The holder's lease ends as if lost (its ``async with`` body gets
+        :class:`LockLostError`) and is given back. ``True`` when it was held;
+        ``False`` when no lease with that id is held (checked on the server).
+
+        :raises LockTimeoutError: the holder did not give it back within
+            ``timeout`` seconds.
+        :raises ValueError: ``lease_id`` is not a lease id.
+        :raises NotImplementedError: the backend has no record store (Redlock).
+        """
+        if not isinstance(lease_id, str) or not lease_id.isascii() or not lease_id.isdigit():
+            raise ValueError(
+                f"semaphore {self._name!r}: {lease_id!r} is not a lease id (lease.id: digits)"
+            )
+        seconds = check_seconds(timeout, "release_by_id timeout", (0.0, 3600.0))
+        await self._engine.open()
+        self._engine.check_open()
+        return await permits.release_by_id(self._engine, self._key, lease_id, seconds)
 
     async def __aenter__(self) -> Lease:
         task = current_task("async with semaphore")

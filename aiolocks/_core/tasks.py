@@ -97,27 +97,43 @@ task_of_loop: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None] = 
 class TaskSet:
     """Background tasks owned by one backend."""
 
-    __slots__ = ("_tasks",)
+    __slots__ = ("_services", "_tasks")
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: the long-lived ones among ``_tasks`` (see ``spawn(service=True)``)
+        self._services: set[asyncio.Task[Any]] = set()
 
     def spawn(
-        self, coro: Coroutine[Any, Any, T], *, name: str, log_errors: bool = True
+        self,
+        coro: Coroutine[Any, Any, T],
+        *,
+        name: str,
+        log_errors: bool = True,
+        service: bool = False,
     ) -> asyncio.Task[T]:
-        """Start ``coro`` as a task owned by this set."""
+        """Start ``coro`` as a task owned by this set.
+
+        ``service``: a watcher that lives as long as something it serves (a
+        lease's ``release_by_id`` desk), ended by its owner; ``len()`` does
+        not count it as work in flight. ``drain`` finishes it like any task.
+        """
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
+        if service:
+            self._services.add(task)
         task.add_done_callback(self._on_done if log_errors else self._on_done_quiet)
         return task
 
     def _on_done_quiet(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        self._services.discard(task)
         if not task.cancelled():
             task.exception()  # mark retrieved; the awaiting side handles it
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        self._services.discard(task)
         if task.cancelled():
             return
         exc = task.exception()
@@ -125,7 +141,8 @@ class TaskSet:
             logger.error("background task %s failed", task.get_name(), exc_info=exc)
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        """Background work in flight (services not counted)."""
+        return len(self._tasks) - len(self._services)
 
     async def drain(self, *, cancel: bool) -> None:
         """Wait for every task (cancelling them first when ``cancel``), even if cancelled.

@@ -49,3 +49,23 @@ async def test_drain_waits_for_running_tasks_and_cancels_them() -> None:
     await started.wait()
     await asyncio.wait_for(tasks.drain(cancel=True), 5)
     assert task.cancelled() and finished == ["cleaned up"]
+
+
+async def test_a_service_is_not_work_in_flight_but_drain_finishes_it() -> None:
+    tasks = TaskSet()
+    started = asyncio.Event()
+
+    async def watcher() -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    service = tasks.spawn(watcher(), name="service", service=True)
+    await started.wait()
+    assert len(tasks) == 0, "a service counted as work in flight"
+    work = tasks.spawn(_nothing(), name="work")
+    assert len(tasks) == 1
+    await work
+    await asyncio.sleep(0)
+    assert len(tasks) == 0
+    await asyncio.wait_for(tasks.drain(cancel=True), 5)
+    assert service.cancelled()
