@@ -17,12 +17,13 @@ Two rules of the engine live here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["TaskSet", "running_task", "wait_done", "wait_finished"]
+__all__ = ["TaskSet", "gather_keeping_cancel", "running_task", "wait_done", "wait_finished"]
 
 T = TypeVar("T")
 
@@ -223,3 +224,53 @@ async def wait_finished(
                 if cancel_inner:
                     fut.cancel()
     return cancelled
+
+
+async def gather_keeping_cancel(
+    coros: Sequence[Coroutine[Any, Any, T]], *, return_exceptions: bool = False
+) -> list[Any]:
+    """``asyncio.gather`` for concurrent calls, keeping the caller's cancellation intact.
+
+    (Redlock's calls to every master use it.)
+
+    When the caller is cancelled, ``gather`` may raise a new, bare
+    ``CancelledError`` (the one of whichever call finished last) instead of
+    the one the caller was cancelled with. anyio's cancel scopes recognise
+    their own cancellation by its message, so a bare one escapes a
+    ``move_on_after`` block as an error. Here the calls run as tasks, the
+    caller's own ``CancelledError`` is re-raised once every call has
+    finished (they are cancelled, and they record what they may have
+    written on the way), and repeated cancel deliveries meanwhile (anyio
+    re-delivers until the scope is left) are absorbed.
+    """
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(coro) for coro in coros]
+    if not tasks:
+        return []
+    try:
+        await asyncio.wait(tasks)
+    except asyncio.CancelledError:
+        for task in tasks:
+            task.cancel()
+        while not all(task.done() for task in tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait(tasks)
+        for task in tasks:  # retrieved: the caller's cancellation is what counts
+            if not task.cancelled():
+                task.exception()
+        raise
+    results: list[Any] = []
+    for task in tasks:
+        if task.cancelled():
+            if not return_exceptions:
+                raise asyncio.CancelledError()  # a call cancelled by somebody else
+            results.append(asyncio.CancelledError())
+            continue
+        exc = task.exception()
+        if exc is not None:
+            if not return_exceptions:
+                raise exc
+            results.append(exc)
+        else:
+            results.append(task.result())
+    return results

@@ -45,7 +45,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast, final
+from typing import TYPE_CHECKING, Any, cast, final
 
 from redis.exceptions import RedisError
 
@@ -54,7 +54,7 @@ from .._core.doctor import Diagnosis
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
 from .._core.participants import Participant
-from .._core.tasks import TaskSet
+from .._core.tasks import TaskSet, gather_keeping_cancel
 from ._driver import (
     MODE_CODES,
     TOMBSTONE_MS,
@@ -80,57 +80,6 @@ __all__ = ["RedlockDriver"]
 logger = logging.getLogger("aiolocks.redis")
 
 REDLOCK_FAMILIES = (Family.MUTEX, Family.SEMAPHORE_MUTEX, Family.LEADER)
-
-
-T = TypeVar("T")
-
-
-async def _on_every_master(
-    coros: Sequence[Coroutine[Any, Any, T]], *, return_exceptions: bool = False
-) -> list[Any]:
-    """``asyncio.gather`` for the per-master calls, keeping the caller's cancellation intact.
-
-    When the caller is cancelled, ``gather`` may raise a new, bare
-    ``CancelledError`` (the one of whichever call finished last) instead of
-    the one the caller was cancelled with. anyio's cancel scopes recognise
-    their own cancellation by its message, so a bare one escapes a
-    ``move_on_after`` block as an error. Here the calls run as tasks, the
-    caller's own ``CancelledError`` is re-raised once every call has
-    finished (they are cancelled, and they record what they may have
-    written on the way), and repeated cancel deliveries meanwhile (anyio
-    re-delivers until the scope is left) are absorbed.
-    """
-    loop = asyncio.get_running_loop()
-    tasks = [loop.create_task(coro) for coro in coros]
-    if not tasks:
-        return []
-    try:
-        await asyncio.wait(tasks)
-    except asyncio.CancelledError:
-        for task in tasks:
-            task.cancel()
-        while not all(task.done() for task in tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait(tasks)
-        for task in tasks:  # retrieved: the caller's cancellation is what counts
-            if not task.cancelled():
-                task.exception()
-        raise
-    results: list[Any] = []
-    for task in tasks:
-        if task.cancelled():
-            if not return_exceptions:
-                raise asyncio.CancelledError()  # a call cancelled by somebody else
-            results.append(asyncio.CancelledError())
-            continue
-        exc = task.exception()
-        if exc is not None:
-            if not return_exceptions:
-                raise exc
-            results.append(exc)
-        else:
-            results.append(task.result())
-    return results
 
 
 @final
@@ -178,9 +127,10 @@ class RedlockDriver:
         return check_lock_options(family, options, allow_fair=False)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """The watchdog's sender runs in the engine's task set."""
+        """The watchdog's sender runs in the engine's task set (given to ``open``)."""
         if self._tasks is None:
-            self._tasks = TaskSet()
+            coro.close()
+            raise RuntimeError("the Redlock driver was not opened")
         return self._tasks.spawn(coro, name=name)
 
     async def open(self, tasks: TaskSet) -> None:
@@ -242,7 +192,7 @@ class RedlockDriver:
         a.wake.clear()
         timeout = self._node_timeout(a.lease)
         start = time.monotonic()
-        results = await _on_every_master(
+        results = await gather_keeping_cancel(
             [self._try_node(i, node, a, timeout) for i, node in enumerate(self.nodes)]
         )
         validity = a.lease - (time.monotonic() - start) - self.drift(a.lease)
@@ -307,7 +257,7 @@ class RedlockDriver:
             if done:
                 a.written[index] = False
 
-        await _on_every_master(
+        await gather_keeping_cancel(
             [one(i, node) for i, node in enumerate(self.nodes) if a.written[i]],
             return_exceptions=True,
         )
@@ -456,7 +406,7 @@ class RedlockDriver:
             return True  # released when the backend closed; no I/O on closed clients
         # Each master within a short bound: a dead one must not hold the
         # release up (its copy lapses with the lease).
-        await _on_every_master(
+        await gather_keeping_cancel(
             [
                 self._clean_node(node, hold.keys, hold.field, hold.lease, tombstone=False)
                 for node in self.nodes
@@ -480,7 +430,7 @@ class RedlockDriver:
             except (RedisError, OSError):
                 return None
 
-        views = await _on_every_master([one(n) for n in self.nodes])
+        views = await gather_keeping_cancel([one(n) for n in self.nodes])
         seen: dict[str, list[Participant]] = {}
         for view in views:
             for p in view or ():

@@ -1,4 +1,4 @@
-"""Redlock's per-master calls keep the caller's cancellation as it came.
+"""`gather_keeping_cancel` (Redlock's per-master calls) keeps the caller's cancellation as it came.
 
 ``asyncio.gather`` raises a new, bare ``CancelledError`` when every call it
 still waits for absorbs the cancellation (a command that finished just as it
@@ -16,7 +16,7 @@ import asyncio
 import anyio
 import pytest
 
-from aiolocks.redis._redlock import _on_every_master
+from aiolocks._core.tasks import gather_keeping_cancel
 
 pytestmark = pytest.mark.asyncio
 
@@ -34,7 +34,7 @@ async def absorbing(finished: list[str], name: str) -> str:
 async def test_move_on_after_catches_its_cancel_when_every_call_absorbs_it() -> None:
     finished: list[str] = []
     with anyio.move_on_after(0.05) as scope:
-        await _on_every_master([absorbing(finished, f"m{i}") for i in range(5)])
+        await gather_keeping_cancel([absorbing(finished, f"m{i}") for i in range(5)])
         raise AssertionError("not reached: the scope's deadline cancels the wait")
     assert scope.cancelled_caught
     # every call finished before the cancellation went on (what they wrote is known)
@@ -44,7 +44,7 @@ async def test_move_on_after_catches_its_cancel_when_every_call_absorbs_it() -> 
 async def test_the_callers_own_cancelled_error_is_raised() -> None:
     finished: list[str] = []
     waiting = asyncio.create_task(
-        _on_every_master([absorbing(finished, f"m{i}") for i in range(3)])
+        gather_keeping_cancel([absorbing(finished, f"m{i}") for i in range(3)])
     )
     await asyncio.sleep(0.01)
     waiting.cancel("the caller's message")
@@ -62,9 +62,9 @@ async def test_results_and_errors_as_gather_gives_them() -> None:
     async def fails() -> int:
         raise ValueError("master said no")
 
-    assert await _on_every_master([ok(1), ok(2)]) == [1, 2]
-    mixed = await _on_every_master([ok(1), fails()], return_exceptions=True)
+    assert await gather_keeping_cancel([ok(1), ok(2)]) == [1, 2]
+    mixed = await gather_keeping_cancel([ok(1), fails()], return_exceptions=True)
     assert mixed[0] == 1 and isinstance(mixed[1], ValueError)
     with pytest.raises(ValueError, match="master said no"):
-        await _on_every_master([ok(1), fails()])
-    assert await _on_every_master([]) == []
+        await gather_keeping_cancel([ok(1), fails()])
+    assert await gather_keeping_cancel([]) == []
