@@ -44,3 +44,18 @@ def test_error_tree() -> None:
     assert issubclass(aiolocks.LockNotOwnedError, RuntimeError)
     assert issubclass(aiolocks.LockTimeoutError, TimeoutError)
     assert issubclass(aiolocks.InvalidLockNameError, ValueError)
+
+
+def test_one_connection_state_enum_for_every_backend_with_a_session() -> None:
+    from aiolocks import etcd, postgres, zookeeper
+    from aiolocks._core.states import ConnectionState
+
+    assert zookeeper.ConnectionState is ConnectionState
+    assert etcd.ConnectionState is ConnectionState
+    assert postgres.ConnectionState is ConnectionState
+    assert [state.value for state in ConnectionState] == [
+        "connected",
+        "suspended",
+        "reconnected",
+        "lost",
+    ]

@@ -17,11 +17,36 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["ReportsConnectionState", "StateFeed"]
+__all__ = ["ConnectionState", "ReportsConnectionState", "StateFeed"]
 
 logger = logging.getLogger("aiolocks")
 
 S = TypeVar("S")
+
+
+class ConnectionState(enum.Enum):
+    """Connection states of a backend with a session (Curator's ``ConnectionState``).
+
+    One enum for ZooKeeper, etcd and PostgreSQL (``aiolocks.zookeeper``,
+    ``aiolocks.etcd`` and ``aiolocks.postgres`` export this same class):
+
+    * ``CONNECTED``: the backend's first session is up (ZooKeeper connection,
+      etcd lease granted and kept alive, PostgreSQL session).
+    * ``SUSPENDED``: the server cannot be reached, but the session may still
+      be alive there (the session or lease deadline has not passed): holds are
+      uncertain, not lost yet (ZooKeeper: lost only with
+      ``suspended_is_lost=True``).
+    * ``RECONNECTED``: reachable again, in the same session (holds kept) or
+      in a new one (then ``LOST`` came first).
+    * ``LOST``: the session ended (expired, revoked, terminated, or unreachable
+      for a whole session/lease timeout): every hold of the backend is lost.
+      The backend starts a new session by itself; waiters keep waiting.
+    """
+
+    CONNECTED = "connected"
+    SUSPENDED = "suspended"
+    RECONNECTED = "reconnected"
+    LOST = "lost"
 
 
 @runtime_checkable

@@ -17,21 +17,11 @@ when a hold expired because no renewal got through in time.
 
 from __future__ import annotations
 
-import enum
 from typing import final
 
-from .._core.states import StateFeed
+from .._core.states import ConnectionState, StateFeed
 
 __all__ = ["ConnectionState", "StateBroadcaster"]
-
-
-class ConnectionState(enum.Enum):
-    """Connection states of a PostgreSQL backend (the values of ZooKeeper's states)."""
-
-    CONNECTED = "connected"
-    SUSPENDED = "suspended"
-    RECONNECTED = "reconnected"
-    LOST = "lost"
 
 
 @final

@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -32,7 +31,7 @@ from typing import Any, Final
 from aiozk import exc as zk_exc
 
 from .._core.errors import AccessDeniedError, BackendUnavailableError
-from .._core.states import StateFeed
+from .._core.states import ConnectionState, StateFeed
 from .._core.tasks import wait_done
 from ._client import Link
 
@@ -70,25 +69,6 @@ def _denied(exc: BaseException, request: Any, link: Link) -> AccessDeniedError:
         f"{type(exc).__name__} (the node's ACL does not let these credentials do it; "
         "check the user and password of the zk:// URL)"
     )
-
-
-class ConnectionState(enum.Enum):
-    """Connection states of a ZooKeeper backend (Curator's ``ConnectionState``).
-
-    * ``CONNECTED``: the first connection of the backend is up.
-    * ``SUSPENDED``: the connection is down; the session may still be alive
-      on the server, so holds are uncertain (lost only with
-      ``suspended_is_lost=True``).
-    * ``RECONNECTED``: connected again, in the same session (holds kept) or
-      in a new one (then ``LOST`` came first).
-    * ``LOST``: the session expired, or we were disconnected for a whole
-      session timeout; every hold of the backend is lost.
-    """
-
-    CONNECTED = "connected"
-    SUSPENDED = "suspended"
-    RECONNECTED = "reconnected"
-    LOST = "lost"
 
 
 class AmbiguousResult(Exception):
