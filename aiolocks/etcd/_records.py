@@ -56,7 +56,6 @@ from ._client import (
     CompactedError,
     Compare,
     DeleteOp,
-    DeleteResult,
     EventType,
     KeyValue,
     LeaseNotFoundError,
@@ -373,49 +372,86 @@ class EtcdRecords:
         return now.mod_revision if ours and now is not None else None
 
     async def _settle(self, full: bytes, stored: bytes, old: int, new: int) -> None:
-        """After an update whose answer never came: revoke the lease it left unused."""
+        """After a write whose answer never came: revoke the lease it left unused.
+
+        ``stored`` went through if the key holds it (a delete: if the key is
+        gone or not on ``old`` any more); then ``old`` is unused, else ``new``.
+        """
         with contextlib.suppress(BackendUnavailableError):
             found = await self._client.range(RangeOp.of(full))
-            ours = bool(found.kvs) and found.kvs[0].value == stored
+            kv = found.kvs[0] if found.kvs else None
+            if stored:
+                ours = kv is not None and kv.value == stored
+            else:
+                ours = kv is None or kv.lease != old
             unused = old if ours else new
             if unused:
                 await self._revoke_quietly(unused)
 
     async def delete(self, key: str, *, version: int | None = None) -> bool:
-        """Delete (if ``mod_revision`` is ``version``); revoke an expiring record's lease."""
+        """Delete (if ``mod_revision`` is ``version``); revoke an expiring record's lease.
+
+        The key is read first: its lease must be known before the delete, so
+        that a delete cancelled after etcd applied it still revokes the lease.
+        """
         full = self._key(key)
         if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
             raise ValueError(f"a record version is an int, not {version!r}")
+        for _ in range(3):
+            found = await self._client.range(RangeOp.of(full))
+            kv = found.kvs[0] if found.kvs else None
+            if kv is None or (version is not None and kv.mod_revision != version):
+                self._check_member(key, kv)
+                return False
+            deleted = await self._delete_at(key, full, kv)
+            if deleted is not None or version is not None:
+                return bool(deleted)
+        return False  # written again and again meanwhile: not deleted by this call
+
+    async def _delete_at(self, key: str, full: bytes, kv: KeyValue) -> bool | None:
+        """Delete ``kv`` if it is still at its ``mod_revision``; ``None`` when it changed."""
+        own = 0 if _decode(kv.value)[1] else kv.lease  # an expiring record's own lease
         entry = self._entries.get(key)
         member = entry.handle if entry is not None else None
         assert member is None or isinstance(member, _Member)
-        compares = [] if version is None else [Compare.mod_revision(full, "==", version)]
         if member is not None:
             member.leaving = True
         try:
             result = await self._client.txn(
-                compares, [DeleteOp.of(full, prev_kv=True)], [RangeOp.of(full)], retry=False
+                [Compare.mod_revision(full, "==", kv.mod_revision)],
+                [DeleteOp.of(full)],
+                [RangeOp.of(full)],
+                retry=False,
             )
         except BaseException:
             if member is not None and entry is not None:
                 member.leaving = False
                 self._later(self._recheck(entry, member), "aiolocks-etcd-member-recheck")
+            if own:
+                self._later(self._settle(full, b"", own, 0), "aiolocks-etcd-record-settle")
             raise
-        gone = result.responses[0] if result.succeeded else None
-        prev = gone.prev_kvs[0] if isinstance(gone, DeleteResult) and gone.prev_kvs else None
-        if entry is not None and member is not None:
+        if member is not None:
             member.leaving = False
-            if prev is not None and prev.create_revision == member.create_revision:
+        if not result.succeeded:
+            self._check_member(key, _found(result))
+            return None
+        if entry is not None and member is not None:
+            if kv.create_revision == member.create_revision:
                 self._forget(entry)  # our own delete: not a loss
             else:
-                kv = None if gone is not None else _found(result)
-                if kv is None or kv.create_revision != member.create_revision:
-                    self._lose(entry, f"etcd key {full!r} was deleted behind our back")
-        if prev is None:
-            return False
-        if prev.lease and not _decode(prev.value)[1]:
-            return await self._revoke(prev.lease)  # ended already: it had expired
+                self._check_member(key, None)
+        if own:
+            return await self._revoke(own)  # ended already: it had expired
         return True
+
+    def _check_member(self, key: str, kv: KeyValue | None) -> None:
+        """Our entry of ``key`` is lost if the key read is not its key any more."""
+        entry = self._entries.get(key)
+        member = entry.handle if entry is not None else None
+        if entry is None or not isinstance(member, _Member):
+            return
+        if kv is None or kv.create_revision != member.create_revision:
+            self._lose(entry, f"etcd key {member.full_key!r} was deleted behind our back")
 
     async def _recheck(self, entry: Entry, member: _Member) -> None:
         """After a delete whose answer never came: forget the entry if its key went."""
