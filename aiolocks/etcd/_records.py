@@ -474,7 +474,7 @@ class EtcdRecords:
         watch = await self._client.watch(folder, prefix=True, start_revision=found.revision + 1)
         try:
             kvs = [kv for kv in found.kvs if b"/" not in kv.key[len(folder) :]]
-            records = await asyncio.gather(*(self._record(kv) for kv in kvs))
+            records = [await self._record(kv) for kv in kvs]  # a ttl read per expiring one
         except BaseException:
             watch.close()
             raise

@@ -293,7 +293,8 @@ async def _scenario(store: EtcdRecords, kind: str) -> tuple[str, Callable[[], Aw
         return key, lambda: store.create(key, b"v")
     if kind == "join":
         return key, lambda: store.join(key, b"v")
-    if kind == "snapshot":
+    if kind == "snapshot":  # of a prefix with an expiring child (its ttl is read too)
+        assert await store.create(key, b"v", ttl=30) is not None
         return key, lambda: store.snapshot(key.rpartition("/")[0])
     if kind == "delete-member":
         entry = await store.join(key, b"v")
