@@ -479,7 +479,7 @@ class EtcdRecords:
             watch.close()
             raise
         children = {
-            kv.key[len(folder) :].decode(): record
+            kv.key[len(folder) :].decode("utf-8", "replace"): record
             for kv, record in zip(kvs, records, strict=True)
             if record is not None
         }
