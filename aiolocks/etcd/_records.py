@@ -23,11 +23,12 @@ Versions and leases
 * An *expiring* record has a lease of its own, granted with the ttl rounded
   up to whole seconds (etcd leases count whole seconds; the server may raise
   a TTL to its own minimum, 2 s with etcd's default election timeout). etcd
-  deletes the key when the lease ends (its sweep runs every half second), and
-  its watchers see the deletion. A lease that ended counts as expired at
-  once, even before the sweep. ``Record.ttl`` is an upper bound in whole
-  seconds (etcd answers the seconds left rounded down). An update or delete
-  revokes the record's old lease, so leases never pile up.
+  deletes the key when it revokes the ended lease (its sweep runs every half
+  second), and its watchers see the deletion. A lease etcd already reports
+  gone (a sweep lagging a second or more) counts as expired: the record is
+  absent, and a create or join takes its key. ``Record.ttl`` is an upper
+  bound in whole seconds (etcd answers the seconds left rounded down). An
+  update or delete revokes the record's old lease, so leases never pile up.
 * An *ephemeral* record (``join``) is attached to the backend's session
   lease, the one its lock keys use: it goes when the lease ends. The entry
   is marked lost when the driver learns the lease ended (the same path that
@@ -108,9 +109,9 @@ def _check_value(value: bytes) -> None:
         raise ValueError(f"a record value is bytes, not {type(value).__name__}")
 
 
-def _found(result: TxnResult) -> KeyValue | None:
-    """The key read by the failure branch of a write (``RangeOp`` of the key)."""
-    found = result.responses[0] if result.responses else None
+def _found(result: TxnResult, index: int = 0) -> KeyValue | None:
+    """The key read by a write's transaction (its ``RangeOp`` at ``index``)."""
+    found = result.responses[index] if len(result.responses) > index else None
     if isinstance(found, RangeResult) and found.kvs:
         return found.kvs[0]
     return None
@@ -119,12 +120,15 @@ def _found(result: TxnResult) -> KeyValue | None:
 class _Member:
     """The driver's state of an :class:`Entry` (its ``handle``)."""
 
-    __slots__ = ("create_revision", "full_key", "lease", "leaving", "task")
+    __slots__ = ("create_revision", "full_key", "lease", "leaving", "task", "written")
 
-    def __init__(self, full_key: bytes, lease: int, create_revision: int) -> None:
+    def __init__(self, full_key: bytes, lease: int, create_revision: int, written: int) -> None:
         self.full_key = full_key
         self.lease = lease
+        #: the key's create revision: "our key" (a put after an expired one keeps it)
         self.create_revision = create_revision
+        #: the revision of our write: the watch for deletes starts after it
+        self.written = written
         #: a ``delete`` of ours is under way: its answer decides, not the watch
         self.leaving = False
         self.task: asyncio.Task[None] | None = None
@@ -245,8 +249,11 @@ class EtcdRecords:
 
     # -- writes
 
-    async def _put_new(self, full: bytes, stored: bytes, lease: int) -> int | None:
-        """Create the key if absent (or on a lease that ended); its version, or ``None``."""
+    async def _put_new(self, full: bytes, stored: bytes, lease: int) -> tuple[int, int] | None:
+        """Create the key if absent (or on a lease that ended).
+
+        ``(version, create revision)``, or ``None`` when the key exists.
+        """
         try:
             result = await self._client.txn(
                 [Compare.create_revision(full, "==", 0)],
@@ -255,23 +262,24 @@ class EtcdRecords:
                 retry=True,
             )
             if result.succeeded:
-                return result.revision
+                return result.revision, result.revision
             kv = _found(result)
-            if kv is None or kv.value == stored:
-                return None if kv is None else kv.mod_revision  # an earlier send went through
-            if not kv.lease or not await self._lease_ended(kv.lease):
+            if kv is not None and kv.value == stored:  # an earlier send went through
+                return kv.mod_revision, kv.create_revision
+            if kv is None or not kv.lease or not await self._lease_ended(kv.lease):
                 return None
-            # expired (or its session ended), not swept yet: take its place
+            # expired (or its session ended), not swept yet: take its place (the
+            # key keeps its create revision: read it back in the same transaction)
             result = await self._client.txn(
                 [Compare.mod_revision(full, "==", kv.mod_revision)],
-                [PutOp.of(full, stored, lease=lease)],
+                [PutOp.of(full, stored, lease=lease), RangeOp.of(full)],
                 [RangeOp.of(full)],
                 retry=True,
             )
-            kv = _found(result)
-            if result.succeeded:
-                return result.revision
-            return kv.mod_revision if kv is not None and kv.value == stored else None
+            kv = _found(result, 1 if result.succeeded else 0)
+            if kv is not None and kv.value == stored:
+                return kv.mod_revision, kv.create_revision
+            return None
         except LeaseNotFoundError:
             raise
         except BaseException:
@@ -292,16 +300,18 @@ class EtcdRecords:
         lease_ttl = _lease_ttl(ttl)
         stored = _encode(_PLAIN, value)
         if lease_ttl is None:
-            return await self._put_new(full, stored, 0)
+            written = await self._put_new(full, stored, 0)
+            return None if written is None else written[0]
         lease = await self._grant(lease_ttl)
         try:
-            version = await self._put_new(full, stored, lease)
+            written = await self._put_new(full, stored, lease)
         except BaseException:
             self._later(self._revoke_quietly(lease), "aiolocks-etcd-record-revoke")
             raise
-        if version is None:
+        if written is None:
             await self._revoke(lease)
-        return version
+            return None
+        return written[0]
 
     async def join(self, key: str, value: bytes) -> Entry | None:
         """Write an ephemeral record on the session lease if absent; ``None`` when it exists."""
@@ -312,13 +322,14 @@ class EtcdRecords:
         for _ in range(3):
             session = await driver._live_session()
             try:
-                version = await self._put_new(full, stored, session.lease_id)
+                written = await self._put_new(full, stored, session.lease_id)
             except LeaseNotFoundError:
                 driver._session_lost(session, "etcd said the lease does not exist")
                 continue
-            if version is None:
+            if written is None:
                 return None
-            member = _Member(full, session.lease_id, version)
+            version, created = written
+            member = _Member(full, session.lease_id, created, version)
             entry = Entry(key, version, member)
             if session.lost.is_set():
                 entry.mark_lost(f"the etcd session lease {session.lease_id:x} ended")
@@ -512,7 +523,7 @@ class EtcdRecords:
 
     async def _watch_entry(self, entry: Entry, member: _Member) -> None:
         """Mark the entry lost when its key is deleted behind our back."""
-        start = member.create_revision + 1
+        start = member.written + 1
         pause = 0.1
         while self._entries.get(entry.key) is entry:
             try:
@@ -549,7 +560,7 @@ class EtcdRecords:
         try:
             found = await self._client.range(RangeOp.of(member.full_key))
         except BackendUnavailableError:
-            return member.create_revision + 1  # compacted again: this branch once more
+            return member.written + 1  # compacted again: this branch once more
         if not found.kvs or found.kvs[0].create_revision != member.create_revision:
             if not member.leaving:
                 self._lose(entry, "its etcd key was gone when its watch was compacted")
