@@ -210,6 +210,34 @@ async def _gone(client: EtcdClient, backend: aiolocks.Backend, key: str) -> bool
     return await _raw(client, backend, key) is None
 
 
+async def test_changed_ignores_keys_deeper_than_a_child(
+    backend: aiolocks.Backend, client: EtcdClient
+) -> None:
+    store = _store(backend)
+    group = f"group-{uuid.uuid4().hex[:8]}"
+    own_client = _driver(backend).client
+    # A watch on the same stream as the snapshot's: etcd sends the events of
+    # one stream in revision order, so once this one saw the marker, the
+    # snapshot's watch has been handed the deeper key's event already.
+    marker = _full(backend, f"{group}-marker/x")
+    async with await own_client.watch(marker) as seen:
+        with await store.snapshot(group) as snap:
+            waiter = asyncio.ensure_future(snap.changed(None))
+            try:
+                assert await store.create(f"{group}/sub/deeper", b"x") is not None
+                await client.put(marker, b"m")
+                async with asyncio.timeout(PATIENCE):
+                    await anext(seen)
+                for _ in range(5):
+                    await asyncio.sleep(0)  # let the waiter run, had it been woken
+                assert not waiter.done(), "a key below a child woke the snapshot"
+                assert await store.create(f"{group}/child", b"c") is not None
+                await asyncio.wait_for(waiter, PATIENCE)
+            finally:
+                waiter.cancel()
+    assert await store.delete(f"{group}/sub/deeper") and await store.delete(f"{group}/child")
+
+
 @pytest_asyncio.fixture
 async def other_etcd_store(url: str) -> AsyncIterator[EtcdRecords]:
     """The record store of a second backend on the same prefix."""
