@@ -436,7 +436,7 @@ class EtcdRecords:
             )
         except BaseException:
             if member is not None and entry is not None:
-                member.leaving = False
+                # still leaving: the recheck decides, not a delete event of our own
                 self._later(self._recheck(entry, member), "aiolocks-etcd-member-recheck")
             if own:
                 self._later(self._settle(full, b"", own, 0), "aiolocks-etcd-record-settle")
@@ -465,11 +465,21 @@ class EtcdRecords:
             self._lose(entry, f"etcd key {member.full_key!r} was deleted behind our back")
 
     async def _recheck(self, entry: Entry, member: _Member) -> None:
-        """After a delete whose answer never came: forget the entry if its key went."""
-        with contextlib.suppress(BackendUnavailableError):
+        """After a delete whose answer never came: forget the entry if its key went.
+
+        Our own delete is no loss, even cancelled. Until this read answers, the
+        entry's watch ignores deletes (the entry is ``leaving``); a watch that
+        ended on one leaves nothing to watch, and the entry goes with it.
+        """
+        try:
             found = await self._client.range(RangeOp.of(member.full_key))
-            if not found.kvs or found.kvs[0].create_revision != member.create_revision:
-                self._forget(entry)
+        except BackendUnavailableError:
+            gone = member.task is None or member.task.done()
+        else:
+            gone = not found.kvs or found.kvs[0].create_revision != member.create_revision
+        member.leaving = False
+        if gone:
+            self._forget(entry)
 
     # -- reads
 

@@ -312,27 +312,30 @@ def _watches(client: EtcdClient) -> int:
     return 0 if hub is None else hub.watch_count
 
 
-async def _scenario(store: EtcdRecords, kind: str) -> tuple[str, Callable[[], Awaitable[object]]]:
-    """A fresh key set up for ``kind``, and the call to cancel."""
+Scenario = tuple[str, Callable[[], Awaitable[object]], Entry | None]
+
+
+async def _scenario(store: EtcdRecords, kind: str) -> Scenario:
+    """A fresh key set up for ``kind``, the call to cancel, and the entry it may delete."""
     key = _key()
     if kind == "create":
-        return key, lambda: store.create(key, b"v", ttl=30)
+        return key, lambda: store.create(key, b"v", ttl=30), None
     if kind == "create-plain":
-        return key, lambda: store.create(key, b"v")
+        return key, lambda: store.create(key, b"v"), None
     if kind == "join":
-        return key, lambda: store.join(key, b"v")
+        return key, lambda: store.join(key, b"v"), None
     if kind == "snapshot":  # of a prefix with an expiring child (its ttl is read too)
         assert await store.create(key, b"v", ttl=30) is not None
-        return key, lambda: store.snapshot(key.rpartition("/")[0])
+        return key, lambda: store.snapshot(key.rpartition("/")[0]), None
     if kind == "delete-member":
         entry = await store.join(key, b"v")
         assert entry is not None
-        return key, lambda: store.delete(key, version=entry.version)
+        return key, lambda: store.delete(key, version=entry.version), entry
     version = await store.create(key, b"v", ttl=30)
     assert version is not None
     if kind == "update":
-        return key, lambda: store.update(key, b"w", version=version, ttl=30)
-    return key, lambda: store.delete(key, version=version)
+        return key, lambda: store.update(key, b"w", version=version, ttl=30), None
+    return key, lambda: store.delete(key, version=version), None
 
 
 @pytest.mark.parametrize(
@@ -348,7 +351,7 @@ async def test_cancelling_a_method_at_each_await_leaves_nothing_stray(
     while True:
         cancelled_any = False
         for after in (False, True):
-            key, op = await _scenario(store, kind)
+            key, op, entry = await _scenario(store, kind)
             full = _full(backend, key)
             setup = await client.get(full)
             own = setup.lease if setup is not None and not setup.value.startswith(b"e") else 0
@@ -370,6 +373,7 @@ async def test_cancelling_a_method_at_each_await_leaves_nothing_stray(
                         found is not None and found.value.startswith(b"e")
                     ), where
                     assert _member_tasks(backend) == len(store._entries), where
+                    assert entry is None or not entry.lost, f"own delete made a loss: {where}"
                 else:
                     assert _watches(client) == watches, f"a watch was left open: {where}"
             await store.delete(key)
