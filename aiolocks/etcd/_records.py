@@ -109,6 +109,11 @@ def _check_value(value: bytes) -> None:
         raise ValueError(f"a record value is bytes, not {type(value).__name__}")
 
 
+def _check_version(version: int | None) -> None:
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise ValueError(f"a record version is an int, not {version!r}")
+
+
 def _found(result: TxnResult, index: int = 0) -> KeyValue | None:
     """The key read by a write's transaction (its ``RangeOp`` at ``index``)."""
     found = result.responses[index] if len(result.responses) > index else None
@@ -345,6 +350,7 @@ class EtcdRecords:
         """Compare-and-set on ``mod_revision``; a ttl gets a new lease, the old one is revoked."""
         full = self._key(key)
         _check_value(value)
+        _check_version(version)
         lease_ttl = _lease_ttl(ttl)
         found = await self._client.range(RangeOp.of(full))
         kv = found.kvs[0] if found.kvs else None
@@ -406,8 +412,7 @@ class EtcdRecords:
         that a delete cancelled after etcd applied it still revokes the lease.
         """
         full = self._key(key)
-        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
-            raise ValueError(f"a record version is an int, not {version!r}")
+        _check_version(version)
         for _ in range(3):
             found = await self._client.range(RangeOp.of(full))
             kv = found.kvs[0] if found.kvs else None

@@ -98,7 +98,7 @@ async def test_records_sit_in_their_folder_under_the_prefix(
     assert await backend.list_locks("") == []
 
 
-async def test_ttl_rounds_up_to_whole_seconds(
+async def test_ttl_rounds_up_and_bad_input_is_a_value_error(
     backend: aiolocks.Backend, client: EtcdClient
 ) -> None:
     store = _store(backend)
@@ -112,6 +112,12 @@ async def test_ttl_rounds_up_to_whole_seconds(
         await store.create(_key(), b"v", ttl=0)
     with pytest.raises(ValueError, match="child"):
         await store.create("no-child/", b"v")
+    with pytest.raises(ValueError, match="bytes"):
+        await store.create(_key(), "text")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="version"):
+        await store.update(key, b"v", version="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="prefix"):
+        await store.snapshot("group/")
     assert await store.delete(key)
 
 
