@@ -2176,6 +2176,10 @@ class Watch:
 
     async def aclose(self) -> None:
         """Cancel the watch (idempotent, never raises); an iteration under way ends."""
+        self.close()
+
+    def close(self) -> None:
+        """:meth:`aclose` without an await, for synchronous ``close()`` methods."""
         if self._closed:
             return
         self._closed = True

@@ -117,6 +117,7 @@ from ._client import (
     SortTarget,
     TxnResult,
 )
+from ._records import EtcdRecords
 from ._state import ConnectionState
 from ._url import EtcdOptions
 
@@ -349,6 +350,7 @@ class EtcdDriver:
         #: per queue, attempt ids whose keys are gone for sure (see ``begin``)
         self._free_ids: dict[bytes, list[str]] = {}
         self._next_id = 0
+        self._records = EtcdRecords(self)
 
     # -- plumbing
 
@@ -423,6 +425,7 @@ class EtcdDriver:
     async def close(self) -> None:
         """Revoke the session lease (its keys go at once) and disconnect our own client."""
         self._closing = True
+        self._records.close()  # ephemeral records go with the lease: not a loss
         self._states.close()
         for timer in list(self._timers):
             timer.cancel()
@@ -498,6 +501,7 @@ class EtcdDriver:
         grants, session.grants = list(session.grants), set()
         for grant in grants:
             grant.mark_lost(f"the etcd session lease {session.lease_id:x} ended: {reason}")
+        self._records.session_lost(session.lease_id, reason)
 
     def _unpeer(self, session: _Session) -> None:
         """No release hands this driver a lock on ``session`` any more."""
@@ -1269,6 +1273,10 @@ class EtcdDriver:
                 await watch.aclose()
 
     # -- operations
+
+    def records(self) -> EtcdRecords:
+        """The record store under the coordination recipes (groups, latches, ``once``)."""
+        return self._records
 
     def admin(self) -> EtcdAdmin:
         """Listing and force-release (``aiolocks list``/``break``)."""

@@ -124,6 +124,41 @@ async def test_least_privilege_user_runs_every_lock_kind(secure_etcd: EtcdServer
 
 
 @pytest.mark.asyncio
+async def test_least_privilege_user_keeps_records(secure_etcd: EtcdServer) -> None:
+    """The record store (its folder under the prefix, its leases) needs no more than the role."""
+    group = f"group-{uuid.uuid4().hex[:8]}"
+    async with (
+        aiolocks.connect(_url(secure_etcd)) as backend,
+        aiolocks.connect(_url(secure_etcd)) as other,
+    ):
+        await backend.open()
+        await other.open()
+        store = backend._driver.records()
+        version = await store.create(f"{group}/once", b"x", ttl=30)
+        assert version is not None
+        assert await store.update(f"{group}/once", b"y", version=version, ttl=20)
+        entry = await store.join(f"{group}/member", b"m")
+        assert entry is not None
+        with await store.snapshot(group) as snap:
+            assert sorted(snap.records) == ["member", "once"]
+            waiter = asyncio.ensure_future(snap.changed(10))
+            await asyncio.sleep(0)
+            assert not waiter.done()
+            await _root_delete(secure_etcd, f"{group}/member")  # behind the backend's back
+            await asyncio.wait_for(waiter, 10)
+        await _until(lambda: entry.lost)
+        assert await store.delete(f"{group}/once")
+        theirs = other._driver.records()
+        assert await theirs.read(f"{group}/once") is None
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(10):
+        while not condition():
+            await asyncio.sleep(0.02)
+
+
+@pytest.mark.asyncio
 async def test_doctor_runs_with_the_least_privilege_user(
     secure_etcd: EtcdServer, tls_files: TlsFiles
 ) -> None:
