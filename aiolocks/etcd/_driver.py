@@ -143,8 +143,6 @@ _READS_KEPT: Final = 256
 # Tombstones live outside every queue (queues start with a family name).
 _TOMBSTONES: Final = b"\x00abandoned\x00"
 
-Spawn = Callable[[Coroutine[Any, Any, None], str], object]
-
 
 class _Session:
     """One lease, its keep-alive, and the grants that live on it."""
@@ -321,7 +319,6 @@ class EtcdDriver:
         options: EtcdOptions,
         *,
         client: EtcdClient | None = None,
-        spawn: Spawn | None = None,
     ) -> None:
         self._options = options
         self._owns_client = client is None
@@ -335,8 +332,7 @@ class EtcdDriver:
         )
         root = f"{options.prefix}/" if options.prefix else ""
         self._root = root.encode()
-        self._spawn_hook = spawn
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._engine_tasks: TaskSet | None = None
         self._session: _Session | None = None
         self._session_lock = asyncio.Lock()
         self._states: StateFeed[ConnectionState] = StateFeed()
@@ -381,20 +377,25 @@ class EtcdDriver:
             )
         return {}
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None] | None:
-        if self._spawn_hook is not None:
-            spawned = self._spawn_hook(coro, name)
-            return spawned if isinstance(spawned, asyncio.Task) else None
-        return self._watcher(coro, name)
+    def _spawn(
+        self, coro: Coroutine[Any, Any, None], name: str, *, service: bool = False
+    ) -> asyncio.Task[None]:
+        """Background work in the engine's task set (given to ``open``).
+
+        ``service``: a watch that lives as long as what it serves (a hold, a
+        record, a session); not work in flight, cancelled by its owner
+        (release) or by the engine's close, which finishes the task set
+        before it closes the driver.
+        """
+        tasks = self._engine_tasks
+        if tasks is None:
+            coro.close()
+            raise RuntimeError("the etcd driver was not opened")
+        return tasks.spawn(coro, name=name, service=service)
 
     def _watcher(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        # A hold's loss watch lives as long as the hold: it is not background
-        # *work* to finish (the engine's task set), so the driver keeps it and
-        # cancels it at release or close.
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        """:meth:`_spawn` of a service."""
+        return self._spawn(coro, name, service=True)
 
     def _tombstone(self, key: bytes) -> bytes:
         return self._root + _TOMBSTONES + key[len(self._root) :]
@@ -405,14 +406,13 @@ class EtcdDriver:
     def _queue(self, request: Request) -> bytes:
         return self._queue_of(request.name, request.family)
 
-    async def open(self, tasks: TaskSet | None = None) -> None:
+    async def open(self, tasks: TaskSet) -> None:
         """Connect and start the first session; ``BackendUnavailableError`` in time.
 
         Background work (waking the next waiter) goes into the engine's
-        ``tasks`` when given; each hold's loss watch is the driver's own.
+        ``tasks``; so do the watches of holds and records, as services.
         """
-        if tasks is not None and self._spawn_hook is None:
-            self._spawn_hook = lambda coro, name: tasks.spawn(coro, name=name)
+        self._engine_tasks = tasks
         await self._client.connect()
         # Peers share the event loop too: a hand-off wakes the waiter's future.
         group = (asyncio.get_running_loop(), self._client.cluster_id, self._root)
@@ -433,10 +433,6 @@ class EtcdDriver:
         session, self._session = self._session, None
         if session is not None:
             self._unpeer(session)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         if session is not None:
             with contextlib.suppress(BackendUnavailableError, LeaseNotFoundError):
                 await session.keeper.revoke()

@@ -340,7 +340,7 @@ class EtcdRecords:
                 entry.mark_lost(f"the etcd session lease {session.lease_id:x} ended")
                 return entry
             self._entries[key] = entry
-            member.task = driver._spawn(self._watch_entry(entry, member), "aiolocks-etcd-member")
+            member.task = driver._watcher(self._watch_entry(entry, member), "aiolocks-etcd-member")
             return entry
         raise BackendUnavailableError("etcd: no session lease lived long enough to join")
 

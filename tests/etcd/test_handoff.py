@@ -26,6 +26,8 @@ from aiolocks.etcd._client import DeleteOp, EtcdClient, RangeOp
 from aiolocks.etcd._driver import _PEERS, EtcdDriver
 from aiolocks.etcd._url import parse_etcd_url
 
+from ._alone import close_alone, open_alone
+
 pytestmark = pytest.mark.etcd
 
 PATIENCE = 30.0
@@ -102,8 +104,8 @@ async def test_release_hands_the_lock_to_a_waiter_of_another_backend(
     is found by the release's read of the head of the queue."""
     options = parse_etcd_url(url)
     first, second = EtcdDriver(options), EtcdDriver(options)
-    await first.open()
-    await second.open()
+    await open_alone(first)
+    await open_alone(second)
     try:
         assert first._peers is second._peers  # same cluster, same prefix
         holder = await first.try_once(first.begin(_request("holder")))
@@ -151,24 +153,24 @@ async def test_release_hands_the_lock_to_a_waiter_of_another_backend(
         _clean(first, second)
         assert await _keys(url) == []
     finally:
-        await first.close()
-        await second.close()
+        await close_alone(first)
+        await close_alone(second)
 
 
 @pytest.mark.asyncio
 async def test_the_registry_keeps_no_backend_alive(url: str) -> None:
     options = parse_etcd_url(url)
     kept = EtcdDriver(options)
-    await kept.open()
+    await open_alone(kept)
     try:
         dropped = EtcdDriver(options)
-        await dropped.open()
+        await open_alone(dropped)
         peers = dropped._peers
         assert peers is kept._peers
         session = dropped._session
         assert session is not None and peers.by_lease[session.lease_id] is dropped
         gone = weakref.ref(dropped)
-        await dropped.close()
+        await close_alone(dropped)
         assert session.lease_id not in peers.by_lease  # closed: no hand-off to it
         del dropped, session
         gc.collect()
@@ -176,7 +178,7 @@ async def test_the_registry_keeps_no_backend_alive(url: str) -> None:
         group = (asyncio.get_running_loop(), kept.client.cluster_id, kept.root)
         assert _PEERS[group] is peers
     finally:
-        await kept.close()
+        await close_alone(kept)
     del kept, peers
     gc.collect()
     assert group not in _PEERS  # the last backend gone: nothing left
@@ -313,8 +315,8 @@ async def test_successor_lease_revoked_around_the_release(
 async def test_no_hand_off_to_a_waiter_whose_session_its_backend_considers_lost(url: str) -> None:
     options = parse_etcd_url(url)
     first, second = EtcdDriver(options), EtcdDriver(options)
-    await first.open()
-    await second.open()
+    await open_alone(first)
+    await open_alone(second)
     try:
         holder = await first.try_once(first.begin(_request("holder")))
         assert holder is not None
@@ -342,8 +344,8 @@ async def test_no_hand_off_to_a_waiter_whose_session_its_backend_considers_lost(
         _clean(first, second)
         assert await _keys(url) == []
     finally:
-        await first.close()
-        await second.close()
+        await close_alone(first)
+        await close_alone(second)
 
 
 def test_backends_on_other_event_loops_are_not_peers(url: str) -> None:
@@ -353,22 +355,22 @@ def test_backends_on_other_event_loops_are_not_peers(url: str) -> None:
 
     async def open_one() -> None:
         driver = EtcdDriver(options)
-        await driver.open()
+        await open_alone(driver)
         try:
             found.append(driver._peers)
             assert driver._session is not None
             assert driver._peers.by_lease[driver._session.lease_id] is driver
         finally:
-            await driver.close()
+            await close_alone(driver)
 
     async def both() -> None:
         first = EtcdDriver(options)
-        await first.open()
+        await open_alone(first)
         try:
             await asyncio.to_thread(asyncio.run, open_one())  # another loop, same cluster
             found.append(first._peers)
         finally:
-            await first.close()
+            await close_alone(first)
 
     asyncio.run(both())
     assert len(found) == 2 and found[0] is not found[1]

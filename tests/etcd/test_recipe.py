@@ -17,6 +17,8 @@ from aiolocks.etcd._driver import EtcdAttempt, EtcdDriver
 from aiolocks.etcd._url import parse_etcd_url
 from aiolocks.testing import EtcdServer
 
+from ._alone import close_alone, open_alone
+
 pytestmark = pytest.mark.etcd
 
 PATIENCE = 30.0
@@ -25,11 +27,11 @@ PATIENCE = 30.0
 @pytest_asyncio.fixture
 async def driver(url: str) -> AsyncIterator[EtcdDriver]:
     d = EtcdDriver(parse_etcd_url(url))
-    await d.open()
+    await open_alone(d)
     try:
         yield d
     finally:
-        await d.close()
+        await close_alone(d)
 
 
 async def _acquire(driver: EtcdDriver, request: Request, timeout: float) -> Grant | None:
@@ -312,11 +314,11 @@ async def test_timeout_and_cancellation_leave_no_key(url: str) -> None:
     # request_timeout=1: the tombstones' leases (twice that) run out sooner.
     url = url.replace("request_timeout=2", "request_timeout=1")
     driver = EtcdDriver(parse_etcd_url(url))
-    await driver.open()
+    await open_alone(driver)
     try:
         await _cancellations_leave_no_key(driver, url)
     finally:
-        await driver.close()
+        await close_alone(driver)
 
 
 async def _cancellations_leave_no_key(driver: EtcdDriver, url: str) -> None:
