@@ -84,7 +84,8 @@ async def test_at_least_for_keeps_the_job_after_the_body(
     started = time.monotonic()
     assert await try_once(backend, job, at_most_for=10, at_least_for=1.5)
     record = await store.read(record_key(job))
-    assert record is not None and record.ttl is not None and 0 < record.ttl <= 1.5
+    # (a store may round the expiry up, never down: etcd leases count whole seconds)
+    assert record is not None and record.ttl is not None and 0 < record.ttl <= 2.5
     assert loads(record.value)["holder"] == backend.client_id
     assert not await try_once(other_backend, job, at_most_for=10, at_least_for=1.5)
     runs: list[float] = []
