@@ -136,7 +136,7 @@ class Once:
         record store.
     """
 
-    __slots__ = ("_at_least_for", "_at_most_for", "_engine", "_hard", "_key", "_name", "_run")
+    __slots__ = ("_at_least_for", "_at_most_for", "_engine", "_hard", "_key", "_name", "_runs")
 
     def __init__(
         self,
@@ -155,7 +155,8 @@ class Once:
         self._name = name
         self._key = f"once/{canonical}/lock"
         self._hard = hard_bound
-        self._run: _Run | None = None
+        #: the runs of this object's blocks, by the task running each block
+        self._runs: dict[asyncio.Task[object], _Run] = {}
 
     @property
     def name(self) -> str:
@@ -173,7 +174,7 @@ class Once:
         return self._at_least_for
 
     def __repr__(self) -> str:
-        state = " running" if self._run is not None else ""
+        state = " running" if self._runs else ""
         return (
             f"<Once {self._name!r} at_most_for={self._at_most_for:g} "
             f"at_least_for={self._at_least_for:g}{state}>"
@@ -184,8 +185,8 @@ class Once:
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError(f"once {self._name!r} must be entered inside an asyncio task")
-        if self._run is not None:
-            raise RuntimeError(f"once {self._name!r} is already running a block (not reentrant)")
+        if task in self._runs:
+            raise RuntimeError(f"once {self._name!r}: this task already runs its block")
         engine.check_open()
         await engine.open()
         store = store_of(engine, "once")
@@ -213,15 +214,14 @@ class Once:
         if version is None:
             return False
         run = _Run(task, started, version, value, task.cancelling())
-        self._run = run
+        self._runs[task] = run
         if self._hard:
             loop = asyncio.get_running_loop()
             left = self._at_most_for - (monotonic() - started)
             run.timer = loop.call_later(
                 max(0.0, left), self._lose, run, f"at_most_for ({self._at_most_for:g} s) passed"
             )
-        else:
-            run.keeper = engine.spawn(self._keep(run), name=f"aiolocks-once-renew:{self._key}")
+        run.keeper = engine.spawn(self._keep(run), name=f"aiolocks-once-keep:{self._key}")
         return True
 
     async def __aexit__(
@@ -230,7 +230,8 @@ class Once:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        run, self._run = self._run, None
+        task = asyncio.current_task()
+        run = None if task is None else self._runs.pop(task, None)
         if run is None:
             return  # the job was not ours: nothing to give back
         run.exiting = True
@@ -310,37 +311,47 @@ class Once:
         return cancelled
 
     async def _keep(self, run: _Run) -> None:
-        """Rewrite the record every third of ``at_most_for`` while the body runs."""
-        store = store_of(self._engine, "once")
-        most = self._at_most_for
-        valid_until = run.started + most
+        """Rewrite the record every third of ``at_most_for`` while the body runs.
+
+        With ``hard_bound`` nothing is renewed; the task only waits, so that
+        the backend's ``close()`` (which cancels it) is a loss like any other.
+        """
         try:
-            while not run.stop.is_set():
-                pause = min(most / 3, max(0.0, (valid_until - monotonic()) / 2))
-                try:
-                    await asyncio.wait_for(run.stop.wait(), pause)
-                    return
-                except TimeoutError:
-                    pass
-                sent = monotonic()
-                try:
-                    version = await store.update(
-                        self._key, run.value, version=run.version, ttl=most
-                    )
-                except (BackendUnavailableError, AccessDeniedError) as exc:
-                    if monotonic() >= valid_until:
-                        self._lose(run, f"it could not be renewed in time: {exc}")
-                        return
-                    continue
-                if version is None:
-                    self._lose(run, "its record expired or was deleted or taken behind our back")
-                    return
-                run.version = version
-                valid_until = sent + most
+            if self._hard:
+                await run.stop.wait()
+            else:
+                await self._renew(run)
         except asyncio.CancelledError:
             if not run.stop.is_set():  # not our exit: the backend is closing
                 self._lose(run, "the backend was closed")
             raise
+        except Exception as exc:  # a loss is never silent, whatever the store raised
+            self._lose(run, f"renewing failed: {exc!r}")
+
+    async def _renew(self, run: _Run) -> None:
+        store = store_of(self._engine, "once")
+        most = self._at_most_for
+        valid_until = run.started + most
+        while not run.stop.is_set():
+            pause = min(most / 3, max(0.0, (valid_until - monotonic()) / 2))
+            try:
+                await asyncio.wait_for(run.stop.wait(), pause)
+                return
+            except TimeoutError:
+                pass
+            sent = monotonic()
+            try:
+                version = await store.update(self._key, run.value, version=run.version, ttl=most)
+            except (BackendUnavailableError, AccessDeniedError) as exc:
+                if monotonic() >= valid_until:
+                    self._lose(run, f"it could not be renewed in time: {exc}")
+                    return
+                continue
+            if version is None:
+                self._lose(run, "its record expired or was deleted or taken behind our back")
+                return
+            run.version = version
+            valid_until = sent + most
 
     def _lose(self, run: _Run, reason: str) -> None:
         """The job's record is no longer ours: cancel the body (once) and say why."""

@@ -286,3 +286,58 @@ async def test_the_decorator(backend: aiolocks.Backend, backend_url: str, job: s
         aiolocks.once(backend, job, at_most_for=30)(lambda: None)  # type: ignore[arg-type,return-value]
     with pytest.raises(ValueError, match="must not exceed"):
         aiolocks.once(backend, job, at_most_for=1, at_least_for=2)
+
+
+async def test_one_object_in_several_tasks_keeps_their_runs_apart(
+    backend: aiolocks.Backend, other_backend: aiolocks.Backend, job: str
+) -> None:
+    """A task whose block did not run must not end another task's run of the same object."""
+    store = store_of(backend)
+    shared = backend.once(job, at_most_for=30)
+    skipped_in, running_in, leave_skipped, leave_running = (asyncio.Event() for _ in range(4))
+
+    async def skipped() -> None:
+        async with shared as ran:
+            assert not ran
+            skipped_in.set()
+            await leave_skipped.wait()
+
+    async def running() -> None:
+        async with shared as ran:
+            assert ran
+            running_in.set()
+            await leave_running.wait()
+
+    async with other_backend.once(job, at_most_for=30) as ran:
+        assert ran
+        first = asyncio.ensure_future(skipped())
+        await asyncio.wait_for(skipped_in.wait(), 30)
+    second = asyncio.ensure_future(running())
+    await asyncio.wait_for(running_in.wait(), 30)
+    leave_skipped.set()
+    await first
+    assert await store.read(record_key(job)) is not None, "the skipped block ended the run"
+    leave_running.set()
+    await second
+    assert await store.read(record_key(job)) is None, "the run's record outlived its block"
+
+
+async def test_closing_the_backend_under_a_hard_bound_body_is_a_loss(
+    backend_url: str, backend: aiolocks.Backend, job: str
+) -> None:
+    store_of(backend)
+    closing = await aiolocks.connect(backend_url)
+    entered = asyncio.Event()
+
+    async def body() -> None:
+        async with closing.once(job, at_most_for=60, hard_bound=True) as ran:
+            assert ran
+            entered.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.ensure_future(body())
+    await asyncio.wait_for(entered.wait(), 30)
+    await closing.close()
+    with pytest.raises(aiolocks.LockLostError, match="backend was closed"):
+        await asyncio.wait_for(task, 30)
+    assert await store_of(backend).delete(record_key(job))
