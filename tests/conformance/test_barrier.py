@@ -133,3 +133,35 @@ async def test_arguments_and_error_classes(backend: aiolocks.Backend, name: str)
     assert await waiting in (0, 1)
     assert issubclass(aiolocks.BrokenBarrierError, asyncio.BrokenBarrierError)
     assert issubclass(aiolocks.BrokenBarrierError, aiolocks.LockError)
+
+
+async def test_a_party_cancelled_after_arriving_breaks_it_for_the_others(
+    backend: aiolocks.Backend, other_backend: aiolocks.Backend, name: str
+) -> None:
+    store_of(backend)
+    patient = asyncio.ensure_future(other_backend.barrier(name, 3).wait())
+    cancelled = asyncio.ensure_future(backend.barrier(name, 3).wait())
+    await eventually(lambda: _arrived_at_least(backend, name, 2), 30, what="two arrivals")
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    with pytest.raises(aiolocks.BrokenBarrierError):
+        await asyncio.wait_for(patient, 30)
+    await eventually(lambda: nothing_left(backend, name), 10, what="the broken barrier to heal")
+
+
+async def test_a_broken_generation_refuses_arrivals_until_its_parties_left(
+    backend: aiolocks.Backend, other_backend: aiolocks.Backend, name: str
+) -> None:
+    store = store_of(backend)
+    state = b'{"arrived":1,"broken":true,"gen":"aaaaaaaaaaaa","parties":2}'
+    assert await store.create(f"barrier/{name}/state", state) is not None
+    straggler = await store_of(other_backend).join(f"barrier/{name}/aaaaaaaaaaaa.p", b"{}")
+    assert straggler is not None
+    with pytest.raises(aiolocks.BrokenBarrierError, match="still there"):
+        await backend.barrier(name, 2).wait(timeout=30)
+    assert await store_of(other_backend).delete(straggler.key)
+    # every party of the broken generation left: the next round starts clean
+    indexes = await asyncio.gather(*(b.barrier(name, 2).wait() for b in (backend, other_backend)))
+    assert sorted(indexes) == [0, 1]
+    await eventually(lambda: nothing_left(backend, name), 10, what="the tripped barrier to go")
