@@ -18,6 +18,8 @@ cancelling a task at any await point never leaks a lock.
 from ._connect import connect as connect
 from ._core.admin import LockInfo as LockInfo
 from ._core.backend import Backend as Backend
+from ._core.barrier import Barrier as Barrier
+from ._core.countdown import CountDownLatch as CountDownLatch
 from ._core.doctor import DoctorReport as DoctorReport
 from ._core.doctor import Finding as Finding
 from ._core.doctor import SelfTest as SelfTest
@@ -25,6 +27,7 @@ from ._core.doctor import Severity as Severity
 from ._core.driver import Capabilities as Capabilities
 from ._core.errors import AccessDeniedError as AccessDeniedError
 from ._core.errors import BackendUnavailableError as BackendUnavailableError
+from ._core.errors import BrokenBarrierError as BrokenBarrierError
 from ._core.errors import DeadlockError as DeadlockError
 from ._core.errors import InvalidLockNameError as InvalidLockNameError
 from ._core.errors import LockError as LockError
@@ -43,10 +46,12 @@ from ._core.locks import SemaphoreMutex as SemaphoreMutex
 from ._core.locks import WriteLock as WriteLock
 from ._core.multilock import MultiLock as MultiLock
 from ._core.names import validate_name as validate_name
+from ._core.once import Once as Once
 from ._core.participants import Participant as Participant
 from ._core.semaphore import Lease as Lease
 from ._core.semaphore import LeaseContext as LeaseContext
 from ._core.semaphore import Semaphore as Semaphore
+from ._once import once as once
 
 __version__ = "0.1.0.dev0"
 
@@ -54,7 +59,10 @@ __all__ = [
     "AccessDeniedError",
     "Backend",
     "BackendUnavailableError",
+    "Barrier",
+    "BrokenBarrierError",
     "Capabilities",
+    "CountDownLatch",
     "DeadlockError",
     "DoctorReport",
     "EventHook",
@@ -73,6 +81,7 @@ __all__ = [
     "LockTimeoutError",
     "MultiLock",
     "Mutex",
+    "Once",
     "Participant",
     "ReadLock",
     "ReadWriteLock",
@@ -82,5 +91,6 @@ __all__ = [
     "Severity",
     "WriteLock",
     "connect",
+    "once",
     "validate_name",
 ]

@@ -55,6 +55,7 @@ from ._core.errors import (
 )
 from ._core.leader import LeaderLatch
 from ._core.names import validate_name
+from ._core.once import check_periods
 from ._core.urls import scrub
 from ._procgroup import ProcessGroup, exit_status
 
@@ -102,6 +103,9 @@ EXIT_CODES: dict[int, str] = {
 
 #: ``--kill-after`` default: seconds between TERM and KILL when the lock is lost
 DEFAULT_KILL_AFTER = 10.0
+
+#: ``run --at-least-for`` without ``--at-most-for``: how long a crashed host keeps the job
+DEFAULT_AT_MOST_FOR = 600.0
 
 URL_ENV = "AIOLOCKS_URL"
 """Environment variable read when the URL argument is left out (never passed to CMD)."""
@@ -377,6 +381,9 @@ class _RunOptions:
     kill_after: float
     command: list[str]
     verbose: bool = False
+    #: ``--at-most-for``/``--at-least-for``: run CMD once per period (``backend.once``)
+    at_most_for: float | None = None
+    at_least_for: float = 0.0
 
 
 class _Signals:
@@ -510,11 +517,34 @@ def _primitive_hold(
     return backend.semaphore(name, max_leases=opts.limit).lease(timeout=timeout)
 
 
+async def _run_once(backend: Backend, opts: _RunOptions, signals: _Signals) -> int:
+    """``run --at-least-for/--at-most-for``: CMD at most once per period, never waiting."""
+    assert opts.at_most_for is not None
+    job = backend.once(opts.name, at_most_for=opts.at_most_for, at_least_for=opts.at_least_for)
+    try:
+        async with job as ran:
+            if not ran:
+                print(
+                    f"aiolocks run: job {opts.name!r} already ran this period or is running",
+                    file=sys.stderr,
+                )
+                return opts.conflict_exit_code
+            if opts.verbose:
+                print(f"aiolocks run: running job {opts.name!r}", file=sys.stderr)
+            env = _child_env(opts.name, "once", None)
+            return await _run_in_group(signals, opts.command, env, opts.kill_after)
+    except LockLostError as exc:
+        print(f"aiolocks run: {exc}", file=sys.stderr)
+        return EXIT_LOCK_LOST
+
+
 async def _run(opts: _RunOptions) -> int:
     signals = _Signals(opts.kill_after)
     signals.install()
     try:
         async with _connect.connect(opts.url) as backend:
+            if opts.at_most_for is not None:
+                return await _run_once(backend, opts, signals)
             held_cm = _primitive_hold(backend, opts)
             try:
                 async with held_cm as held:
@@ -746,6 +776,9 @@ examples:
 
 crontab (every 5 minutes, skipped while the previous run still holds the lock):
   */5 * * * * AIOLOCKS_URL=redis://10.0.0.5:6379/0 aiolocks run -n jobs/report -- /opt/report.sh
+
+once per period on every host's crontab (one host runs it, even with skewed clocks):
+  */5 * * * * aiolocks run --at-least-for 240 --at-most-for 1800 -n jobs/report -- ./report.sh
 """
 
 _ELECT_DESCRIPTION = """\
@@ -847,6 +880,23 @@ def _setup_run(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="take one lease of a semaphore of N: up to N commands run at once",
     )
+    parser.add_argument(
+        "--at-least-for",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="run CMD at most once per SECONDS across hosts (backend.once): the job stays "
+        "taken SECONDS after its start by the server's clock; never waits (exit 75 or -E)",
+    )
+    parser.add_argument(
+        "--at-most-for",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="with --at-least-for: a host that dies while CMD runs frees the job SECONDS "
+        f"after its last renewal (default: the larger of {DEFAULT_AT_MOST_FOR:g} and "
+        "--at-least-for)",
+    )
 
 
 def _setup_elect(parser: argparse.ArgumentParser) -> None:
@@ -882,6 +932,7 @@ def _run_options(command_name: str, args: argparse.Namespace, command: list[str]
         kind = "semaphore"
     if kind == "semaphore" and limit is None:
         raise UsageError("--kind semaphore needs --limit N (the number of leases)")
+    at_most_for, at_least_for = _once_periods(args, kind, timeout)
     return _RunOptions(
         url=url,
         name=name,
@@ -892,7 +943,30 @@ def _run_options(command_name: str, args: argparse.Namespace, command: list[str]
         kill_after=args.kill_after,
         command=command,
         verbose=args.verbose,
+        at_most_for=at_most_for,
+        at_least_for=at_least_for,
     )
+
+
+def _once_periods(
+    args: argparse.Namespace, kind: str | None, timeout: float | None
+) -> tuple[float | None, float]:
+    """``--at-most-for``/``--at-least-for`` checked: ``(None, 0.0)`` when neither is given."""
+    most = getattr(args, "at_most_for", None)
+    least = getattr(args, "at_least_for", None)
+    if most is None and least is None:
+        return None, 0.0
+    if kind is not None:
+        raise UsageError("--at-least-for/--at-most-for run a job once per period: no --kind")
+    if timeout not in (None, 0.0):
+        raise UsageError("--at-least-for/--at-most-for never wait: -w does not apply (use -n)")
+    least = 0.0 if least is None else least
+    if most is None:
+        most = max(DEFAULT_AT_MOST_FOR, least)
+    try:
+        return check_periods(most, least)
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("_", "-")) from None
 
 
 def _cmd_run(args: argparse.Namespace, command: list[str]) -> int:

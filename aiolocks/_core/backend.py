@@ -12,12 +12,15 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from .barrier import Barrier
+from .countdown import CountDownLatch
 from .driver import Capabilities, Driver, Family
 from .engine import Engine, Ledger
 from .events import EventHook
 from .hold import Hold
 from .leader import LeaderLatch
 from .locks import Mutex, ReadWriteLock, SemaphoreMutex
+from .once import Once
 from .semaphore import Semaphore
 from .tasks import TaskSet
 
@@ -120,6 +123,31 @@ class Backend:
     ) -> LeaderLatch:
         """A leader latch: one started latch per name has leadership at a time."""
         return LeaderLatch(self._engine, name, participant_id, options)
+
+    # -- scheduled jobs, latches, barriers (over the record store) --------
+
+    def once(
+        self,
+        name: str,
+        *,
+        at_most_for: float,
+        at_least_for: float = 0.0,
+        hard_bound: bool = False,
+    ) -> Once:
+        """A job run by at most one process per period, never waiting (ShedLock's lock).
+
+        ``async with backend.once(name, at_most_for=600, at_least_for=50) as ran:``
+        see :class:`aiolocks.Once` and ``docs/jobs.md``.
+        """
+        return Once(self._engine, name, at_most_for, at_least_for, hard_bound)
+
+    def count_down_latch(self, name: str) -> CountDownLatch:
+        """A count-down latch shared by every process (Redisson's RCountDownLatch)."""
+        return CountDownLatch(self._engine, name)
+
+    def barrier(self, name: str, parties: int) -> Barrier:
+        """A barrier of ``parties`` parties across processes (``asyncio.Barrier``'s ``wait``)."""
+        return Barrier(self._engine, name, parties)
 
     # -- event hooks ------------------------------------------------------
 

@@ -14,6 +14,9 @@
      +-- AccessDeniedError (also PermissionError)
                                                  the server refused the credentials, a
                                                  permission or the TLS handshake
+     +-- BrokenBarrierError (also asyncio.BrokenBarrierError)
+                                                 a party of a barrier left, its session
+                                                 ended or its wait timed out
 
 Driver errors (``aiozk.exc.*``, ``redis.exceptions.*``) are mapped to these in
 one place per driver, always with ``raise ... from exc``. Cancellation is never
@@ -22,9 +25,12 @@ wrapped or swallowed.
 
 from __future__ import annotations
 
+import asyncio
+
 __all__ = [
     "AccessDeniedError",
     "BackendUnavailableError",
+    "BrokenBarrierError",
     "DeadlockError",
     "InvalidLockNameError",
     "LockError",
@@ -86,4 +92,16 @@ class AccessDeniedError(LockError, PermissionError):
     not an outage: never a :class:`BackendUnavailableError`, never retried,
     and an acquire never falls back to a local lock on it
     (``on_unavailable="local"``). The command line exits 77 on it.
+    """
+
+
+class BrokenBarrierError(LockError, asyncio.BrokenBarrierError):
+    """A distributed barrier broke before every party arrived.
+
+    Raised by ``await barrier.wait()`` when a party's wait timed out or was
+    cancelled after it arrived, when a party's session ended (process killed,
+    backend closed, session expired), or when the wait began on a broken
+    barrier whose parties have not all left. Also an
+    :class:`asyncio.BrokenBarrierError`, so code written for
+    :class:`asyncio.Barrier` catches it.
     """

@@ -28,6 +28,7 @@ from ._postgres import PgBouncer as PgBouncer
 from ._postgres import PgWireConnection as PgWireConnection
 from ._postgres import PostgresCommandError as PostgresCommandError
 from ._postgres import PostgresServer as PostgresServer
+from ._clock import skewed_clock as skewed_clock
 from .loss import lose as lose
 from .proxy import TcpProxy as TcpProxy
 from .servers import RedisCluster as RedisCluster
@@ -73,4 +74,5 @@ __all__ = [
     "etcd_flavors",
     "free_port",
     "lose",
+    "skewed_clock",
 ]
