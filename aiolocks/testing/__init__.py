@@ -19,6 +19,7 @@ import os as _os
 # once, when it is first imported; an explicit setting is left alone.
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
+from ._clock import skewed_clock as skewed_clock
 from ._etcd import EtcdCluster as EtcdCluster
 from ._etcd import EtcdFlavor as EtcdFlavor
 from ._etcd import EtcdMember as EtcdMember
@@ -28,7 +29,6 @@ from ._postgres import PgBouncer as PgBouncer
 from ._postgres import PgWireConnection as PgWireConnection
 from ._postgres import PostgresCommandError as PostgresCommandError
 from ._postgres import PostgresServer as PostgresServer
-from ._clock import skewed_clock as skewed_clock
 from .loss import lose as lose
 from .proxy import TcpProxy as TcpProxy
 from .servers import RedisCluster as RedisCluster
