@@ -503,11 +503,25 @@ class ZooKeeperRecords:
             if await self._get(path) is not None:
                 return self._not_deleted(key, member)
         except BaseException:
-            self._not_deleted(key, member)
+            if member is not None:
+                # cancelled (or failed) with the delete maybe applied: find out
+                name = f"aiolocks-zk-record-watch:{member.path}"
+                self._spawn(self._after_delete(key, member), name)
             raise
         if member is not None:
             self._forget(key, member.uid)
         return True
+
+    async def _after_delete(self, key: str, member: _Member) -> None:
+        """Our delete's outcome is unknown: forget the entry if the node is gone, else watch."""
+        try:
+            found = await self._get(member.path, watch=True, session_id=member.session_id)
+        except (SessionChanged, BackendUnavailableError):
+            return  # the session monitor reports a lost session
+        if found is None:
+            self._forget(key, member.uid)  # most likely our own delete: no loss
+        else:
+            member.leaving = False  # watched again by this read
 
     def _not_deleted(self, key: str, member: _Member | None) -> bool:
         if member is not None:
