@@ -220,17 +220,26 @@ class ZooKeeperRecords:
     def _abs(self, key: str) -> str:
         return self._monitor().link.normalize_path(record_path(key))
 
-    async def _call(self, request: Any, *, retry: bool, session_id: int | None = None) -> Any:
-        return await self._monitor().call(request, None, retry=retry, session_id=session_id)
+    async def _call(
+        self, request: Any, *, retry: bool, session_id: int | None = None, patient: bool = False
+    ) -> Any:
+        """One request; ``patient``: wait for a connection until the backend closes."""
+        return await self._monitor().call(
+            request, None, retry=retry, session_id=session_id, wait_for_connection=not patient
+        )
 
     async def _get(
-        self, path: str, *, watch: bool = False, session_id: int | None = None
+        self,
+        path: str,
+        *,
+        watch: bool = False,
+        session_id: int | None = None,
+        patient: bool = False,
     ) -> tuple[_Node | None, Any] | None:
         """``(record or None for a foreign node, stat)``; ``None`` when absent."""
+        request = protocol.GetDataRequest(path=path, watch=watch)
         try:
-            reply = await self._call(
-                protocol.GetDataRequest(path=path, watch=watch), retry=True, session_id=session_id
-            )
+            reply = await self._call(request, retry=True, session_id=session_id, patient=patient)
         except zk_exc.NoNode:
             return None
         return _decode(bytes(reply.data or b""), reply.stat), reply.stat
@@ -283,16 +292,22 @@ class ZooKeeperRecords:
         except (zk_exc.NoNode, zk_exc.BadVersion, zk_exc.NotEmpty, BackendUnavailableError):
             pass  # gone, taken over, a folder now (not ours to delete), or closed
 
-    async def _discard(self, path: str, uid: bytes, session_id: int | None = None) -> None:
-        """Delete ``path`` if it still carries write ``uid`` (a cancelled or lost write)."""
+    async def _discard(
+        self, path: str, uid: bytes, session_id: int | None = None, *, patient: bool = True
+    ) -> None:
+        """Delete ``path`` if it still carries write ``uid`` (a cancelled or lost write).
+
+        ``patient``: without a connection, wait for one until the backend closes.
+        """
         try:
-            found = await self._get(path, session_id=session_id)
+            found = await self._get(path, session_id=session_id, patient=patient)
             if found is None or found[0] is None or found[0].uid != uid:
                 return
             await self._call(
                 protocol.DeleteRequest(path=path, version=int(found[1].version)),
                 retry=True,
                 session_id=session_id,
+                patient=patient,
             )
         except (zk_exc.NoNode, zk_exc.BadVersion, zk_exc.NotEmpty, SessionChanged):
             pass  # gone (with its session), or written since: not ours
@@ -372,9 +387,11 @@ class ZooKeeperRecords:
                 continue
             node, stat = found
             if node is not None and node.uid == uid:
-                if int(stat.ephemeral_owner) != monitor.link.session_id:
-                    continue  # made in a session that is gone since: make it again
-                return await self._enter(key, path, uid, stat)
+                if int(stat.ephemeral_owner) == monitor.link.session_id:
+                    return await self._enter(key, path, uid, stat)
+                # made in an earlier session that is not gone yet: not ours to use
+                await self._remove(path, int(stat.version))
+                continue
             if node is None or not node.dead(await self._now_for([node])):
                 return None
             await self._remove(path, int(stat.version))  # expired: remove, then join
@@ -615,6 +632,6 @@ class ZooKeeperRecords:
         for _entry, member in members.values():
             try:
                 async with asyncio.timeout(timeout):
-                    await self._discard(member.path, member.uid, member.session_id)
+                    await self._discard(member.path, member.uid, member.session_id, patient=False)
             except Exception:
                 logger.warning("record node %s not deleted at close", member.path, exc_info=True)

@@ -21,6 +21,7 @@ import pytest_asyncio
 
 import aiolocks
 from aiolocks._core.records import Entry
+from aiolocks.testing.proxy import TcpProxy
 from aiolocks.testing.servers import ZooKeeperServer
 from aiolocks.zookeeper import ZooKeeperBackend
 from aiolocks.zookeeper._records import ZooKeeperRecords
@@ -456,3 +457,54 @@ async def test_cancelled_update_delete_read_snapshot_leave_nothing(
     await observer.delete(f"{ROOT}/{key}")
     await until(lambda: current.lost, what="the entry to be marked lost after the sweeps")
     assert _record_watches(backend) == [], "a cancelled call left watch callbacks"
+
+
+# -- a write whose reply is lost with the connection -------------------------------------
+
+
+@pytest.mark.parametrize("method", ["create", "join", "update"])
+async def test_a_write_whose_reply_was_lost_is_read_back(
+    zookeeper_server: ZooKeeperServer, chroot: str, observer: Any, method: str
+) -> None:
+    """The server applied it, the connection broke before the reply: the call still
+    reports its own write (not "exists"/"changed"), found by the write's id."""
+    key = f"lost-{uuid.uuid4().hex[:8]}/{method}"
+    path = f"{ROOT}/{key}"
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        slow = await aiolocks.connect(f"zk://{proxy.netloc}{chroot}?session_timeout=10")
+        assert isinstance(slow, ZooKeeperBackend)
+        try:
+            store = _store(slow)
+            version = await store.create(f"{key}-warm", b"x")  # folders exist
+            assert version is not None
+            if method == "update":
+                version = await store.create(key, b"old")
+                assert version is not None
+            proxy.delay(0.3)
+            if method == "create":
+                call: Awaitable[object] = store.create(key, b"new")
+            elif method == "join":
+                call = store.join(key, b"new")
+            else:
+                call = store.update(key, b"new", version=version)
+            task = asyncio.ensure_future(call)
+            await until(lambda: _holds(observer, path, b"new"), what="the write applied")
+            proxy.cut()  # the reply is lost with the connection
+            proxy.heal()
+            result = await task
+            data, stat = await observer.get(path)
+            assert data.endswith(b"new")
+            written = result.version if isinstance(result, Entry) else result
+            assert written == stat.last_modified_zxid, f"{method} did not report its own write"
+            if method == "join":
+                assert stat.ephemeral_owner == slow.session_id
+        finally:
+            proxy.heal()
+            await slow.close()
+
+
+async def _holds(client: Any, path: str, value: bytes) -> bool:
+    try:
+        return bool((await client.get_data(path)).endswith(value))
+    except aiozk.exc.NoNode:
+        return False
