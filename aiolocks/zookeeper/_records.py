@@ -21,7 +21,8 @@ prefix, a foreign node) is no record.
 * *ephemeral* records (``join``) are ephemeral nodes of the backend's
   session. Their :class:`Entry` is marked lost when the session monitor
   declares that session lost, and when the node is deleted behind our back
-  (a data watch on it, re-armed after each change of its data).
+  (a data watch on it, re-armed after each change of its data). The entry
+  knows its node by ``czxid`` (an update writes another write id).
 * Every write carries a fresh id in its header: a write whose reply was lost
   (connection broken) is resolved by reading the node back, and a
   ``create``/``join`` cancelled in flight has its node removed in the
@@ -132,14 +133,17 @@ def _check_ttl(ttl: float | None) -> None:
 
 
 class _Member:
-    """The driver's state of one :class:`Entry`: its node, write id, session, watches."""
+    """The driver's state of one :class:`Entry`: its node, session and watches."""
 
-    __slots__ = ("callbacks", "leaving", "path", "session_id", "uid")
+    __slots__ = ("callbacks", "czxid", "leaving", "path", "session_id", "uid")
 
-    def __init__(self, path: str, uid: bytes, session_id: int | None) -> None:
+    def __init__(self, path: str, uid: bytes, stat: Any) -> None:
         self.path = path  # absolute (as the server sees it)
+        #: the id of the join's write (names this member; updates write other ids)
         self.uid = uid
-        self.session_id = session_id
+        #: the node's ``czxid``: tells our node from a later one on the same key
+        self.czxid = int(stat.created_zxid)
+        self.session_id = int(stat.ephemeral_owner)
         #: our own delete is in flight: its DELETED event is no loss
         self.leaving = False
         self.callbacks: list[tuple[int, Callable[[str], object]]] = []
@@ -293,15 +297,24 @@ class ZooKeeperRecords:
             pass  # gone, taken over, a folder now (not ours to delete), or closed
 
     async def _discard(
-        self, path: str, uid: bytes, session_id: int | None = None, *, patient: bool = True
+        self,
+        path: str,
+        uid: bytes | None,
+        session_id: int | None = None,
+        *,
+        czxid: int | None = None,
+        patient: bool = True,
     ) -> None:
-        """Delete ``path`` if it still carries write ``uid`` (a cancelled or lost write).
+        """Delete ``path`` if it still carries write ``uid`` (a cancelled or lost write), or
+        (with ``czxid``) if it is still that node (an entry's, updated since).
 
         ``patient``: without a connection, wait for one until the backend closes.
         """
         try:
             found = await self._get(path, session_id=session_id, patient=patient)
-            if found is None or found[0] is None or found[0].uid != uid:
+            if found is None or found[0] is None:
+                return
+            if found[0].uid != uid and int(found[1].created_zxid) != czxid:
                 return
             await self._call(
                 protocol.DeleteRequest(path=path, version=int(found[1].version)),
@@ -314,8 +327,12 @@ class ZooKeeperRecords:
         except BackendUnavailableError:
             pass  # closed first: an owned session's close removed it
 
-    def _discard_later(self, path: str, uid: bytes, session_id: int | None = None) -> None:
-        self._spawn(self._discard(path, uid, session_id), f"aiolocks-zk-record-discard:{path}")
+    def _discard_later(
+        self, path: str, uid: bytes | None, session_id: int | None = None, czxid: int | None = None
+    ) -> None:
+        self._spawn(
+            self._discard(path, uid, session_id, czxid=czxid), f"aiolocks-zk-record-discard:{path}"
+        )
 
     # -- the contract -------------------------------------------------------------------
 
@@ -398,7 +415,7 @@ class ZooKeeperRecords:
 
     async def _enter(self, key: str, path: str, uid: bytes, stat: Any) -> Entry:
         """The new entry; its node's deletion (behind our back) will mark it lost."""
-        member = _Member(path, uid, int(stat.ephemeral_owner))
+        member = _Member(path, uid, stat)
         entry = Entry(key, int(stat.last_modified_zxid), member)
         self._members[key] = (entry, member)
         link = self._monitor().link
@@ -454,7 +471,7 @@ class ZooKeeperRecords:
         self._unwatch(member)
         # the node may outlive the loss (a session declared lost locally that
         # comes back): remove it, only in its own session
-        self._discard_later(member.path, member.uid, member.session_id)
+        self._discard_later(member.path, None, member.session_id, member.czxid)
         held[0].mark_lost(reason)
 
     def session_lost(self, session_id: int | None, reason: str, *, all_entries: bool) -> None:
@@ -508,7 +525,9 @@ class ZooKeeperRecords:
             self._remove_later(path, node)
             return False
         held = self._members.get(key)
-        member = held[1] if held is not None and held[1].uid == node.uid else None
+        member = None
+        if held is not None and held[1].czxid == int(stat.created_zxid):
+            member = held[1]
         if member is not None:
             member.leaving = True  # our delete's event is no loss
         try:
@@ -632,6 +651,8 @@ class ZooKeeperRecords:
         for _entry, member in members.values():
             try:
                 async with asyncio.timeout(timeout):
-                    await self._discard(member.path, member.uid, member.session_id, patient=False)
+                    await self._discard(
+                        member.path, None, member.session_id, czxid=member.czxid, patient=False
+                    )
             except Exception:
                 logger.warning("record node %s not deleted at close", member.path, exc_info=True)

@@ -121,10 +121,16 @@ async def test_own_delete_and_close_are_no_loss(
     store = _store(backend)
     entry = await store.join(key, b"me")
     assert entry is not None
+    # updated first: the node no longer carries the join's write id
+    newer = await store.update(key, b"updated", version=entry.version)
+    assert newer is not None
+    entry.version = newer
     assert not await store.delete(key, version=entry.version + 1), "deleted at a wrong version"
     assert await store.delete(key, version=entry.version)
     other = await store.join(key, b"again")
     assert other is not None
+    newer = await store.update(key, b"updated", version=other.version)
+    assert newer is not None
     await backend.close()
     assert await record_nodes(observer) == {}
     assert not entry.lost and not other.lost
@@ -141,6 +147,7 @@ async def test_an_aiozk_client_backend_deletes_its_entries_at_close(
         await backend.open()
         entry = await _store(backend).join(key, b"me")
         assert entry is not None and await record_nodes(observer)
+        assert await _store(backend).update(key, b"updated", version=entry.version) is not None
         await backend.close()
         assert await record_nodes(observer) == {}, "a departed member stayed in the group"
         assert not entry.lost
@@ -442,7 +449,11 @@ async def test_cancelled_update_delete_read_snapshot_leave_nothing(
             k for k in _record_watches(backend) if held is None or not k[1].endswith(member_path)
         ]
         assert watches == [], "a cancelled call left watch callbacks"
-        await until(lambda: _settled(observer, store, key), what="the entry to match its node")
+        # a delete cancelled in flight is settled in the backend's task set
+        await until(lambda: len(backend._tasks) == 0, what="the background work to finish")
+        assert await _settled(observer, store, key), (
+            f"node exists: {await observer.exists(f'{ROOT}/{key}')}, entry: {store._members}"
+        )
         if key not in store._members:
             assert await store.join(key, b"start") is not None  # deleted: join again
         nodes = await record_nodes(observer)
