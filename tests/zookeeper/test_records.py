@@ -519,3 +519,41 @@ async def _holds(client: Any, path: str, value: bytes) -> bool:
         return bool((await client.get_data(path)).endswith(value))
     except aiozk.exc.NoNode:
         return False
+
+
+async def test_an_entry_lost_while_its_session_lives_removes_its_node(
+    zookeeper_server: ZooKeeperServer, chroot: str, observer: Any, key: str
+) -> None:
+    """``suspended_is_lost``: a dropped connection loses the entry at once, but the session
+    survives; once reconnected, the store removes the node nobody stands for any more."""
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        url = f"zk://{proxy.netloc}{chroot}?session_timeout=10&suspended_is_lost=1"
+        backend = await aiolocks.connect(url)
+        assert isinstance(backend, ZooKeeperBackend)
+        try:
+            entry = await _store(backend).join(key, b"me")
+            assert entry is not None
+            session = backend.session_id
+            proxy.cut()
+            await until(lambda: entry.lost, what="the entry to be lost on suspension")
+            assert entry.lost_reason is not None and "suspended" in entry.lost_reason
+            await until(lambda: _absent(observer, f"{ROOT}/{key}"), what="the orphan removed")
+            assert backend.session_id == session, "the session was not meant to expire"
+        finally:
+            await backend.close()
+
+
+async def test_a_snapshot_of_a_missing_prefix_wakes_when_it_appears(
+    backend: ZooKeeperBackend, second: ZooKeeperBackend, key: str
+) -> None:
+    """No folder yet: an exists watch, not a poll, reports the first record."""
+    prefix = key.rpartition("/")[0]
+    with await _store(backend).snapshot(prefix) as snap:
+        assert snap.records == {}
+        waiter = asyncio.ensure_future(snap.changed(None))
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        assert await _store(second).create(key, b"first") is not None
+        await asyncio.wait_for(waiter, 10)
+    with await _store(backend).snapshot(prefix) as snap:
+        assert {child: r.value for child, r in snap.records.items()} == {"member": b"first"}
