@@ -17,6 +17,8 @@ What is read, and from where:
   is a container (its ``ephemeralOwner`` reads 0 like a persistent node's),
   so the second check relies on what is true of both: ZooKeeper reaps a
   container only once a child has come and gone, and a persistent node never.
+  The record store's folder (``/aiolocks/records``) is not walked: records
+  are persistent nodes by design, not lock leftovers.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from aiozk import protocol
 
 from .._core.doctor import Diagnosis, Finding, Severity
 from ._doctor_security import security_findings
+from ._layout import RECORDS_ROOT
 
 if TYPE_CHECKING:
     from ._driver import ZooKeeperDriver
@@ -253,6 +256,8 @@ async def walk_lock_root(driver: ZooKeeperDriver, root: str) -> Leftovers:
     queue = [root]
     while queue:
         path = queue.pop(0)
+        if path == RECORDS_ROOT:
+            continue  # the record store: records are persistent nodes, not lock leftovers
         if found.visited >= WALK_LIMIT:
             found.truncated = True
             break

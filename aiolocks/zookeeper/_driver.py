@@ -57,6 +57,7 @@ from ._internals import (
     sort_nodes,
 )
 from ._layout import DEFAULT_LAYOUT, ROOT, check_curator_name, lock_path
+from ._records import ZooKeeperRecords
 from ._session import ConnectionState, SessionChanged, SessionMonitor, wait_own
 
 if TYPE_CHECKING:
@@ -128,6 +129,12 @@ class ZooKeeperDriver:
         self._monitor: SessionMonitor | None = None
         self._internals: LockInternals | None = None
         self._listeners: list[Callable[[ConnectionState], object]] = []
+        #: the record store (groups, latches, ``once``); used after ``open()``
+        self._records = ZooKeeperRecords(
+            lambda: self.monitor,
+            lambda: self.internals,
+            lambda coro, name: self._tasks.spawn(coro, name=name),
+        )
 
     # -- identity / options -----------------------------------------------------
 
@@ -160,6 +167,10 @@ class ZooKeeperDriver:
     def path_of(self, family: Family, name: str) -> str:
         """The folder of lock ``name`` in this backend's layout (below the chroot)."""
         return lock_path(family, name, self._layout)
+
+    def records(self) -> ZooKeeperRecords:
+        """The record store under the coordination recipes (see :mod:`._records`)."""
+        return self._records
 
     @property
     def client(self) -> Any:
@@ -265,6 +276,10 @@ class ZooKeeperDriver:
         ticker, self._ticker = self._ticker, None
         if ticker is not None:
             ticker.cancel()
+        if self._monitor is not None:
+            # an owned session's close removes the ephemeral records; a given
+            # client's session stays, so they are deleted here
+            await self._records.close(delete=self._given is not None, timeout=self._connect_timeout)
         monitor, self._monitor = self._monitor, None
         # The engine has finished its tasks (deletes included); an owned
         # session's close removes every ephemeral node anyway.
@@ -287,6 +302,7 @@ class ZooKeeperDriver:
         return self._tasks.spawn(coro, name="aiolocks-zk-watch-own-node")
 
     def _on_lost(self, session_id: int | None, reason: str) -> None:
+        self._records.session_lost(session_id, reason, all_entries=self._suspended_is_lost)
         for grant in list(self._grants):
             node = grant.handle
             assert isinstance(node, Node)

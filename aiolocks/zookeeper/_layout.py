@@ -53,6 +53,7 @@ from .._core.errors import InvalidLockNameError
 __all__ = [
     "DEFAULT_LAYOUT",
     "LAYOUTS",
+    "RECORDS_ROOT",
     "ROOT",
     "check_curator_name",
     "escape",
@@ -60,10 +61,16 @@ __all__ = [
     "match_node",
     "node_prefix",
     "parse_layout",
+    "record_path",
 ]
 
 #: the folder of the default layout, below the chroot
 ROOT: Final = "/aiolocks"
+
+#: the folder of the record store (groups, latches, ``once``), in both layouts:
+#: records are aiolocks' own (no Curator recipe shares them), so every process
+#: finds them in one place whatever layout its locks use
+RECORDS_ROOT: Final = f"{ROOT}/records"
 
 DEFAULT_LAYOUT: Final = "aiolocks"
 LAYOUTS: Final = ("aiolocks", "curator")
@@ -176,3 +183,8 @@ def lock_path(family: Family, name: str, layout: str = DEFAULT_LAYOUT) -> str:
     if layout == "curator":
         return f"/{name}"
     return f"{ROOT}/{family.value}/{escape(name)}"
+
+
+def record_path(key: str) -> str:
+    """The node of record ``key`` (or the folder of a record prefix), below the chroot."""
+    return f"{RECORDS_ROOT}/{escape(key)}"
