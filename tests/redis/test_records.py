@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 import pytest_asyncio
@@ -339,6 +339,7 @@ async def test_keys_and_channel_sit_under_the_key_prefix(
             [index, f"{index}/kept", f"{index}/short", f"{index}/member"]
         )
         assert await client.pttl(index) == -1, "a persistent child keeps its index"
+        assert await backend.list_locks() == [], "records are no locks to `aiolocks list`"
         with await store.snapshot(name):
             assert index in await client.pubsub_channels(f"{prefix}*")
         assert await store.delete(f"{name}/kept")
@@ -371,3 +372,38 @@ async def test_a_cluster_prefix_lives_in_one_slot(redis_cluster: RedisCluster, n
                 assert await store.delete(f"{name}/{child}")
     finally:
         await raw.aclose()
+
+
+#: the least-privilege ACL line of docs/security.md, for the key prefix ``locks:``
+LOCKER_ACL = (
+    "locker on >L0ckerPw ~locks:* &locks:* &__keyspace@*__:locks:* "
+    "-@all +@read +@write +@scripting +@pubsub +@connection +time -@dangerous"
+)
+
+
+@pytest.fixture(scope="module")
+def acl_redis() -> Iterator[RedisServer]:
+    """A server whose ``locker`` user has exactly the documented ACL line."""
+    with RedisServer(password="Adm1nPw", acl_users=[LOCKER_ACL]) as server:
+        yield server
+
+
+async def test_the_documented_acl_covers_the_record_store(acl_redis: RedisServer) -> None:
+    base = f"redis://locker:L0ckerPw@127.0.0.1:{acl_redis.port}/0?keyspace_events=off"
+    name = f"acl/{uuid.uuid4().hex[:8]}"
+    async with aiolocks.connect(f"{base}&key_prefix=locks:") as backend:
+        await backend.open()
+        store = _store(backend)
+        version = await store.create(f"{name}/a", b"1", ttl=30)
+        assert version is not None
+        entry = await store.join(f"{name}/m", b"2")
+        assert entry is not None
+        with await store.snapshot(name) as snap:
+            assert sorted(snap.records) == ["a", "m"]
+            assert await store.update(f"{name}/a", b"3", version=version) is not None
+            await asyncio.wait_for(snap.changed(None), 10)
+        assert await store.delete(f"{name}/a")
+    async with aiolocks.connect(f"{base}&key_prefix=elsewhere:") as outside:
+        await outside.open()
+        with pytest.raises(aiolocks.AccessDeniedError):
+            await _store(outside).create(f"{name}/a", b"1")
