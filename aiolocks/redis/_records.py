@@ -66,6 +66,7 @@ from redis.exceptions import RedisError
 from .._core.backoff import Backoff
 from .._core.errors import AccessDeniedError, BackendUnavailableError
 from .._core.records import CHILD, Entry, Record, Snapshot
+from ._driver import map_error
 from ._pubsub import PubSubHub, Wake
 from ._watchdog import TRANSIENT, Renewal, RenewResult, Watchdog
 
@@ -292,8 +293,6 @@ class RedisRecords:
     ) -> Any:
         """One ``records.lua`` call, retried through a short outage (every op is
         safe to resend: see the design note); errors mapped once."""
-        from ._driver import map_error
-
         node = self._node
         if self._closed() or node.client is None:
             raise BackendUnavailableError(f"the Redis backend {node.describe} is not open")

@@ -123,6 +123,37 @@ async def test_an_unreachable_server_loses_the_entry_within_its_lease(
     await assert_nothing_lasting(client, prefix)
 
 
+async def test_a_snapshot_sees_a_dead_members_record_lapse_without_a_bound(
+    redis_server: RedisServer, url: str, client: redis.asyncio.Redis, prefix: str, name: str
+) -> None:
+    """A member whose process stops answering publishes nothing when its
+    record lapses: ``changed(None)`` still returns, by the lease it read."""
+    async with (
+        TcpProxy(redis_server.host, redis_server.port) as proxy,
+        aiolocks.connect(url) as observer,
+    ):
+        member_url = f"redis://{proxy.netloc}?lease_time=1&connect_timeout=1&key_prefix={prefix}"
+        async with aiolocks.connect(member_url) as member:
+            await member.open()
+            await observer.open()
+            entry = await _store(member).join(f"{name}/m", b"x")
+            assert entry is not None
+            store = _store(observer)
+            snap = await store.snapshot(name)
+            assert "m" in snap.records
+            proxy.stall()  # the member's renewals stop reaching Redis
+            try:
+                async with asyncio.timeout(15):
+                    while "m" in snap.records:
+                        await snap.changed(None)
+                        snap.close()
+                        snap = await store.snapshot(name)
+            finally:
+                snap.close()
+            proxy.heal()
+    await assert_nothing_lasting(client, prefix)
+
+
 async def _absent(raw: redis.asyncio.Redis, key: str) -> bool:
     return not await raw.exists(key)
 
