@@ -11,6 +11,7 @@ and channels live (under the key prefix, one Cluster slot per prefix).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
@@ -152,6 +153,50 @@ async def test_a_snapshot_sees_a_dead_members_record_lapse_without_a_bound(
                 snap.close()
             proxy.heal()
     await assert_nothing_lasting(client, prefix)
+
+
+async def test_a_pubsub_reconnect_wakes_a_snapshot(
+    redis_server: RedisServer, client: redis.asyncio.Redis, prefix: str, name: str
+) -> None:
+    """Messages may be lost while pub/sub reconnects: waiting snapshots return (and read again)."""
+    async with TcpProxy(redis_server.host, redis_server.port) as proxy:
+        url = f"redis://{proxy.netloc}?key_prefix={prefix}"
+        async with aiolocks.connect(url) as backend:
+            await backend.open()
+            with await _store(backend).snapshot(name) as snap:
+                waiter = asyncio.ensure_future(snap.changed(None))
+                await asyncio.sleep(0)
+                assert not waiter.done()
+                assert proxy.cut() > 0
+                await asyncio.wait_for(waiter, 10)
+    await assert_nothing_lasting(client, prefix)
+
+
+async def test_racing_writers_one_wins(
+    url: str, client: redis.asyncio.Redis, prefix: str, name: str
+) -> None:
+    """Creates of one key from many backends: one version; updates at one
+    version: one winner; deletes: one True."""
+    async with contextlib.AsyncExitStack() as stack:
+        stores = []
+        for _ in range(6):
+            backend = await stack.enter_async_context(aiolocks.connect(url))
+            await backend.open()
+            stores.append(_store(backend))
+        key = f"{name}/race"
+        created = await asyncio.gather(*(s.create(key, b"%d" % i) for i, s in enumerate(stores)))
+        winners = [v for v in created if v is not None]
+        assert len(winners) == 1
+        updated = await asyncio.gather(
+            *(s.update(key, b"u%d" % i, version=winners[0]) for i, s in enumerate(stores))
+        )
+        assert len([v for v in updated if v is not None]) == 1
+        deleted = await asyncio.gather(*(s.delete(key) for s in stores))
+        assert deleted.count(True) == 1
+        joined = await asyncio.gather(*(s.join(key, b"j") for s in stores))
+        assert len([e for e in joined if e is not None]) == 1
+    # (the index covers the joined record's lease, 30 s, past its delete)
+    await assert_nothing_lasting(client, prefix, within=LINGER_MS + 35_000)
 
 
 async def _absent(raw: redis.asyncio.Redis, key: str) -> bool:
