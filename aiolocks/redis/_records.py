@@ -39,7 +39,10 @@ Ephemeral records (``join``) are written with a ``PX`` of the backend's
 ``lease_time``; the driver's :class:`~aiolocks.redis._watchdog.Watchdog`
 renews them every third of it, as it does locks. A renewal that finds the
 key gone or owned by another join, or that Redis does not confirm before
-the lease ends, marks the :class:`Entry` lost. ``delete`` of an ephemeral
+the lease ends, marks the :class:`Entry` lost. Where the server publishes
+keyspace events (the ``keyspace_events`` option, as for lock holds), the
+entry also listens to its key's: a delete, expiry or eviction behind its
+back makes it read the key's owner at once. ``delete`` of an ephemeral
 record stops its renewal; closing the backend deletes its ephemeral records
 (an orderly close is no loss).
 
@@ -54,6 +57,7 @@ nothing). A snapshot also drops from the index the children it found gone.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -79,6 +83,9 @@ logger = logging.getLogger("aiolocks.redis")
 
 #: why a renewal of an ephemeral record failed
 GONE = "its Redis key is gone or belongs to another session (deleted, expired or re-created)"
+#: keyspace events on an ephemeral record that cannot take it from us: our own
+#: renewals (``PEXPIRE``) and updates (``HSET``, which keeps the owner)
+HARMLESS_EVENTS = frozenset({"expire", "hset"})
 #: a snapshot's wait ends this long after the earliest expiry it read (s):
 #: Redis has let the key go by then, so the next read does not see it again
 EXPIRY_SLACK = 0.005
@@ -167,12 +174,15 @@ class _Member:
     """``Entry.handle`` of an ephemeral record of ours: its keys, owner id and renewal."""
 
     __slots__ = (
+        "checking",
         "deleting",
         "entry",
         "keys",
         "on_lost",
+        "on_stop",
         "owner",
         "pending",
+        "recheck",
         "renewal",
         "valid_until",
     )
@@ -196,6 +206,11 @@ class _Member:
         #: no loss yet (``pending``), unless the delete turns out not to be ours
         self.deleting = 0
         self.pending: str | None = None
+        #: undoes the keyspace-event subscription (``RedisRecords._watch``)
+        self.on_stop: Callable[[], None] | None = None
+        #: a check of the key is on the wire / another event came meanwhile
+        self.checking = False
+        self.recheck = False
 
     def mark_lost(self, reason: str) -> None:
         """The watchdog found the record gone (or could not renew it in time)."""
@@ -204,6 +219,21 @@ class _Member:
             return
         self.on_lost(self)
         self.entry.mark_lost(reason)
+
+    def lose_now(self, reason: str) -> None:
+        """A keyspace event's check found the record gone or another session's."""
+        renewal = self.renewal
+        if renewal is not None and not renewal.stopped:
+            renewal.stop()
+            self.mark_lost(reason)
+
+    def stop(self) -> None:
+        """Stop renewing and listening (deleted, lost, or the backend closes). No I/O."""
+        if self.renewal is not None:
+            self.renewal.stop()
+        if self.on_stop is not None:
+            on_stop, self.on_stop = self.on_stop, None
+            on_stop()
 
     def note_renewed(self) -> None:
         """A renewal succeeded (records have no event hooks)."""
@@ -372,10 +402,11 @@ class RedisRecords:
             member, member, lease=lease, valid_until=sent + lease, enabled=True, owner=None
         )
         old = self._entries.get(key)
-        if old is not None and old.renewal is not None:
-            old.renewal.stop()
+        if old is not None:
+            self._forget(old)
         self._entries[key] = member
         self._watchdog.watch(member.renewal)
+        self._watch(member)
         return entry
 
     async def update(
@@ -421,10 +452,57 @@ class RedisRecords:
             member.mark_lost(reason)
 
     def _forget(self, member: _Member) -> None:
-        if member.renewal is not None:
-            member.renewal.stop()
+        member.stop()
         if self._entries.get(member.entry.key) is member:
             del self._entries[member.entry.key]
+
+    def _watch(self, member: _Member) -> None:
+        """Hear the record key's keyspace events where the server publishes them
+        (the backend's ``keyspace_events`` option, as for lock holds): a delete or
+        takeover behind our back is a loss at once, not at the next renewal. No I/O.
+
+        Our own renewals (``expire``) and updates (``hset``) cost no check; any
+        other event, and the subscription's confirmation (events before it went
+        unheard), read the key's owner."""
+        node = self._node
+        where = node.keyspace_watch(member.keys.record)
+        if where is None:
+            return
+        hub, channel = where
+        node.ensure_loss_events(self._spawn)
+
+        def changed(event: str | None) -> None:
+            if event in HARMLESS_EVENTS or member.on_stop is None:
+                return
+            if member.checking:
+                member.recheck = True
+                return
+            member.checking = True
+            self._spawn(self._check(member), f"aiolocks-redis-records-check:{member.keys.record}")
+
+        hub.watch(channel, changed)
+        member.on_stop = functools.partial(hub.unwatch, channel, changed)
+
+    async def _check(self, member: _Member) -> None:
+        """Read the record's owner; lost when the key is gone or another session's."""
+        client = self._node.client
+        try:
+            while member.on_stop is not None:
+                member.recheck = False
+                try:
+                    owner = await client.hget(member.keys.record, "o")
+                except TRANSIENT:
+                    return  # the connection is down: renewal timing decides
+                except RedisError as exc:  # WRONGTYPE: overwritten with another type
+                    member.lose_now(f"its Redis key was overwritten ({exc})")
+                    return
+                if owner is None or _text(owner) != member.owner:
+                    member.lose_now(GONE)
+                    return
+                if not member.recheck:
+                    return
+        finally:
+            member.checking = False
 
     async def read(self, key: str) -> Record | None:
         """The record, or ``None`` when absent or expired."""
@@ -492,8 +570,7 @@ class RedisRecords:
         self._watchdog.close()
         members, self._entries = list(self._entries.values()), {}
         for member in members:
-            if member.renewal is not None:
-                member.renewal.stop()
+            member.stop()
         node = self._node
         if not members or node.client is None:
             return

@@ -69,18 +69,25 @@ async def assert_nothing_lasting(
         assert left == -2 or 0 <= left <= within, f"{key!r} stays ({left} ms)"
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
 async def test_an_ephemeral_record_deleted_behind_its_back_is_lost(
-    redis_server: RedisServer, client: redis.asyncio.Redis, prefix: str, name: str
+    redis_server: RedisServer, client: redis.asyncio.Redis, prefix: str, name: str, overwrite: bool
 ) -> None:
-    url = f"{redis_server.url}?key_prefix={prefix}&lease_time=1"
+    """Found by the renewal (keyspace events off), gone or overwritten with another type."""
+    url = f"{redis_server.url}?key_prefix={prefix}&lease_time=1&keyspace_events=off"
     async with aiolocks.connect(url) as backend:
         await backend.open()
         entry = await _store(backend).join(f"{name}/me", b"x")
         assert entry is not None
         keys = record_keys(prefix, name, "me")
-        assert await client.delete(keys.record) == 1
+        if overwrite:
+            await client.set(keys.record, "not a hash")
+        else:
+            assert await client.delete(keys.record) == 1
         await eventually(lambda: entry.lost, 10, what="the renewal to find the key gone")
-        assert entry.lost_reason is not None and "gone" in entry.lost_reason
+        assert entry.lost_reason is not None
+        assert ("WRONGTYPE" if overwrite else "gone") in entry.lost_reason
+        await client.delete(keys.record)
     await assert_nothing_lasting(client, prefix)
 
 
@@ -103,6 +110,35 @@ async def test_a_record_taken_over_by_another_session_is_lost_and_left_to_it(
         assert record is not None and record.value == b"second" and record.ephemeral
         assert not theirs.lost
     await assert_nothing_lasting(client, prefix)
+
+
+@pytest.mark.parametrize("behind_its_back", ["delete", "take over"])
+async def test_keyspace_events_make_the_loss_prompt(
+    redis_server: RedisServer,
+    client: redis.asyncio.Redis,
+    prefix: str,
+    name: str,
+    behind_its_back: str,
+) -> None:
+    """With a 60 s lease the first renewal is 20 s away: only the record
+    key's keyspace event can tell the entry within the test. (An overwrite
+    with another type publishes no event of the classes listened to; the
+    renewal finds it.)"""
+    url = f"{redis_server.url}?key_prefix={prefix}&lease_time=60"
+    keys = record_keys(prefix, name, "me")
+    async with aiolocks.connect(url) as backend, aiolocks.connect(url) as rival:
+        await backend.open()
+        await rival.open()
+        entry = await _store(backend).join(f"{name}/me", b"x")
+        assert entry is not None
+        hub = backend._driver.node.hub
+        channel = f"__keyspace@0__:{keys.record}"
+        await eventually(lambda: hub.is_confirmed(channel), 10, what="the keyspace watch")
+        assert await client.delete(keys.record) == 1
+        if behind_its_back == "take over":
+            assert await _store(rival).join(f"{name}/me", b"rival") is not None
+        await eventually(lambda: entry.lost, 10, what="the event to tell the entry")
+    await assert_nothing_lasting(client, prefix, within=LINGER_MS + 65_000)
 
 
 async def test_an_unreachable_server_loses_the_entry_within_its_lease(
@@ -465,7 +501,7 @@ def acl_redis() -> Iterator[RedisServer]:
 
 
 async def test_the_documented_acl_covers_the_record_store(acl_redis: RedisServer) -> None:
-    base = f"redis://locker:L0ckerPw@127.0.0.1:{acl_redis.port}/0?keyspace_events=off"
+    base = f"redis://locker:L0ckerPw@127.0.0.1:{acl_redis.port}/0?keyspace_events=listen"
     name = f"acl/{uuid.uuid4().hex[:8]}"
     async with aiolocks.connect(f"{base}&key_prefix=locks:") as backend:
         await backend.open()
@@ -474,6 +510,9 @@ async def test_the_documented_acl_covers_the_record_store(acl_redis: RedisServer
         assert version is not None
         entry = await store.join(f"{name}/m", b"2")
         assert entry is not None
+        hub = backend._driver.node.hub
+        channel = f"__keyspace@0__:{record_keys('locks:', name, 'm').record}"
+        await eventually(lambda: hub.is_confirmed(channel), 10, what="the keyspace watch")
         with await store.snapshot(name) as snap:
             assert sorted(snap.records) == ["a", "m"]
             assert await store.update(f"{name}/a", b"3", version=version) is not None
