@@ -57,6 +57,7 @@ nothing). A snapshot also drops from the index the children it found gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -71,7 +72,7 @@ from .._core.backoff import Backoff
 from .._core.errors import AccessDeniedError, BackendUnavailableError
 from .._core.records import CHILD, Entry, Record, Snapshot
 from ._driver import map_error
-from ._pubsub import PubSubHub, Wake
+from ._pubsub import PubSubHub
 from ._watchdog import TRANSIENT, Renewal, RenewResult, Watchdog
 
 if TYPE_CHECKING:
@@ -249,14 +250,15 @@ class RedisSnapshot(Snapshot):
         hub: PubSubHub,
         channel: str,
         listener: Callable[[str | None], None],
-        wake: Wake,
+        event: asyncio.Event,
         expires_at: float | None,
     ) -> None:
         super().__init__(records)
         self._hub = hub
         self._channel = channel
         self._listener = listener
-        self._wake = wake
+        #: set by a message on the channel, or a (re)subscription
+        self._event = event
         #: ``time.monotonic()`` just past the earliest expiry among the children read
         self._expires_at = expires_at
         self._closed = False
@@ -267,9 +269,11 @@ class RedisSnapshot(Snapshot):
         if self._expires_at is not None:
             left = max(0.0, self._expires_at - time.monotonic())
             wait = left if wait is None else min(wait, left)
-        if self._closed or (wait is not None and wait <= 0):
+        if self._closed or self._event.is_set() or (wait is not None and wait <= 0):
             return
-        await self._wake.wait(wait)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await self._event.wait()
 
     def close(self) -> None:
         """Stop listening (the subscription lingers a while for the next snapshot)."""
@@ -518,17 +522,17 @@ class RedisRecords:
         hub = self._node.hub
         if hub is None or self._closed():
             raise BackendUnavailableError(f"the Redis backend {self._node.describe} is not open")
-        wake = Wake()
+        event = asyncio.Event()
 
         def listener(payload: str | None) -> None:
-            wake.ring()  # a write, or a (re)subscription: messages may have been lost
+            event.set()  # a write, or a (re)subscription: messages may have been lost
 
         hub.watch(keys.channel, listener)
         try:
             await hub.confirmed(keys.channel)
             # The confirmation rang it (as after a reconnect): what happened
             # before this point the read below sees.
-            wake.clear()
+            event.clear()
             reply = await self._call(keys, "snapshot", "", [], f"reading records {prefix!r}/")
         except BaseException:
             hub.unwatch(keys.channel, listener)
@@ -544,7 +548,7 @@ class RedisRecords:
         expires_at = None
         if earliest is not None:
             expires_at = time.monotonic() + earliest / 1000 + EXPIRY_SLACK
-        return RedisSnapshot(records, hub, keys.channel, listener, wake, expires_at)
+        return RedisSnapshot(records, hub, keys.channel, listener, event, expires_at)
 
     # -- renewals and close ----------------------------------------------------------
 

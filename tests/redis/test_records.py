@@ -208,6 +208,22 @@ async def test_a_pubsub_reconnect_wakes_a_snapshot(
     await assert_nothing_lasting(client, prefix)
 
 
+async def test_every_wait_on_a_snapshot_returns_on_a_write(
+    url: str, client: redis.asyncio.Redis, prefix: str, name: str
+) -> None:
+    async with aiolocks.connect(url) as backend:
+        await backend.open()
+        store = _store(backend)
+        with await store.snapshot(name) as snap:
+            waiters = [asyncio.ensure_future(snap.changed(None)) for _ in range(3)]
+            await asyncio.sleep(0)
+            assert not any(w.done() for w in waiters)
+            assert await store.create(f"{name}/new", b"1") is not None
+            await asyncio.wait_for(asyncio.gather(*waiters), 10)
+        assert await store.delete(f"{name}/new")
+    await assert_nothing_lasting(client, prefix)
+
+
 async def test_racing_writers_one_wins(
     url: str, client: redis.asyncio.Redis, prefix: str, name: str
 ) -> None:
