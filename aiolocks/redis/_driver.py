@@ -68,6 +68,7 @@ from ._watchdog import Renewal, RenewResult, Watchdog
 
 if TYPE_CHECKING:
     from ._admin import RedisAdmin
+    from ._records import RedisRecords
 
 __all__ = ["LockKeys", "RedisAttempt", "RedisDriver", "RedisHold", "RedisNode", "lock_keys"]
 
@@ -952,6 +953,8 @@ class RedisDriver:
         self.watchdog = Watchdog(
             node.renew_many, self._spawn, name=f"aiolocks-redis-watchdog:{node.describe}"
         )
+        #: the record store (``records()``), built at its first use
+        self._records: RedisRecords | None = None
 
     def describe(self) -> str:
         return self.node.describe
@@ -975,7 +978,25 @@ class RedisDriver:
 
         return await diagnose_redis(self)
 
+    def records(self) -> RedisRecords:
+        """This backend's record store (one per driver; no I/O): see :mod:`._records`."""
+        if self._records is None:
+            from ._records import RedisRecords
+
+            self._records = RedisRecords(
+                self.node,
+                key_prefix=self.key_prefix,
+                lease_time=self.lease_time,
+                client_uuid=self.client_uuid,
+                spawn=self._spawn,
+                closed=lambda: self._closed,
+            )
+        return self._records
+
     async def close(self) -> None:
+        if self._records is not None:
+            # Our ephemeral records go with the backend (deleted, not lost).
+            await self._records.close()
         self._closed = True
         for hold in list(self._holds):
             # Holds still here were not released through the core; stop

@@ -16,7 +16,7 @@ from typing import Any, final
 
 __all__ = ["SCRIPT_NAMES", "Scripts", "source"]
 
-SCRIPT_NAMES = ("acquire", "release", "renew", "inspect", "pass_on")
+SCRIPT_NAMES = ("acquire", "release", "renew", "inspect", "pass_on", "records")
 
 
 #: scripts that work on the waiter queue: ``scripts/queue.lua`` (its entries
@@ -43,6 +43,8 @@ class Scripts:
     renew: Any
     inspect: Any
     pass_on: Any
+    #: the record store (``_records.py``): one script, one branch per operation
+    records: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:

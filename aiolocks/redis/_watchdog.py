@@ -30,16 +30,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._core.driver import Grant
 from .._core.errors import BackendUnavailableError
 
-__all__ = ["TRANSIENT", "Renewal", "RenewResult", "Watchdog"]
+__all__ = ["TRANSIENT", "Renewal", "RenewResult", "Vouched", "Watchdog"]
 
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError, BackendUnavailableError)
 
@@ -49,6 +48,19 @@ RenewResult = str | BaseException | None
 
 #: the most renewals sent in one round trip
 MAX_BATCH = 512
+
+
+class Vouched(Protocol):
+    """What a renewal keeps alive: a lock's ``Grant``, or a record's lease
+    (``_records.py``): how long it is vouched for, and its loss flag."""
+
+    valid_until: float | None
+
+    def mark_lost(self, reason: str) -> None:
+        """The server no longer has it."""
+
+    def note_renewed(self) -> None:
+        """A renewal succeeded."""
 
 
 class Renewal:
@@ -69,7 +81,7 @@ class Renewal:
 
     def __init__(
         self,
-        grant: Grant,
+        grant: Vouched,
         payload: Any,
         *,
         lease: float,
