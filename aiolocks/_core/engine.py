@@ -47,7 +47,7 @@ from .events import EventHook, EventKind, LockEvent, lock_kind
 from .localstore import LocalDriver
 from .names import validate_name
 from .participants import Participant
-from .tasks import TaskSet, running_task, wait_finished
+from .tasks import TaskSet, cancelled_again, running_task, wait_finished
 
 if TYPE_CHECKING:
     from .hold import Hold
@@ -68,28 +68,13 @@ logger = logging.getLogger("aiolocks")
 ERROR_CLEANUP_WAIT = 1.0
 
 
-async def _cancelled_again() -> None:
-    """Raise the cancellation a client library swallowed (the task is still cancelling).
-
-    The swallowed error carried its canceller's message, now lost. anyio's
-    cancel scopes catch only a cancellation with their own message, and they
-    deliver it again on every loop pass while the task is still inside: give
-    them two passes to do so, so that ``move_on_after`` around an acquire ends
-    the scope instead of cancelling the whole task. A plain ``Task.cancel()``
-    is not delivered again: a message-less error stands in for it (asyncio's
-    timeouts count cancellations, not messages).
-    """
-    for _ in range(2):
-        await asyncio.sleep(0)
-    raise asyncio.CancelledError()
-
-
 def _log_abandon_failure(task: asyncio.Future[Any], name: str) -> None:
     """Warn when an attempt's clean-up (``driver.abandon``) failed."""
     if not task.cancelled() and task.exception() is not None:
         logger.warning(
             "giving up an acquire of %r left something behind", name, exc_info=task.exception()
         )
+
 
 Ledger = dict[asyncio.Task[object], "Hold"]
 
@@ -389,7 +374,7 @@ class Engine:
                 if grants is not None:
                     break
                 if task is not None and task.cancelling() > cancels:
-                    await _cancelled_again()
+                    await cancelled_again()
                 bound = None
                 if deadline is not None:
                     bound = deadline - time.monotonic()
@@ -398,7 +383,7 @@ class Engine:
                         break
                 await driver.wait_for_change(attempt, bound)
                 if task is not None and task.cancelling() > cancels:
-                    await _cancelled_again()
+                    await cancelled_again()
         except BaseException as exc:
             if self._degrades(request, exc):
                 finish_here = False

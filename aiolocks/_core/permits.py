@@ -32,6 +32,7 @@ from .backoff import Backoff
 from .driver import Family
 from .errors import LockTimeoutError
 from .records import Records, SupportsRecords
+from .tasks import cancelled_again
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -203,12 +204,18 @@ async def _wait_answered(
 ) -> bool:
     deadline = time.monotonic() + timeout
     prefix = f"{_PREFIX}/{key}"
+    # a client library may swallow a cancellation (redis-py's Sentinel and
+    # Cluster clients): the task is still cancelling, so raise it again
+    task = asyncio.current_task()
+    baseline = task.cancelling() if task is not None else 0
     while True:
         with await records.snapshot(prefix) as snapshot:
             left = deadline - time.monotonic()
             if lease_id not in snapshot.records or left <= 0:
                 break
             await snapshot.changed(left)
+        if task is not None and task.cancelling() > baseline:
+            await cancelled_again()
     if not await _held(engine, key, lease_id):
         return True
     raise LockTimeoutError(

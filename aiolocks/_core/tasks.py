@@ -23,7 +23,14 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["TaskSet", "gather_keeping_cancel", "running_task", "wait_done", "wait_finished"]
+__all__ = [
+    "TaskSet",
+    "cancelled_again",
+    "gather_keeping_cancel",
+    "running_task",
+    "wait_done",
+    "wait_finished",
+]
 
 T = TypeVar("T")
 
@@ -274,3 +281,19 @@ async def gather_keeping_cancel(
         else:
             results.append(task.result())
     return results
+
+
+async def cancelled_again() -> None:
+    """Raise the cancellation a client library swallowed (the task is still cancelling).
+
+    The swallowed error carried its canceller's message, now lost. anyio's
+    cancel scopes catch only a cancellation with their own message, and they
+    deliver it again on every loop pass while the task is still inside: give
+    them two passes to do so, so that ``move_on_after`` around an acquire ends
+    the scope instead of cancelling the whole task. A plain ``Task.cancel()``
+    is not delivered again: a message-less error stands in for it (asyncio's
+    timeouts count cancellations, not messages).
+    """
+    for _ in range(2):
+        await asyncio.sleep(0)
+    raise asyncio.CancelledError()
