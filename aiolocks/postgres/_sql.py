@@ -247,6 +247,18 @@ class TableNames:
         return self._qualified("lease_acquire_v2")
 
     @property
+    def records(self) -> str:
+        """The record table under the coordination recipes, quoted (see :mod:`._records`)."""
+        return self._qualified("records")
+
+    @property
+    def records_channel(self) -> str:
+        """The ``NOTIFY`` channel of record writes (a plain identifier; payload: the prefix)."""
+        if self.schema is None:
+            return f"{self.prefix}_records"
+        return f"{self.schema}_{self.prefix}_records"
+
+    @property
     def channel(self) -> str:
         """The ``NOTIFY`` channel of lease releases (a plain identifier)."""
         if self.schema is None:
