@@ -282,8 +282,8 @@ def _ttl(ttl: float | None) -> float | None:
 def _version(version: int | None, *, required: bool) -> int | None:
     if version is None and not required:
         return None
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise ValueError(f"a record version is an int, got {version!r}")
+    if isinstance(version, bool) or not isinstance(version, int) or not -(2**63) <= version < 2**63:
+        raise ValueError(f"a record version is a 64-bit int, got {version!r}")
     return version
 
 
@@ -783,18 +783,24 @@ class PostgresRecords:
 
     # -- statements ----------------------------------------------------------------
 
-    async def _write(
-        self, key: str, args: tuple[Any, ...], *, place: object = None
-    ) -> list[Any]:
+    async def _write(self, key: str, args: tuple[Any, ...], *, place: object = None) -> list[Any]:
         """A create or join with a minted tag; a lost answer leaves a cleanup behind it."""
         tag = secrets.token_hex(8)
         self._cleanups[tag] = key  # before sending: a cleanup that cannot run now runs at close
+        sent = False
 
         def failed(where: object) -> None:
+            nonlocal sent
+            sent = True
             if not self._link.spawn(self._drop(where, key, tag), "aiolocks-pg-record-cleanup"):
                 logger.debug("record cleanup of %r deferred to close", key)
 
-        rows = await self._link.run(self._q.create, (*args, tag), place=place, failed=failed)
+        try:
+            rows = await self._link.run(self._q.create, (*args, tag), place=place, failed=failed)
+        except BaseException:
+            if not sent:
+                self._cleanups.pop(tag, None)  # never sent (no connection yet): nothing to undo
+            raise
         self._cleanups.pop(tag, None)
         return rows
 
