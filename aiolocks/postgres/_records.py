@@ -10,10 +10,11 @@ every write, so two writes of a key never share a version, even across a
 delete and re-create), ``expires_at`` (server time, ``NULL``: no expiry),
 ``session`` and ``owner`` (ephemeral records, below) and ``tag`` (an id the
 writer mints before it sends a create, to find the row again if the answer
-is lost). It is created on the first use of the store (not when a backend
-opens: lock users need no new table), like the lock tables: behind the
-setup advisory lock, or :class:`PostgresSetupError` with the DDL when the
-role may not create it or ``create_tables=false``.
+is lost). It is created with the lock tables (:func:`._sql.ddl`) and, where
+those exist already (an upgrade), on the first use of the store (a backend
+that only takes locks never needs it): behind the setup advisory lock, or
+:class:`PostgresSetupError` with the DDL when the role may not create it or
+``create_tables=false``.
 
 **Liveness, by the server only.** A row is live when ``expires_at`` is
 ``NULL`` or after ``clock_timestamp()`` (never the client's clock), and,
@@ -77,13 +78,13 @@ from .._core.errors import AccessDeniedError, BackendUnavailableError, LockError
 from .._core.records import CHILD, Entry, Record, Snapshot
 from .._core.tasks import wait_done
 from ._errors import REFUSED, TRANSIENT, denied
-from ._sql import PostgresSetupError, TableNames, advisory_key
+from ._sql import PostgresSetupError, TableNames, advisory_key, records_ddl
 
 if TYPE_CHECKING:
     from ._driver import PostgresAdvisoryDriver, _Session
     from ._lease import PostgresLeaseDriver
 
-__all__ = ["PostgresRecords", "RecordQueries", "records_ddl"]
+__all__ = ["AdvisoryLink", "LeaseLink", "PostgresRecords", "RecordQueries"]
 
 logger = logging.getLogger("aiolocks.postgres")
 
@@ -101,27 +102,6 @@ MAX_KEY_BYTES = 4000
 
 
 # --------------------------------------------------------------------------- SQL
-
-
-def records_ddl(names: TableNames) -> str:
-    """The record table and its indexes (``CREATE … IF NOT EXISTS``)."""
-    table = names.records
-    index = f'"{names.prefix}_records_parent"'
-    owners = f'"{names.prefix}_records_owner"'
-    return f"""\
-CREATE TABLE IF NOT EXISTS {table} (
-    key        text        PRIMARY KEY,  -- "<prefix>/<child>"
-    parent     text        NOT NULL,     -- "<prefix>"
-    value      bytea       NOT NULL,
-    version    bigint      NOT NULL,     -- nextval of the fencing sequence, every write
-    expires_at timestamptz,              -- server time; NULL: no expiry
-    session    bigint,                   -- mode=advisory ephemeral: the owner session's lock key
-    owner      text,                     -- ephemeral: the writing backend's id
-    tag        text        NOT NULL      -- minted by the writer (cleanup of a cancelled write)
-);
-CREATE INDEX IF NOT EXISTS {index} ON {table} (parent);
-CREATE INDEX IF NOT EXISTS {owners} ON {table} (owner) WHERE owner IS NOT NULL;
-"""
 
 
 #: the advisory lock keys held by any session of this database
