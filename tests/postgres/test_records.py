@@ -22,7 +22,7 @@ from aiolocks._core.records import Entry, Records, SupportsRecords
 from aiolocks.postgres import PostgresSetupError
 from aiolocks.postgres._driver import PostgresAdvisoryDriver
 from aiolocks.postgres._records import PostgresRecords
-from aiolocks.testing import PostgresServer
+from aiolocks.testing import PostgresServer, TcpProxy
 
 from ..polling import eventually, settle
 from .conftest import Connect
@@ -182,6 +182,47 @@ async def test_a_lease_ephemeral_record_outlives_its_lease_time_only_by_renewals
         assert not entry.lost
         record = await store.read(entry.key)
         assert record is not None and record.ephemeral and record.ttl is None
+
+
+@pytest.mark.parametrize("mode", ["advisory", "lease"])
+async def test_a_stalled_link_loses_the_entries(
+    postgres_server: PostgresServer, prefix: str, mode: str
+) -> None:
+    """No answer (a partition): advisory gives up on the session, lease stops renewing."""
+    watcher_url = _url(postgres_server, mode)
+    async with (
+        TcpProxy(postgres_server.host, postgres_server.port) as proxy,
+        aiolocks.connect(watcher_url) as watcher,
+    ):
+        url = (
+            f"postgresql://{postgres_server.user}@{proxy.host}:{proxy.port}/"
+            f"{postgres_server.database}?{OPTIONS[mode]}"
+        )
+        async with aiolocks.connect(url) as member:
+            await member.open()
+            await watcher.open()
+            entry = await _store(member).join(f"{prefix}/m", b"m")
+            assert entry is not None
+            assert await _store(watcher).read(entry.key) is not None
+            lost = _loss(entry)
+            proxy.stall()
+            reason = await asyncio.wait_for(lost, GUARD)
+            assert ("session" in reason) if mode == "advisory" else ("renewed" in reason)
+            if mode == "lease":
+                # the server lets the unrenewed row go by its own clock
+                await eventually(
+                    lambda: _absent(_store(watcher), entry.key), GUARD, what="the row to expire"
+                )
+            proxy.heal()
+        # advisory: the server ends the session once the link is back (or its
+        # keep-alives give up): the row goes with it
+        await eventually(
+            lambda: _absent(_store(watcher), entry.key), GUARD, what="the record to go"
+        )
+
+
+async def _absent(store: Records, key: str) -> bool:
+    return await store.read(key) is None
 
 
 # --------------------------------------------------------------------------- server time
