@@ -314,6 +314,10 @@ class _Link(Protocol):
         ...
 
 
+class _NotSent(BackendUnavailableError):
+    """A statement found its session ended before it was sent (it may go again)."""
+
+
 def _spawn(owned: Any, coro: Coroutine[Any, Any, None], name: str) -> bool:
     if owned is None:
         coro.close()
@@ -350,25 +354,53 @@ class AdvisoryLink:
         failed: Callable[[object], None] | None = None,
         script: bool = False,
     ) -> list[Any]:
-        """One statement on the primary session (or on ``place``, a session)."""
-        driver = self._driver
-        session = cast("_Session", place) if place is not None else await driver._get_primary()
-        if not session.alive:
-            raise BackendUnavailableError(
-                f"PostgreSQL {driver._describe}: the session (pid {session.pid}) ended"
+        """One statement on the primary session (or on ``place``, a session).
+
+        On the primary, a statement that found its session already ended by
+        the server (the connection closed, or asyncpg refusing to start it:
+        the session's last message was the server's FATAL) was never sent:
+        it goes once more, on a new primary session.
+        """
+        if place is not None:
+            return await self._statement(
+                cast("_Session", place), query, args, timeout, failed, script
             )
+        session = await self._driver._get_primary()
+        try:
+            return await self._statement(session, query, args, timeout, failed, script)
+        except _NotSent:
+            return await self._statement(
+                await self._driver._get_primary(), query, args, timeout, failed, script
+            )
+
+    async def _statement(
+        self,
+        session: _Session,
+        query: str,
+        args: tuple[Any, ...],
+        timeout: float | None,
+        failed: Callable[[object], None] | None,
+        script: bool,
+    ) -> list[Any]:
+        driver = self._driver
+        if not session.alive or session.conn.is_closed():
+            driver._session_ended(session, "its connection was closed")
+            raise _NotSent(f"PostgreSQL {driver._describe}: the session (pid {session.pid}) ended")
         try:
             if script:
                 async with session.io:
                     await session.conn.execute(query, timeout=timeout)
                 return []
             return await session.fetch(query, *args, timeout=timeout)
+        except asyncpg.exceptions.InternalClientError as exc:
+            # refused before anything was sent: the session is done (its loss path)
+            driver._session_ended(session, f"record statement refused: {exc!r}")
+            raise _NotSent(f"PostgreSQL {driver._describe}: records failed: {exc!r}") from exc
         except BaseException as exc:
             if failed is not None:
                 failed(session)
             if isinstance(exc, _BROKEN) and (
-                session.conn.is_closed()
-                or isinstance(exc, asyncpg.exceptions.InternalClientError | TimeoutError)
+                session.conn.is_closed() or isinstance(exc, TimeoutError)
             ):
                 # gone or stalled: the driver's loss path (holds and entries lost)
                 driver._session_ended(session, f"record statement failed: {exc!r}")
@@ -914,14 +946,20 @@ class PostgresRecords:
         if not self._joined and not self._cleanups:
             return
         keys, tags = list(self._cleanups.values()), list(self._cleanups)
-        try:
-            await self._link.run(
-                self._q.leave, (self._link.owner, keys, tags), timeout=self._link.keep_interval + 1
-            )
-        except LockError as exc:
-            logger.warning("could not delete this backend's records at close: %r", exc)
-        else:
-            self._cleanups.clear()
+        args = (self._link.owner, keys, tags)
+        # Twice at most: a session that ended under the first try takes its
+        # session-tied rows with it, but not persistent rows of lost answers
+        # (nor lease rows), which a new session deletes.
+        for attempt in (1, 2):
+            try:
+                await self._link.run(self._q.leave, args, timeout=self._link.keep_interval + 1)
+            except LockError as exc:
+                if attempt == 2 or not (keys or self._link.ephemeral_ttl is not None):
+                    logger.warning("could not delete this backend's records at close: %r", exc)
+                    return
+            else:
+                self._cleanups.clear()
+                return
 
 
 def _record(row: Any) -> Record:

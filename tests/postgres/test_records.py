@@ -137,6 +137,38 @@ async def test_a_terminated_session_loses_its_entries_and_others_see_them_go(
     assert await _rows(admin, "parent = $1", prefix) == 0
 
 
+async def test_a_call_right_after_the_session_was_ended_goes_to_a_new_one(
+    postgres_server: PostgresServer, admin: asyncpg.Connection, prefix: str
+) -> None:
+    """The server ended the primary session; the client may not have read that yet.
+
+    The next call must not fail for it (nothing was sent on the dead session)
+    and a backend closing then still deletes its records.
+    """
+    url = _url(postgres_server, "advisory")
+    for round_ in range(8):
+        async with aiolocks.connect(url) as backend:
+            await backend.open()
+            store = _store(backend)
+            assert await store.create(f"{prefix}/r{round_}", b"x") is not None
+            primary = cast(PostgresAdvisoryDriver, backend._driver)._primary
+            assert primary is not None
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", primary.pid)
+            await eventually(
+                lambda pid=primary.pid: _session_gone(admin, pid),  # type: ignore[misc]
+                GUARD,
+                what="the server to end the session",
+            )
+            record = await store.read(f"{prefix}/r{round_}")
+            assert record is not None and record.value == b"x"
+            assert await store.delete(f"{prefix}/r{round_}")
+    assert await _rows(admin, "parent = $1", prefix) == 0
+
+
+async def _session_gone(admin: asyncpg.Connection, pid: int) -> bool:
+    return not await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
+
+
 @pytest.mark.parametrize("mode", ["advisory", "lease"])
 async def test_a_row_deleted_behind_its_back_is_lost(
     postgres_server: PostgresServer, admin: asyncpg.Connection, prefix: str, mode: str
