@@ -19,10 +19,10 @@ import pytest_asyncio
 
 import aiolocks
 from aiolocks._core.records import Entry, Records, SupportsRecords
-from aiolocks.postgres import PostgresSetupError
+from aiolocks.postgres import PostgresBackend, PostgresSetupError
 from aiolocks.postgres._driver import PostgresAdvisoryDriver
 from aiolocks.postgres._records import PostgresRecords
-from aiolocks.testing import PostgresServer, TcpProxy
+from aiolocks.testing import PgBouncer, PostgresServer, TcpProxy
 
 from ..polling import eventually, settle
 from .conftest import Connect
@@ -255,6 +255,51 @@ async def test_a_stalled_link_loses_the_entries(
 
 async def _absent(store: Records, key: str) -> bool:
     return await store.read(key) is None
+
+
+@pytest.mark.parametrize("listen", [True, False], ids=["listen_url", "no-listener"])
+async def test_lease_records_work_through_a_transaction_pooler(
+    postgres_server: PostgresServer,
+    pgbouncer: PgBouncer,
+    admin: asyncpg.Connection,
+    prefix: str,
+    listen: bool,
+) -> None:
+    """Every statement through pgbouncer; without a direct listener, snapshots re-read."""
+    pooled = f"{pgbouncer.url}?mode=lease&lease_time=2&sslmode=disable"
+    direct = f"{postgres_server.url}?sslmode=disable" if listen else None
+    async with (
+        PostgresBackend(pooled, listen_url=direct) as backend,
+        aiolocks.connect(_url(postgres_server, "lease")) as other,
+    ):
+        await backend.open()
+        await other.open()
+        store, theirs = _store(backend), _store(other)
+        entry = await store.join(f"{prefix}/m", b"m")
+        assert entry is not None
+        with await store.snapshot(prefix) as snap:
+            assert sorted(snap.records) == ["m"]
+            waiter = asyncio.ensure_future(snap.changed(None))
+            assert await theirs.create(f"{prefix}/p", b"p") is not None
+            await asyncio.wait_for(waiter, GUARD)  # a NOTIFY, or (no listener) a re-read
+        record = await theirs.read(entry.key)
+        assert record is not None and record.ephemeral
+        # renewed through the pooler
+        first = await admin.fetchval(
+            "SELECT expires_at FROM aiolocks_records WHERE key = $1", entry.key
+        )
+
+        async def renewed() -> bool:
+            now = await admin.fetchval(
+                "SELECT expires_at FROM aiolocks_records WHERE key = $1", entry.key
+            )
+            return bool(now is not None and now > first)
+
+        await eventually(renewed, GUARD, what="a renewal through the pooler")
+        assert not entry.lost
+        assert await theirs.delete(f"{prefix}/p")
+    assert await _no_row(admin, entry.key), "the backend's close did not delete its record"
+    assert not entry.lost
 
 
 # --------------------------------------------------------------------------- server time
