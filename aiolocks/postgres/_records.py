@@ -365,13 +365,22 @@ class AdvisoryLink:
             return await self._statement(
                 cast("_Session", place), query, args, timeout, failed, script
             )
-        session = await self._driver._get_primary()
+        session = await self._primary()
         try:
             return await self._statement(session, query, args, timeout, failed, script)
         except _NotSent:
             return await self._statement(
                 await self._driver._get_primary(), query, args, timeout, failed, script
             )
+
+    async def _primary(self) -> _Session:
+        """The primary session; one the server ended (its callback not run yet) is replaced."""
+        driver = self._driver
+        session = await driver._get_primary()
+        if session.conn.is_closed():
+            driver._session_ended(session, "its connection was closed")
+            session = await driver._get_primary()
+        return session
 
     async def _statement(
         self,
@@ -416,7 +425,7 @@ class AdvisoryLink:
 
     async def listen(self, channel: str, callback: Callable[..., None]) -> bool:
         """``LISTEN`` on the primary session (again on each new one)."""
-        session = await self._driver._get_primary()
+        session = await self._primary()
         if self._listen_session is not session:
             try:
                 async with session.io:
@@ -431,7 +440,7 @@ class AdvisoryLink:
 
     async def join_place(self) -> tuple[int | None, object]:
         """The primary session, holding the advisory lock of our session key."""
-        session = await self._driver._get_primary()
+        session = await self._primary()
         if self._key_session is session and session.alive:
             return self._key, session
         if self._minted is None or self._minted[0] is not session:
