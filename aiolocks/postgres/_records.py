@@ -32,9 +32,13 @@ its version, so a row written meanwhile is never taken).
   row is live exactly as long as that session is: when the process dies or
   the connection drops, the server ends the session, the lock goes and every
   reader finds the row absent at once. The driver marks the entries lost
-  on its existing loss path (the session's termination listener, the
-  heartbeat that gives up on a stalled session); a check every
-  ``heartbeat / 2`` s also finds a row deleted behind our back (lost).
+  on its existing loss path (``_session_ended``: the session's termination
+  listener, a failed statement). A check every ``heartbeat / 2`` s, like
+  the lock heartbeat, finds a row deleted behind our back (lost) and gives
+  up on a session that does not answer within ``heartbeat / 2 + 1`` s
+  (closed: its holds and entries lost). A statement that finds the primary
+  session already ended by the server (before anything was sent) goes
+  once more on a new one.
 * ``mode=lease``: the row expires ``lease_time`` after its last renewal;
   the driver renews every ephemeral row of its own in one statement every
   third of ``lease_time``. A row missing at a renewal is lost; when no

@@ -214,6 +214,12 @@ async def test_a_lease_ephemeral_record_outlives_its_lease_time_only_by_renewals
         assert not entry.lost
         record = await store.read(entry.key)
         assert record is not None and record.ephemeral and record.ttl is None
+        with pytest.raises(ValueError, match="ephemeral"):
+            await store.update(entry.key, b"y", version=entry.version, ttl=5)
+        newer = await store.update(entry.key, b"y", version=entry.version)
+        assert newer is not None
+        record = await store.read(entry.key)
+        assert record is not None and record.ephemeral and record.value == b"y"
 
 
 @pytest.mark.parametrize("mode", ["advisory", "lease"])
