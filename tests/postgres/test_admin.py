@@ -132,7 +132,6 @@ async def test_a_lock_held_outside_aiolocks_is_listed_by_its_key(
             raw.terminate()
         assert await backend.list_locks(name) == []
 
-
 async def test_fencing_names_parse() -> None:
     assert parse_fencing_name("mutex/a/b") is not None
     assert parse_fencing_name("bogus/a") is None
