@@ -118,6 +118,7 @@ from ._state import ConnectionState, StateBroadcaster
 
 if TYPE_CHECKING:
     from ._admin import PostgresAdvisoryAdmin
+    from ._records import PostgresRecords
 
 __all__ = ["DEFAULT_MAX_SESSIONS", "PostgresAdvisoryDriver", "PostgresPoolerError"]
 
@@ -441,6 +442,8 @@ class PostgresAdvisoryDriver:
         self._entry_asks: dict[tuple[int, str], asyncio.Future[list[_Entry]]] = {}
         #: (pid, fencing name) -> the parts of that answer received so far
         self._entry_parts: dict[tuple[int, str], dict[int, list[_Entry]]] = {}
+        #: the record store (:meth:`records`), made on first use
+        self._records: PostgresRecords | None = None
 
     # -- identity ---------------------------------------------------------
 
@@ -451,6 +454,14 @@ class PostgresAdvisoryDriver:
     def lock_options(self, family: Family, options: Mapping[str, object]) -> Mapping[str, object]:
         """Accept the portable ``fair``/``lease_time``/``watchdog`` (no effect here)."""
         return check_portable_options(family, options, self._describe)
+
+    def records(self) -> PostgresRecords:
+        """The record store under the coordination recipes (one per driver; no I/O)."""
+        if self._records is None:
+            from ._records import AdvisoryLink, PostgresRecords
+
+            self._records = PostgresRecords(AdvisoryLink(self), self._tables)
+        return self._records
 
     @property
     def channel(self) -> str:
@@ -551,6 +562,8 @@ class PostgresAdvisoryDriver:
         # open one would keep its session and locks) and, when it was borrowed,
         # hand it back so that the user's pool does not shrink for good
         # (both steps are idempotent; the callers that drop it too are fine).
+        if self._records is not None:
+            self._records.session_ended(session, why)  # its ephemeral records went too
         session.conn.terminate()
         if self._release_connection is not None and self._owned is not None:
             self._owned.spawn(
@@ -710,7 +723,12 @@ class PostgresAdvisoryDriver:
             self._ensure_heartbeat()
 
     async def close(self) -> None:
-        """Stop the heartbeat and close every session (the server drops what they held)."""
+        """Stop the heartbeat and close every session (the server drops what they held).
+
+        This backend's ephemeral records are deleted first (an orderly leave).
+        """
+        if self._records is not None and not self._closed:
+            await self._records.close()
         self._closed = True
         timer, self._beat_timer = self._beat_timer, None
         if timer is not None:

@@ -57,6 +57,7 @@ from ._state import ConnectionState, StateBroadcaster
 
 if TYPE_CHECKING:
     from ._admin import PostgresLeaseAdmin
+    from ._records import PostgresRecords
 
 __all__ = ["PostgresLeaseDriver", "pool_options"]
 
@@ -200,6 +201,8 @@ class PostgresLeaseDriver:
         self._closed = False
         #: the connection state (see :mod:`._state`): the statement pool's health
         self.states = StateBroadcaster()
+        #: the record store (:meth:`records`), made on first use
+        self._records: PostgresRecords | None = None
 
     def describe(self) -> str:
         """``postgresql://host:port/db`` without credentials."""
@@ -258,8 +261,21 @@ class PostgresLeaseDriver:
                 listener.terminate()
         self.states.connected()
 
+    def records(self) -> PostgresRecords:
+        """The record store under the coordination recipes (one per driver; no I/O)."""
+        if self._records is None:
+            from ._records import LeaseLink, PostgresRecords
+
+            self._records = PostgresRecords(LeaseLink(self), self._tables)
+        return self._records
+
     async def close(self) -> None:
-        """Close the listener and the pool (rows of released holds are gone already)."""
+        """Close the listener and the pool (rows of released holds are gone already).
+
+        This backend's ephemeral records are deleted first (an orderly leave).
+        """
+        if self._records is not None and not self._closed:
+            await self._records.close()
         self._closed = True
         self.states.close()
         listener, self._listener = self._listener, None

@@ -45,7 +45,8 @@ touch a newer hold. Release sends ``NOTIFY`` on :attr:`TableNames.channel`
 with the name, in the same statement, for waiters that can ``LISTEN``.
 
 **Bootstrap.** :func:`ensure_schema` looks the tables and the function up
-first and runs the DDL only when something is missing, serialized by a
+first and runs the DDL (with the record table's, :func:`records_ddl`) only
+when something is missing, serialized by a
 transaction-level advisory lock so that two processes starting together do
 not trip over each other; a role that may not create them gets
 :class:`PostgresSetupError` whose message is the DDL to run.
@@ -90,6 +91,7 @@ __all__ = [
     "key_text",
     "lost_keys",
     "probe_session",
+    "records_ddl",
     "slot_keys",
     "split_key",
 ]
@@ -247,6 +249,18 @@ class TableNames:
         return self._qualified("lease_acquire_v2")
 
     @property
+    def records(self) -> str:
+        """The record table under the coordination recipes, quoted (see :mod:`._records`)."""
+        return self._qualified("records")
+
+    @property
+    def records_channel(self) -> str:
+        """The ``NOTIFY`` channel of record writes (a plain identifier; payload: the prefix)."""
+        if self.schema is None:
+            return f"{self.prefix}_records"
+        return f"{self.schema}_{self.prefix}_records"
+
+    @property
     def channel(self) -> str:
         """The ``NOTIFY`` channel of lease releases (a plain identifier)."""
         if self.schema is None:
@@ -278,10 +292,40 @@ class TableNames:
 def ddl(names: TableNames) -> str:
     """The statements that create the fencing table and sequence, the lease table and its function.
 
+    And the record table (:func:`records_ddl`), which :func:`ensure_schema`
+    does not look for: where only it is missing (an upgrade), the record
+    store creates it on first use, so lock users need nothing new.
+
     The sequence starts above the largest epoch already in the fencing table
     (created only when missing, so a running sequence is never set back).
     """
-    return _tables_ddl(names) + _sequence_ddl(names) + _acquire_function_ddl(names)
+    return (
+        _tables_ddl(names)
+        + _sequence_ddl(names)
+        + _acquire_function_ddl(names)
+        + records_ddl(names)
+    )
+
+
+def records_ddl(names: TableNames) -> str:
+    """The record table and its indexes (``CREATE … IF NOT EXISTS``)."""
+    table = names.records
+    index = f'"{names.prefix}_records_parent"'
+    owners = f'"{names.prefix}_records_owner"'
+    return f"""\
+CREATE TABLE IF NOT EXISTS {table} (
+    key        text        PRIMARY KEY,  -- "<prefix>/<child>"
+    parent     text        NOT NULL,     -- "<prefix>"
+    value      bytea       NOT NULL,
+    version    bigint      NOT NULL,     -- nextval of the fencing sequence, every write
+    expires_at timestamptz,              -- server time; NULL: no expiry
+    session    bigint,                   -- mode=advisory ephemeral: the owner session's lock key
+    owner      text,                     -- ephemeral: the writing backend's id
+    tag        text        NOT NULL      -- minted by the writer (cleanup of a cancelled write)
+);
+CREATE INDEX IF NOT EXISTS {index} ON {table} (parent);
+CREATE INDEX IF NOT EXISTS {owners} ON {table} (owner) WHERE owner IS NOT NULL;
+"""
 
 
 def _tables_ddl(names: TableNames) -> str:

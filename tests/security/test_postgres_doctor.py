@@ -31,7 +31,7 @@ async def test_open_server_findings(postgres_server: PostgresServer, mode: str) 
     admin = await asyncpg.connect(postgres_server.url)
     try:
         await admin.execute(
-            f"DROP TABLE IF EXISTS {prefix}_fencing, {prefix}_leases CASCADE;"
+            f"DROP TABLE IF EXISTS {prefix}_fencing, {prefix}_leases, {prefix}_records CASCADE;"
             f"DROP SEQUENCE IF EXISTS {prefix}_fencing_seq;"
             f"DROP FUNCTION IF EXISTS {prefix}_lease_acquire_v2;"
         )
@@ -93,7 +93,7 @@ async def test_locked_down_server_has_no_such_findings(
     finally:
         await admin.execute(
             f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}';"
-            f"DROP TABLE IF EXISTS {prefix}_fencing, {prefix}_leases CASCADE;"
+            f"DROP TABLE IF EXISTS {prefix}_fencing, {prefix}_leases, {prefix}_records CASCADE;"
             f"DROP SEQUENCE IF EXISTS {prefix}_fencing_seq;"
             f"DROP FUNCTION IF EXISTS {prefix}_lease_acquire_v2;"
             f"DROP OWNED BY {role}; DROP ROLE {role};"

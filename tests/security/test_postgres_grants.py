@@ -39,7 +39,7 @@ async def locker(postgres_server: PostgresServer) -> AsyncIterator[tuple[str, st
         yield role, prefix
     finally:
         await admin.execute(
-            f"DROP TABLE IF EXISTS {prefix}_fencing, {prefix}_leases CASCADE;"
+            f"DROP TABLE IF EXISTS {prefix}_fencing, {prefix}_leases, {prefix}_records CASCADE;"
             f"DROP SEQUENCE IF EXISTS {prefix}_fencing_seq;"
             f"DROP FUNCTION IF EXISTS {prefix}_lease_acquire_v2;"
             f"DROP OWNED BY {role}; DROP ROLE {role};"
