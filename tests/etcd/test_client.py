@@ -426,6 +426,34 @@ async def test_closed_client_refuses_requests(etcd: EtcdServer) -> None:
         await client.get("k")
 
 
+def _grpc_status_waiters() -> list[asyncio.Task[object]]:
+    """grpc.aio's per-stream tasks still waiting for gRPC core to report the call's end."""
+    name = "_AioCall._handle_status_once_received"
+    return [
+        task
+        for task in asyncio.all_tasks()
+        if not task.done() and getattr(task.get_coro(), "__qualname__", "") == name
+    ]
+
+
+@pytest.mark.asyncio
+async def test_close_leaves_no_grpc_report_for_after_the_loop(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    # A report still due when the loop closes goes to the next loop, which
+    # fails with "Event loop is closed": close() waits for every stream's end.
+    client = EtcdClient(list(etcd.endpoints))
+    await client.connect()
+    keeper = client.keep_alive(await client.lease_grant(30))
+    watch = await client.watch(prefix, prefix=True)
+    await client.put(prefix + "k", "v")
+    assert (await _next(watch)).events
+    assert keeper.expired is False
+    assert _grpc_status_waiters(), "the streams are open: grpc waits for their ends"
+    await client.close()
+    assert _grpc_status_waiters() == []
+
+
 @pytest.mark.asyncio
 async def test_servers_start_from_the_main_thread_while_grpc_is_busy(
     client: EtcdClient, prefix: str
