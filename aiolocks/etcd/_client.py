@@ -960,8 +960,8 @@ def _status_waiters() -> set[asyncio.Task[Any]]:
     }
 
 
-async def _settle(waiters: set[asyncio.Task[Any]], count: int) -> None:
-    """Wait until ``count`` of ``waiters`` have ended (at most :data:`_CLOSE_SETTLE_SECONDS`).
+async def _settle(waiters: set[asyncio.Task[Any]], count: int, deadline: float) -> None:
+    """Wait until ``count`` of ``waiters`` have ended (at most until loop time ``deadline``).
 
     gRPC core reports the end of a cancelled call through grpc.aio's one
     poller per process, which hands it to the loop that started the call:
@@ -972,12 +972,29 @@ async def _settle(waiters: set[asyncio.Task[Any]], count: int) -> None:
     pending = {task for task in waiters if not task.done()}
     ended = len(waiters) - len(pending)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + _CLOSE_SETTLE_SECONDS
     while pending and ended < count and (remaining := deadline - loop.time()) > 0:
         done, pending = await asyncio.wait(
             pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
         )
         ended += len(done)
+
+
+async def _answered(calls: Sequence[Any], deadline: float) -> None:
+    """Wait until every one of the unary ``calls`` is done (at most until ``deadline``).
+
+    A request cancelled under way leaves gRPC core's report of it to arrive
+    later, with nothing to wait for it; one that gets its answer does not.
+    """
+    loop = asyncio.get_running_loop()
+    waiters: list[asyncio.Future[None]] = []
+    for call in calls:
+        if not call.done():
+            waiter: asyncio.Future[None] = loop.create_future()
+            call.add_done_callback(lambda _call, w=waiter: w.done() or w.set_result(None))
+            waiters.append(waiter)
+    remaining = deadline - loop.time()
+    if waiters and remaining > 0:
+        await asyncio.wait(waiters, timeout=remaining)
 
 
 class EtcdClient:
@@ -1116,15 +1133,18 @@ class EtcdClient:
         )
 
     async def close(self) -> None:
-        """Stop every keep-alive and watch of this client, cancel its requests, close its channels.
+        """Stop every keep-alive and watch of this client, end its requests, close its channels.
 
-        Returns once gRPC has reported the end of the stream calls it
-        cancelled (at most :data:`_CLOSE_SETTLE_SECONDS`), so that no report
-        of this client's calls is left for after the event loop closes.
+        Requests under way get their answers, then what is left is
+        cancelled; returns once gRPC has reported the end of every stream
+        (all within :data:`_CLOSE_SETTLE_SECONDS`), so that no report of
+        this client's calls is left for after the event loop closes.
         """
         if self._closed:
             return
         self._closed = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _CLOSE_SETTLE_SECONDS
         streams = sum(isinstance(call, grpc.aio.StreamStreamCall) for call in self._calls)
         waiters = _status_waiters() if streams else set()
         for stream in list(self._streams):
@@ -1132,12 +1152,13 @@ class EtcdClient:
         if self._hub is not None:
             await self._hub.aclose()
         calls, self._calls = list(self._calls), set()
+        await _answered(calls, deadline)
         for call in calls:
             call.cancel()
         stubs, self._stubs = list(self._stubs.values()), {}
         for item in stubs:
             await item.channel.close(grace=None)
-        await _settle(waiters, streams)
+        await _settle(waiters, streams, deadline)
 
     async def __aenter__(self) -> Self:
         await self.connect()
