@@ -30,6 +30,8 @@ from aiolocks.etcd._client import (
 )
 from aiolocks.testing import EtcdServer, etcd_flavors
 
+from ..polling import eventually
+
 pytestmark = pytest.mark.etcd
 
 #: generous bound for "this must happen" waits on a loaded machine (never a speed check)
@@ -292,9 +294,7 @@ async def test_keep_alive_keeps_the_lease_and_moves_the_deadline(
         assert first_deadline >= lease.granted_at + lease.ttl
         # Seven answered refreshes at TTL/3 span more than two TTLs: without
         # them the lease would have expired several times over.
-        async with asyncio.timeout(PATIENCE):
-            while keeper.refreshes < 7:
-                await asyncio.sleep(0.1)
+        await eventually(lambda: keeper.refreshes >= 7, PATIENCE, what="7 refreshes", interval=0.1)
         assert keeper.deadline > first_deadline
         assert keeper.remaining() > 0
         assert not keeper.expired and not expired

@@ -28,6 +28,7 @@ from aiolocks.etcd._client import EtcdClient, RangeOp
 from aiolocks.testing import EtcdCluster, EtcdFlavor, EtcdServer, ServerNotInstalledError
 from aiolocks.testing.tls import TlsFiles, make_tls_files
 
+from ..polling import eventually
 from ..refusals import assert_acquire_refused
 from .conftest import _params
 
@@ -102,9 +103,7 @@ async def _root_delete(server: EtcdServer, key_part: str) -> None:
 
 
 async def _until_lost(lock: aiolocks.Mutex) -> None:
-    async with asyncio.timeout(10):
-        while not lock.is_lost:
-            await asyncio.sleep(0.02)
+    await eventually(lambda: lock.is_lost, what="the hold reported lost", interval=0.02)
 
 
 @pytest.mark.asyncio
@@ -253,16 +252,15 @@ async def test_expired_token_is_renewed_during_a_long_hold(secure_etcd: EtcdServ
         first, second = holder.mutex(f"{name}/a"), holder.mutex(f"{name}/b")
         assert await first.acquire(timeout=10) and await second.acquire(timeout=10)
         wait_a = asyncio.create_task(waiter.mutex(f"{name}/a").acquire(timeout=30))
-        async with asyncio.timeout(10):
-            while waiter.client.watch_streams_opened == 0:
-                await asyncio.sleep(0.02)
+        await eventually(lambda: waiter.client.watch_streams_opened, what="the watch stream")
         tokens = (holder.client.authentications, waiter.client.authentications)
         # Waiting for the server's token TTL to pass is the point of the test.
         await asyncio.sleep(3 * TOKEN_TTL)
         wait_b = asyncio.create_task(waiter.mutex(f"{name}/b").acquire(timeout=30))
-        async with asyncio.timeout(10):  # its watch refused, the stream opened again
-            while waiter.client.watch_streams_opened < 2:
-                await asyncio.sleep(0.02)
+        # its watch refused, the stream opened again
+        await eventually(
+            lambda: waiter.client.watch_streams_opened >= 2, what="the watch stream reopened"
+        )
         assert not wait_b.done()
         await first.release()
         assert await wait_a
