@@ -7,7 +7,20 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["chart", "markdown", "table", "write_json"]
+__all__ = [
+    "HAND_WRITTEN",
+    "chart",
+    "keep_hand_written",
+    "markdown",
+    "table",
+    "write_json",
+    "write_markdown",
+]
+
+#: The line that marks a ``## `` section of docs/benchmarks.md as written by
+#: hand (figures of a run of its own, such as ``python -m benchmarks.tls``):
+#: regenerating the page keeps such a section as it is, where it stood.
+HAND_WRITTEN = "<!-- hand-written: python -m benchmarks keeps this section as it is -->"
 
 
 def _clean(value: Any) -> Any:
@@ -476,6 +489,48 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _sections(text: str) -> list[tuple[str, str]]:
+    """``(heading, text)`` of each ``## `` section; what comes before the first: heading ``""``."""
+    sections: list[tuple[str, str]] = []
+    heading = ""
+    lines: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## "):
+            sections.append((heading, "".join(lines)))
+            heading, lines = line[3:].strip(), []
+        lines.append(line)
+    sections.append((heading, "".join(lines)))
+    return sections
+
+
+def keep_hand_written(generated: str, existing: str) -> str:
+    """``generated`` with the :data:`HAND_WRITTEN` sections of ``existing`` put back.
+
+    Each goes right after the section it followed in ``existing`` (the first
+    one before it that ``generated`` also has), or first after the title when
+    none is left; it replaces a generated section of the same heading.
+    """
+    old = _sections(existing)
+    out = _sections(generated)
+    for index, (heading, body) in enumerate(old):
+        if HAND_WRITTEN not in body:
+            continue
+        out = [(h, b) for h, b in out if h != heading]
+        headings = [h for h, _ in out]
+        before = next((h for h, _ in reversed(old[:index]) if h in headings), "")
+        out.insert(headings.index(before) + 1 if before in headings else 1, (heading, body))
+    text = "".join(body if body.endswith("\n") else body + "\n" for _, body in out[:-1])
+    return text + out[-1][1]
+
+
+def write_markdown(doc: dict[str, Any], path: Path) -> None:
+    """Write :func:`markdown` of ``doc`` to ``path``, keeping its hand-written sections."""
+    generated = markdown(doc)
+    if path.exists():
+        generated = keep_hand_written(generated, path.read_text())
+    path.write_text(generated)
 
 
 def chart(doc: dict[str, Any], path: Path) -> None:

@@ -17,7 +17,8 @@ Method
 
 Outputs: a table on stdout, ``benchmarks/results/latest.json``,
 ``benchmarks/results/latest.png``, and (full runs) ``docs/benchmarks.md``
-and ``docs/benchmarks.png``.
+and ``docs/benchmarks.png``; the sections of ``docs/benchmarks.md`` marked
+hand-written (``_report.HAND_WRITTEN``) are kept as they are.
 """
 
 from __future__ import annotations
@@ -862,7 +863,7 @@ def main(argv: list[str] | None = None) -> int:
             _report.chart(doc, args.out / "latest.png")
         if args.docs is not False:
             shutil.copyfile(args.out / "latest.png", DOCS / "benchmarks.png")
-            (DOCS / "benchmarks.md").write_text(_report.markdown(doc))
+            _report.write_markdown(doc, DOCS / "benchmarks.md")
         return 0
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     plan = PLANS[mode]
@@ -884,6 +885,6 @@ def main(argv: list[str] | None = None) -> int:
         DOCS.mkdir(exist_ok=True)
         if png_path.exists():
             shutil.copyfile(png_path, DOCS / "benchmarks.png")
-        (DOCS / "benchmarks.md").write_text(_report.markdown(doc))
+        _report.write_markdown(doc, DOCS / "benchmarks.md")
     _log(f"wrote {json_path}" + ("" if args.no_chart else f" and {png_path}"))
     return 0

@@ -25,7 +25,7 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,38 +51,30 @@ def _client_query(tls: TlsFiles) -> str:
     return f"ssl_ca_certs={tls.ca_cert}&ssl_certfile={tls.client_cert}&ssl_keyfile={tls.client_key}"
 
 
-@contextlib.contextmanager
-def _redis(tls: TlsFiles) -> Iterator[UrlPair]:
-    with RedisServer(tls=tls) as server:
-        yield UrlPair(
-            f"redis://localhost:{server.port}/0",
-            f"rediss://localhost:{server.tls_port}/0?{_client_query(tls)}",
-        )
-
-
-@contextlib.contextmanager
-def _zookeeper(tls: TlsFiles) -> Iterator[UrlPair]:
-    with ZooKeeperServer(tls=tls) as server:
-        yield UrlPair(
-            f"zk://localhost:{server.port}",
-            f"zk://localhost:{server.tls_port}?tls=true&{_client_query(tls)}",
-        )
-
-
-@contextlib.contextmanager
-def _etcd(tls: TlsFiles) -> Iterator[UrlPair]:
-    with EtcdServer(tls=tls) as server:
-        yield UrlPair(
-            f"etcd://localhost:{server.port}",
-            f"etcds://localhost:{server.tls_port}?{_client_query(tls)}",
-        )
-
-
-_SERVERS: dict[str, Callable[[TlsFiles], contextlib.AbstractContextManager[UrlPair]]] = {
-    "redis": _redis,
-    "zookeeper": _zookeeper,
-    "etcd": _etcd,
+#: per backend: its test server, its plain URL and its TLS URL (``{port}``,
+#: ``{tls_port}``: the server's; ``{client}``: the CA and client certificate)
+_SERVERS: dict[str, tuple[type[RedisServer | ZooKeeperServer | EtcdServer], str, str]] = {
+    "redis": (
+        RedisServer,
+        "redis://localhost:{port}/0",
+        "rediss://localhost:{tls_port}/0?{client}",
+    ),
+    "zookeeper": (
+        ZooKeeperServer,
+        "zk://localhost:{port}",
+        "zk://localhost:{tls_port}?tls=true&{client}",
+    ),
+    "etcd": (EtcdServer, "etcd://localhost:{port}", "etcds://localhost:{tls_port}?{client}"),
 }
+
+
+@contextlib.contextmanager
+def _serve(backend: str, tls: TlsFiles) -> Iterator[UrlPair]:
+    """Start ``backend``'s server with plain text and TLS; its two URLs."""
+    server_class, plain, secure = _SERVERS[backend]
+    with server_class(tls=tls) as server:
+        values = {"port": server.port, "tls_port": server.tls_port, "client": _client_query(tls)}
+        yield UrlPair(plain.format(**values), secure.format(**values))
 
 
 async def _cycles(backend: aiolocks.Backend, cycles: int) -> float:
@@ -159,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in backends:
             row: dict[str, object] = {"backend": name, "rounds": args.rounds, "cycles": args.cycles}
             try:
-                with _SERVERS[name](tls) as urls:
+                with _serve(name, tls) as urls:
                     row.update(asyncio.run(measure(urls, args.rounds, args.cycles)))
             except ServerNotInstalledError as exc:
                 row["skipped"] = str(exc)

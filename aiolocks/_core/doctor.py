@@ -41,6 +41,7 @@ __all__ = [
     "SelfTest",
     "Severity",
     "clock_finding",
+    "no_tls_finding",
     "round_trip_finding",
     "run_doctor",
 ]
@@ -317,6 +318,31 @@ def round_trip_finding(
             "client closer to the server"
         ),
         details={"round_trip_s": round_trip, "timeout_s": timeout, "share": share},
+    )
+
+
+def no_tls_finding(
+    code: str, where: str, *, local: bool, exposed: str, fix: str, details: dict[str, Any]
+) -> Finding:
+    """The ``<backend>-no-tls`` finding: a warning, or info when the traffic stays local.
+
+    :param code: the finding's code (``redis-no-tls``)
+    :param where: the server(s), as the title names them
+    :param local: the traffic stays on this machine (loopback, Unix socket)
+    :param exposed: what a reader of the network sees besides the lock traffic
+    :param fix: how to turn TLS on for this backend
+    :param details: the raw values (JSON-safe)
+    """
+    return Finding(
+        code=code,
+        severity=Severity.INFO if local else Severity.WARNING,
+        title=f"{where}: the connection is not encrypted (no TLS)",
+        breaks=(
+            f"whoever can read the network sees {exposed} and the lock traffic, "
+            "and can take over the connection"
+        ),
+        fix=fix,
+        details=details,
     )
 
 

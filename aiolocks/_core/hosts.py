@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 
-__all__ = ["is_loopback"]
+__all__ = ["all_loopback", "is_loopback"]
 
 
 def is_loopback(host: str) -> bool:
@@ -20,3 +21,8 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def all_loopback(hosts: Sequence[str]) -> bool:
+    """There is at least one host in ``hosts``, and every one is the loopback."""
+    return bool(hosts) and all(is_loopback(host) for host in hosts)

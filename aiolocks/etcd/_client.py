@@ -942,6 +942,61 @@ async def _plain_await(call: Any) -> Any:
     return await call  # done: its answer, or the AioRpcError
 
 
+#: grpc.aio's task that waits, for each stream call, for the call's final
+#: status from gRPC core (grpcio 1.3x to 1.8x); it ends once core has
+#: delivered the call's completions to this loop (see :meth:`EtcdClient.close`).
+#: Only its name is read: under another name nothing is awaited.
+_GRPC_STATUS_WAITER: Final = "_AioCall._handle_status_once_received"
+#: how long close() lets gRPC deliver the completions of the calls it cancelled
+_CLOSE_SETTLE_SECONDS: Final = 1.0
+
+
+def _status_waiters() -> set[asyncio.Task[Any]]:
+    """This loop's pending :data:`_GRPC_STATUS_WAITER` tasks."""
+    return {
+        task
+        for task in asyncio.all_tasks()
+        if not task.done() and getattr(task.get_coro(), "__qualname__", "") == _GRPC_STATUS_WAITER
+    }
+
+
+async def _settle(waiters: set[asyncio.Task[Any]], count: int, deadline: float) -> None:
+    """Wait until ``count`` of ``waiters`` have ended (at most until loop time ``deadline``).
+
+    gRPC core reports the end of a cancelled call through grpc.aio's one
+    poller per process, which hands it to the loop that started the call:
+    a report that arrives after that loop has closed fails on whichever
+    loop runs next (``RuntimeError: Event loop is closed``). Waiting here
+    for the calls' own status tasks keeps every report on this loop.
+    """
+    pending = {task for task in waiters if not task.done()}
+    ended = len(waiters) - len(pending)
+    loop = asyncio.get_running_loop()
+    while pending and ended < count and (remaining := deadline - loop.time()) > 0:
+        done, pending = await asyncio.wait(
+            pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+        )
+        ended += len(done)
+
+
+async def _answered(calls: Sequence[Any], deadline: float) -> None:
+    """Wait until every one of the unary ``calls`` is done (at most until ``deadline``).
+
+    A request cancelled under way leaves gRPC core's report of it to arrive
+    later, with nothing to wait for it; one that gets its answer does not.
+    """
+    loop = asyncio.get_running_loop()
+    waiters: list[asyncio.Future[None]] = []
+    for call in calls:
+        if not call.done():
+            waiter: asyncio.Future[None] = loop.create_future()
+            call.add_done_callback(lambda _call, w=waiter: w.done() or w.set_result(None))
+            waiters.append(waiter)
+    remaining = deadline - loop.time()
+    if waiters and remaining > 0:
+        await asyncio.wait(waiters, timeout=remaining)
+
+
 class EtcdClient:
     """An asyncio etcd v3 client over several endpoints, with deadlines everywhere.
 
@@ -983,6 +1038,8 @@ class EtcdClient:
         self._current = 0
         self._closed = False
         self._streams: set[LeaseKeepAlive | Watch] = set()
+        #: gRPC calls under way (unary and streams), cancelled by close()
+        self._calls: set[Any] = set()
         self._hub: _WatchHub | None = None
         self._cluster_id = 0
         self._auth = _Auth(username, password)
@@ -1076,17 +1133,32 @@ class EtcdClient:
         )
 
     async def close(self) -> None:
-        """Stop every keep-alive and watch of this client and close its channels."""
+        """Stop every keep-alive and watch of this client, end its requests, close its channels.
+
+        Requests under way get their answers, then what is left is
+        cancelled; returns once gRPC has reported the end of every stream
+        (all within :data:`_CLOSE_SETTLE_SECONDS`), so that no report of
+        this client's calls is left for after the event loop closes.
+        """
         if self._closed:
             return
         self._closed = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _CLOSE_SETTLE_SECONDS
+        streams = sum(isinstance(call, grpc.aio.StreamStreamCall) for call in self._calls)
+        waiters = _status_waiters() if streams else set()
         for stream in list(self._streams):
             await stream.aclose()
         if self._hub is not None:
             await self._hub.aclose()
+        calls, self._calls = list(self._calls), set()
+        await _answered(calls, deadline)
+        for call in calls:
+            call.cancel()
         stubs, self._stubs = list(self._stubs.values()), {}
         for item in stubs:
             await item.channel.close(grace=None)
+        await _settle(waiters, streams, deadline)
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -1174,11 +1246,14 @@ class EtcdClient:
             try:
                 metadata = await self._auth.metadata(stubs, budget)
                 token = self._auth.token  # the one this request carries
-                return await _plain_await(
-                    getattr(getattr(stubs, service), method)(
-                        request, timeout=budget, metadata=metadata
-                    )
+                call = getattr(getattr(stubs, service), method)(
+                    request, timeout=budget, metadata=metadata
                 )
+                self._calls.add(call)
+                try:
+                    return await _plain_await(call)
+                finally:
+                    self._calls.discard(call)
             except grpc.aio.AioRpcError as exc:
                 if self._auth.username and _stale_token(exc) and renewals < 2:
                     # Refused before it was applied: safe to send again with a new token.
@@ -1608,6 +1683,7 @@ class LeaseKeepAlive:
             except BackendUnavailableError:
                 return
             call = stubs.lease.LeaseKeepAlive(metadata=self._client._auth.current())
+            self._client._calls.add(call)
             try:
                 while not self.expired and not self._stopping:
                     sent_at = loop.time()
@@ -1667,6 +1743,7 @@ class LeaseKeepAlive:
                         _log.exception("on_failed callback of lease %x failed", self.lease_id)
             finally:
                 call.cancel()
+                self._client._calls.discard(call)
             # Next endpoint at once the first time, then pause a little
             # (bounded by the deadline: the timer ends the lease then).
             if failures > 1:
@@ -1935,6 +2012,7 @@ class _WatchHub:
             if not await self._authenticate(endpoint, stubs):
                 continue  # no token: the next member, or every watch was refused
             call = stubs.watch.Watch(metadata=client._auth.current())
+            client._calls.add(call)
             self.streams_opened += 1
             outbox: asyncio.Queue[Any] = asyncio.Queue()
             self._call, self._outbox = call, outbox
@@ -2003,6 +2081,7 @@ class _WatchHub:
                 self._call = self._outbox = None
                 writer.cancel()
                 call.cancel()
+                client._calls.discard(call)
                 if read is not None:
                     read.cancel()
             failures += 1

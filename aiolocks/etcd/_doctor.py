@@ -31,9 +31,9 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
-from .._core.doctor import Diagnosis, Finding, Severity
+from .._core.doctor import Diagnosis, Finding, Severity, no_tls_finding
 from .._core.errors import BackendUnavailableError
-from .._core.hosts import is_loopback
+from .._core.hosts import all_loopback
 from ._client import EtcdClient
 
 if TYPE_CHECKING:
@@ -160,15 +160,12 @@ def open_finding(endpoints: Sequence[str], how: str) -> Finding:
 def plaintext_finding(endpoints: Sequence[str]) -> Finding:
     """Warning (info when every endpoint is on the loopback): the connection is not encrypted."""
     hosts = [endpoint.rpartition(":")[0] or endpoint for endpoint in endpoints]
-    loopback = bool(hosts) and all(is_loopback(host) for host in hosts)
-    return Finding(
-        code="etcd-no-tls",
-        severity=Severity.INFO if loopback else Severity.WARNING,
-        title=f"etcd at {', '.join(endpoints)}: the connection is not encrypted (no TLS)",
-        breaks=(
-            "whoever can read the network sees the password, the auth token and the lock "
-            "traffic, and can take over the connection"
-        ),
+    loopback = all_loopback(hosts)
+    return no_tls_finding(
+        "etcd-no-tls",
+        f"etcd at {', '.join(endpoints)}",
+        local=loopback,
+        exposed="the password, the auth token",
         fix="serve TLS on the members' client URLs and connect with etcds://...&ssl_ca_certs=...",
         details={"endpoints": list(endpoints), "loopback": loopback},
     )

@@ -628,6 +628,19 @@ class EtcdDriver:
         else:
             waiting.pop(queue, None)
 
+    def _refused(self, attempt: EtcdAttempt) -> None:
+        """etcd refused a transaction of ``attempt``: it checks a transaction's
+        permissions before applying any of it, so the transaction wrote nothing.
+
+        With no key of the attempt written before, there is nothing to give
+        back (and the clean-up would only be refused the same way). A resend
+        refused after an earlier send went unanswered would need the user's
+        permissions to change between the two: that key lapses with the session.
+        """
+        attempt.unanswered = False
+        if attempt.revision == 0 and not attempt.revisions and attempt.created == 0:
+            attempt.keys = []
+
     async def _start_over(self, attempt: EtcdAttempt) -> None:
         """Drop what is left of the attempt's keys; the next try binds new ones."""
         self._unlist(attempt)
@@ -673,6 +686,9 @@ class EtcdDriver:
                 attempt.unanswered = False
                 self._session_lost(session, "etcd said the lease does not exist")
                 return False
+            except AccessDeniedError:
+                self._refused(attempt)
+                raise
             attempt.unanswered = False
             if result.succeeded:
                 revision = result.revision
@@ -806,6 +822,9 @@ class EtcdDriver:
             attempt.unanswered = False
             self._session_lost(session, "etcd said the lease does not exist")
             return None
+        except AccessDeniedError:
+            self._refused(attempt)
+            raise
         attempt.unanswered = False
         created = result.succeeded and not readonly
         if created:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .._core.doctor import Finding, Severity
+from .._core.doctor import Finding, Severity, no_tls_finding
 from .._core.hosts import is_loopback
 
 __all__ = ["SecurityFacts", "plaintext_finding", "read_security", "superuser_finding"]
@@ -63,14 +63,11 @@ def plaintext_finding(facts: SecurityFacts, *, pooled: bool, label: str) -> Find
     if facts.ssl is not False or pooled:
         return None
     local = facts.local
-    return Finding(
-        code="postgres-no-tls",
-        severity=Severity.INFO if local else Severity.WARNING,
-        title=f"{label}: the connection is not encrypted (no TLS)",
-        breaks=(
-            "whoever can read the network sees the password exchange and the lock traffic, "
-            "and can take over the connection"
-        ),
+    return no_tls_finding(
+        "postgres-no-tls",
+        label,
+        local=local,
+        exposed="the password exchange",
         fix=(
             "serve TLS (ssl = on in postgresql.conf) and connect with sslmode=verify-full "
             "and sslrootcert=..., or require it for the lock role (hostssl in pg_hba.conf)"

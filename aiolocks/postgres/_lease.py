@@ -126,7 +126,7 @@ def _fencing_name(request: Request) -> str:
 
 
 class _LeaseAttempt(Attempt):
-    __slots__ = ("conn", "fence", "grants", "owner", "unanswered", "waiter")
+    __slots__ = ("conn", "fence", "grants", "owner", "refused_unwritten", "unanswered", "waiter")
 
     def __init__(self, request: Request, owner: str) -> None:
         super().__init__(request)
@@ -135,6 +135,9 @@ class _LeaseAttempt(Attempt):
         self.fence = _fencing_name(request)
         self.conn: Any = None
         self.unanswered = False
+        #: the server refused the try's first statement (a privilege): PostgreSQL
+        #: rolled it back, and earlier tries left no rows, so none is ours
+        self.refused_unwritten = False
         self.grants: list[Grant] | None = None
         #: set by the next release NOTIFY of the name (armed before each try)
         self.waiter: asyncio.Future[None] | None = None
@@ -383,6 +386,7 @@ class PostgresLeaseDriver:
                     break
                 rows.append(row)
         except (*_BROKEN, *REFUSED) as exc:
+            a.refused_unwritten = not rows and isinstance(exc, REFUSED)
             raise self._unavailable(exc, "lease acquire") from exc
         self.states.connected()  # the statements went through
         if len(rows) < request.count:
@@ -469,9 +473,10 @@ class PostgresLeaseDriver:
                 # Its session ended: nothing of it still runs, any connection will do.
                 self._return(a.conn)
                 a.conn = None
-            if a.conn is None:
-                a.conn = await self._connection()
-            await self._abandon_rows(a)
+            if not a.refused_unwritten:  # refused: no row of ours to delete
+                if a.conn is None:
+                    a.conn = await self._connection()
+                await self._abandon_rows(a)
         except _BROKEN as exc:
             logger.warning(
                 "could not clean up lease rows of %s (they lapse within %s s): %r",

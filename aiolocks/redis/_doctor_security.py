@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
-from .._core.doctor import Finding, Severity
+from .._core.doctor import Finding, Severity, no_tls_finding
+from .._core.hosts import is_loopback
 
 if TYPE_CHECKING:
     from ._doctor import Server
@@ -27,15 +27,6 @@ __all__ = ["security_findings"]
 
 #: seconds each security check may take
 _TIMEOUT = 5.0
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _connection_facts(client: Any) -> tuple[str | None, bool | None]:
@@ -75,15 +66,12 @@ def open_server_finding(label: str) -> Finding:
 
 def plaintext_finding(label: str, host: str) -> Finding:
     """Warning (info on loopback): the connection is not encrypted."""
-    loopback = _is_loopback(host)
-    return Finding(
-        code="redis-no-tls",
-        severity=Severity.INFO if loopback else Severity.WARNING,
-        title=f"{label}: the connection is not encrypted (no TLS)",
-        breaks=(
-            "whoever can read the network sees the password and the lock traffic, and can "
-            "take over the connection"
-        ),
+    loopback = is_loopback(host)
+    return no_tls_finding(
+        "redis-no-tls",
+        label,
+        local=loopback,
+        exposed="the password",
         fix="serve TLS (tls-port) and connect with rediss:// or ssl=true, ssl_ca_certs=...",
         details={"server": label, "host": host, "loopback": loopback},
     )

@@ -50,7 +50,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError, RedisClusterException, RedisError
+from redis.exceptions import (
+    NoPermissionError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+)
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.backoff import Backoff
@@ -808,6 +814,17 @@ class RedisNode:
             return True
 
 
+def refused_before_running(exc: NoPermissionError) -> bool:
+    """The ACL refused a script's command or key arguments, so none of it ran.
+
+    Redis checks the command (``EVALSHA``) and the keys it is given against
+    the user's ACL before running anything; a command refused inside a
+    running script (which may have written already) says ``script`` instead.
+    """
+    text = str(exc)
+    return "script" not in text and ("keys used as arguments" in text or "to run the" in text)
+
+
 def refused_unrun(exc: BaseException) -> bool:
     """``exc`` says the server refused the script before it wrote anything.
 
@@ -1096,6 +1113,7 @@ class RedisDriver:
         definite "no" proves that no earlier send of this attempt was granted.
         """
         backoff: Backoff | None = None
+        earlier = a.maybe_written  # an earlier try of this attempt may have written
         while True:
             a.maybe_written = True
             a.unanswered = True
@@ -1104,6 +1122,12 @@ class RedisDriver:
             sent = a.sent = time.monotonic()
             try:
                 reply, acked = await self.node.try_acquire(a.keys, a.args)
+            except NoPermissionError as exc:
+                if refused_before_running(exc) and not (earlier or a.send_lost):
+                    # The ACL refused the script itself, and no earlier try
+                    # wrote: there is nothing to give back.
+                    a.maybe_written = a.unanswered = False
+                raise
             except TRANSIENT:
                 # That send may still arrive: the cleanup must leave a tombstone.
                 a.send_lost = True

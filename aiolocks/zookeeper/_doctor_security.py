@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Final
 from aiozk import ACL, protocol
 from aiozk import exc as zk_exc
 
-from .._core.doctor import Finding, Severity
-from .._core.hosts import is_loopback
+from .._core.doctor import Finding, Severity, no_tls_finding
+from .._core.hosts import all_loopback
 
 if TYPE_CHECKING:
     from ._driver import ZooKeeperDriver
@@ -79,15 +79,12 @@ def open_finding(servers: str) -> Finding:
 
 def plaintext_finding(servers: str, hosts: Sequence[str]) -> Finding:
     """Warning (info when every server is on the loopback): the connection is not encrypted."""
-    loopback = bool(hosts) and all(is_loopback(host) for host in hosts)
-    return Finding(
-        code="zookeeper-no-tls",
-        severity=Severity.INFO if loopback else Severity.WARNING,
-        title=f"{servers}: the connection is not encrypted (no TLS)",
-        breaks=(
-            "whoever can read the network sees the credentials and the lock traffic, and "
-            "can take over the connection"
-        ),
+    loopback = all_loopback(hosts)
+    return no_tls_finding(
+        "zookeeper-no-tls",
+        servers,
+        local=loopback,
+        exposed="the credentials",
         fix=(
             "serve TLS (secureClientPort) and connect with ?tls=true&ssl_ca_certs=... "
             "(see docs/security.md)"

@@ -9,7 +9,7 @@ runner (asyncio backend; aiozk and redis.asyncio are asyncio-only).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -25,42 +25,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def _stale_grpc_event(context: dict[str, Any]) -> bool:
-    """grpc.aio's one poller thread delivering an event to the closed loop of an earlier test.
-
-    grpc's completion queue is per process; a completion that arrives after
-    the loop of the test that started the call has closed is handed to that
-    closed loop from a callback running on the current one, which raises
-    ``RuntimeError('Event loop is closed')`` here. It belongs to no test of
-    this loop (pytest-asyncio only logs it; anyio's runner fails the test).
-    """
-    exc = context.get("exception")
-    if not isinstance(exc, RuntimeError) or str(exc) != "Event loop is closed":
-        return False
-    return "PollerCompletionQueue" in repr(context.get("handle", ""))
-
-
-@pytest.fixture(autouse=True)
-async def _ignore_stale_grpc_events() -> AsyncIterator[None]:
-    """Keep anyio's runner from failing a test on :func:`_stale_grpc_event`."""
-    loop = asyncio.get_running_loop()
-    previous = loop.get_exception_handler()
-
-    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if _stale_grpc_event(context):
-            return
-        if previous is None:
-            loop.default_exception_handler(context)
-        else:
-            previous(loop, context)
-
-    loop.set_exception_handler(handler)
-    try:
-        yield
-    finally:
-        loop.set_exception_handler(previous)
 
 
 def _background(backend: aiolocks.Backend) -> int:

@@ -156,3 +156,31 @@ def test_exports() -> None:
         assert name in aiolocks.__all__
         assert getattr(aiolocks, name).__doc__
     assert aiolocks.Backend.doctor.__doc__
+
+
+def _no_tls_findings(local: bool) -> list[Finding]:
+    """Each backend's ``*-no-tls`` finding, for servers on the loopback or not."""
+    from aiolocks.etcd._doctor import plaintext_finding as etcd
+    from aiolocks.postgres._doctor_security import SecurityFacts
+    from aiolocks.postgres._doctor_security import plaintext_finding as postgres
+    from aiolocks.redis._doctor_security import plaintext_finding as redis
+    from aiolocks.zookeeper._doctor_security import plaintext_finding as zookeeper
+
+    host = "[::1]" if local else "10.0.0.2"
+    facts = SecurityFacts(ssl=False, client=host.strip("[]"), role="locks", superuser=False)
+    pg = postgres(facts, pooled=False, label="db")
+    assert pg is not None
+    return [redis("r", host), zookeeper("zk", [host]), etcd([f"{host}:2379"]), pg]
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_every_backend_words_no_tls_alike(local: bool) -> None:
+    findings = _no_tls_findings(local)
+    codes = [f.code for f in findings]
+    assert codes == ["redis-no-tls", "zookeeper-no-tls", "etcd-no-tls", "postgres-no-tls"]
+    severity = Severity.INFO if local else Severity.WARNING
+    for found in findings:
+        assert found.severity is severity, found
+        assert found.title.endswith(": the connection is not encrypted (no TLS)"), found
+        assert found.breaks.startswith("whoever can read the network sees "), found
+        assert "TLS" in found.fix, found

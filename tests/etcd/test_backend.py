@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 import pytest
@@ -10,6 +11,13 @@ import pytest
 import aiolocks
 from aiolocks.etcd import EtcdBackend, EtcdClient
 from aiolocks.testing import EtcdServer
+
+from ..polling import eventually
+
+
+async def _participants_at_least(lock: Any, count: int) -> bool:
+    return len(await lock.participants()) >= count
+
 
 pytestmark = pytest.mark.etcd
 
@@ -98,10 +106,9 @@ async def test_semaphore_waiters_watch_one_key_each(etcd: EtcdServer, prefix: st
         tasks = []
         for i in range(4):
             tasks.append(asyncio.create_task(waiter(i)))
-            while len(await sem.participants()) < 3 + i:
-                await asyncio.sleep(0.01)
-        while len(watched) < 4:  # each waiter has had its first wait
-            await asyncio.sleep(0.01)
+            await eventually(partial(_participants_at_least, sem, 3 + i), what="the waiter's key")
+        # each waiter has had its first wait
+        await eventually(lambda: len(watched) >= 4, what="every waiter's first wait")
         queue_watches = [w for w in watched if w[1]]
         key_watches = [w for w in watched if not w[1] and w[2]]
         assert len(queue_watches) == 1, watched
@@ -171,9 +178,9 @@ async def test_200_waiters_drain_over_one_watch_stream(etcd: EtcdServer, prefix:
         first = await lock.acquire()
         assert first
         tasks = [asyncio.create_task(waiter()) for _ in range(200)]
-        async with asyncio.timeout(60):
-            while len(await lock.participants()) < 201:
-                await asyncio.sleep(0.05)
+        await eventually(
+            partial(_participants_at_least, lock, 201), 60, what="200 queued waiters"
+        )
         await lock.release()
         await asyncio.gather(*tasks)
         assert most == 1 and len(tokens) == 200 and tokens == sorted(tokens)
@@ -204,16 +211,15 @@ async def test_hold_watch_from_a_compacted_revision_still_reports_a_delete(
         latest = (await admin.put(prefix + "other", "y")).revision
         request = rpc_pb2.CompactionRequest(revision=latest, physical=True)
         await admin._unary("kv", "Compact", request, timeout=None, retry=False)
-        async with asyncio.timeout(10):
-            while "was compacted; the key is still ours" not in caplog.text:
-                await asyncio.sleep(0.02)
+        await eventually(
+            lambda: "was compacted; the key is still ours" in caplog.text,
+            what="the loss watch's compaction check",
+        )
         assert not lock.is_lost, "a compaction alone loses nothing"
         found = await admin.range(RangeOp.of(prefix, prefix=True, keys_only=True))
         [key] = [kv.key for kv in found.kvs if b"compacted" in kv.key]
         await admin.delete(key)
-        async with asyncio.timeout(10):
-            while not _is_lost(lock):
-                await asyncio.sleep(0.01)
+        await eventually(lambda: _is_lost(lock), what="the hold reported lost")
         with pytest.raises(aiolocks.LockLostError):
             await lock.release()
 

@@ -12,6 +12,8 @@ import aiolocks
 from aiolocks.etcd import ConnectionState, EtcdBackend
 from aiolocks.testing import EtcdServer, TcpProxy
 
+from ..polling import eventually
+
 pytestmark = pytest.mark.etcd
 
 PATIENCE = 30.0
@@ -29,12 +31,8 @@ def _lost(lock: aiolocks.Mutex) -> bool:
 
 async def _until(states: list[ConnectionState], wanted: ConnectionState, after: int) -> int:
     """Wait until ``wanted`` shows up in ``states`` past index ``after``; return its index."""
-    async with asyncio.timeout(PATIENCE):
-        while True:
-            for index in range(after, len(states)):
-                if states[index] is wanted:
-                    return index + 1
-            await asyncio.sleep(0.01)
+    await eventually(lambda: wanted in states[after:], PATIENCE, what=f"state {wanted.name}")
+    return states.index(wanted, after) + 1
 
 
 @pytest.mark.asyncio

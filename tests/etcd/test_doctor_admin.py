@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -19,7 +18,8 @@ from aiolocks.etcd._doctor import (
     version_finding,
 )
 from aiolocks.testing import EtcdServer
-from tests.polling import eventually
+
+from ..polling import eventually
 
 pytestmark = pytest.mark.etcd
 
@@ -93,11 +93,8 @@ async def test_list_and_break(etcd: EtcdServer, prefix: str) -> None:
         listed = {(i.kind, i.name) for i in await admin.list_locks("jobs/")}
         assert listed == {("mutex", "jobs/a"), ("semaphore", "jobs/b")}
         assert await admin.force_release("jobs/a") == 1
-        for _ in range(500):  # the holder's own watch reports the delete
-            if lock.is_lost:
-                break
-            await asyncio.sleep(0.01)
-        assert lock.is_lost
+        # the holder's own watch reports the delete
+        await eventually(lambda: lock.is_lost, what="the holder told of the loss")
         with pytest.raises(LockLostError):
             await lock.release()
         assert await admin.force_release("jobs/a") == 0

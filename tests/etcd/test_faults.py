@@ -4,7 +4,7 @@ behind a TCP proxy, every member unreachable (the lease ends on the client-side 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import pytest_asyncio
@@ -13,6 +13,8 @@ from aiolocks import BackendUnavailableError
 from aiolocks.etcd._client import Compare, EtcdClient, EventType, PutOp, Watch, WatchEvent
 from aiolocks.testing import EtcdCluster, EtcdServer, TcpProxy
 from aiolocks.testing.pytest_plugin import require_managed
+
+from ..polling import eventually
 
 pytestmark = pytest.mark.etcd
 
@@ -29,10 +31,8 @@ async def _events(watch: Watch, count: int) -> list[WatchEvent]:
     raise AssertionError("the watch ended")
 
 
-async def _wait_for(condition: object, what: str) -> None:
-    async with asyncio.timeout(PATIENCE):
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.05)
+async def _wait_for(condition: Callable[[], object], what: str) -> None:
+    await eventually(condition, PATIENCE, what=what, interval=0.05)
 
 
 async def _create(client: EtcdClient, key: str) -> None:

@@ -26,6 +26,7 @@ from aiolocks.etcd._client import DeleteOp, EtcdClient, RangeOp
 from aiolocks.etcd._driver import _PEERS, EtcdDriver
 from aiolocks.etcd._url import parse_etcd_url
 
+from ..polling import eventually
 from ._alone import close_alone, open_alone
 
 pytestmark = pytest.mark.etcd
@@ -58,9 +59,11 @@ async def _keys(url: str) -> list[bytes]:
 
 async def _queued(lock: Any, count: int) -> None:
     """Until ``count`` keys stand in the lock's queue (holder included)."""
-    async with asyncio.timeout(PATIENCE):
-        while len(await lock.participants()) < count:
-            await asyncio.sleep(0.005)
+
+    async def queued() -> bool:
+        return len(await lock.participants()) >= count
+
+    await eventually(queued, PATIENCE, what=f"{count} keys in the queue", interval=0.005)
 
 
 def _on_release_txn(
@@ -115,9 +118,9 @@ async def test_release_hands_the_lock_to_a_waiter_of_another_backend(
         wait: asyncio.Task[None] | None = None
         if waiting:
             wait = asyncio.create_task(second.wait_for_change(waiter, PATIENCE))
-            async with asyncio.timeout(PATIENCE):
-                while waiter.woken is None:
-                    await asyncio.sleep(0.005)
+            await eventually(
+                lambda: waiter.woken is not None, PATIENCE, what="the wait", interval=0.005
+            )
         released: list[object] = []
         first_txn = first.client.txn
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from aiolocks.etcd._driver import EtcdAttempt, EtcdDriver
 from aiolocks.etcd._url import parse_etcd_url
 from aiolocks.testing import EtcdServer
 
+from ..polling import eventually
 from ._alone import close_alone, open_alone
 
 pytestmark = pytest.mark.etcd
@@ -98,9 +100,11 @@ async def test_mutex_excludes_and_tokens_increase_and_nothing_leaks(
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens) == 24
     assert await _keys(url) == []
     # Every hold's loss watch and every waiter's watch is closed again.
-    async with asyncio.timeout(PATIENCE):
-        while any(isinstance(s, Watch) for s in driver._client._streams):
-            await asyncio.sleep(0.02)
+    await eventually(
+        lambda: not any(isinstance(s, Watch) for s in driver._client._streams),
+        PATIENCE,
+        what="every watch closed",
+    )
 
 
 @pytest.mark.asyncio
@@ -144,12 +148,16 @@ async def test_key_names_are_used_again_once_gone_never_shared_while_live(
     assert await _keys(url) == []
 
 
+async def _participants_at_least(
+    driver: EtcdDriver, name: str, family: Family, count: int
+) -> bool:
+    return len(await driver.participants(name, family)) >= count
+
+
 async def _waiting_for(driver: EtcdDriver, waiter: EtcdAttempt) -> None:
     """Until ``waiter`` waits on its watch (listed since its try, to be handed the lock)."""
     assert driver._queued.get(waiter.keys[0]) is waiter
-    async with asyncio.timeout(PATIENCE):
-        while waiter.woken is None:
-            await asyncio.sleep(0.005)
+    await eventually(lambda: waiter.woken is not None, PATIENCE, what="the wait", interval=0.005)
 
 
 @pytest.mark.asyncio
@@ -248,9 +256,11 @@ async def test_readers_share_and_a_queued_writer_blocks_later_readers(driver: Et
     assert r1 is not None and r2 is not None
     writer = asyncio.create_task(_acquire(driver, _request("rw", Mode.WRITE, who="w"), PATIENCE))
     # The writer is queued once it shows up as a waiter.
-    async with asyncio.timeout(PATIENCE):
-        while len(await driver.participants("rw", Family.READ_WRITE)) < 3:
-            await asyncio.sleep(0.02)
+    await eventually(
+        partial(_participants_at_least, driver, "rw", Family.READ_WRITE, 3),
+        PATIENCE,
+        what="the queued writer",
+    )
     late_reader = await _acquire(driver, _request("rw", Mode.READ, who="r3"), 0.3)
     assert late_reader is None  # fair: it does not overtake the queued writer
     assert not writer.done()
@@ -291,9 +301,9 @@ async def test_lease_revoked_holds_are_lost_and_waiters_go_on_in_a_new_session(
     holder = await _acquire(driver, _request("s", who="holder"), PATIENCE)
     assert holder is not None
     waiter = asyncio.create_task(_acquire(driver, _request("s", who="waiter"), PATIENCE))
-    async with asyncio.timeout(PATIENCE):
-        while len(await driver.participants("s", Family.MUTEX)) < 2:
-            await asyncio.sleep(0.02)
+    await eventually(
+        partial(_participants_at_least, driver, "s", Family.MUTEX, 2), PATIENCE, what="the waiter"
+    )
     lost = asyncio.Event()
     holder.add_loss_listener(lambda _: lost.set())
     session = driver._session
@@ -335,9 +345,11 @@ async def _cancellations_leave_no_key(driver: EtcdDriver, url: str) -> None:
     queued = [key for key in keys if b"\x00abandoned\x00" not in key]
     assert len(queued) == 1, keys  # the holder's key only; tombstones may wait out their grace
     assert await driver.release(holder)
-    async with asyncio.timeout(PATIENCE):  # tombstones go after their grace period
-        while await _keys(url):
-            await asyncio.sleep(0.2)
+    async def no_keys() -> bool:
+        return not await _keys(url)
+
+    # tombstones go after their grace period
+    await eventually(no_keys, PATIENCE, what="no key left", interval=0.2)
 
 
 @pytest.mark.asyncio

@@ -8,7 +8,6 @@ ZooKeeper joins by URL with no code change: its parameter runs as soon as
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import os
 import subprocess
@@ -22,6 +21,8 @@ import pytest
 
 from aiolocks.testing import PostgresServer
 from examples import shop
+
+from ..polling import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -144,7 +145,17 @@ def shop_settings(postgres_server: PostgresServer, tmp_path: Path) -> Iterator[s
 
 async def wait_for_file(path: Path) -> str:
     """The text of ``path`` once it exists (the pause hook writes it atomically)."""
-    async with asyncio.timeout(60):
-        while not path.exists():
-            await asyncio.sleep(0.02)
+    await eventually(path.exists, 60, what=f"{path} to exist", interval=0.02)
     return path.read_text()
+
+
+def pause_payment(settings: shop.Settings, phase: str) -> tuple[Path, Path]:
+    """Ask the next payment of a payment app to pause at ``phase``.
+
+    Returns its ``.held`` file (written once the payment holds the lock and
+    pauses) and its ``.taken`` file (delete it to let the payment go on).
+    """
+    assert settings.pause_file is not None
+    pause = Path(settings.pause_file)
+    pause.write_text(phase)
+    return pause.with_name("pause.held"), pause.with_name("pause.taken")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiolocks.testing import EtcdServer, PostgresServer, lose
 from examples import aiohttp_app, shop
 
-from .conftest import fresh_schema, run_example, wait_for_file
+from .conftest import fresh_schema, pause_payment, run_example, wait_for_file
 
 ORDER = 1043
 
@@ -33,20 +33,12 @@ async def _client(
     assert app[aiohttp_app.BACKEND].closed, "cleanup_ctx must close the backend"
 
 
-def _pause(settings: shop.Settings, phase: str) -> tuple[Path, Path]:
-    """Ask the next payment to pause at ``phase``; the ``.held`` and ``.taken`` files."""
-    assert settings.pause_file is not None
-    pause = Path(settings.pause_file)
-    pause.write_text(phase)
-    return pause.with_name("pause.held"), pause.with_name("pause.taken")
-
-
 @pytest.mark.asyncio
 async def test_busy_lock_answers_409_while_payment_is_in_flight(
     shop_settings: shop.Settings,
 ) -> None:
     settings = dataclasses.replace(shop_settings, lock_timeout=0.2)
-    held, taken = _pause(settings, "before-charge")
+    held, taken = pause_payment(settings, "before-charge")
     async with _client(settings) as (client, _):
         first = asyncio.create_task(client.post(f"/orders/{ORDER}/pay"))
         await wait_for_file(held)
@@ -79,7 +71,7 @@ async def test_busy_lock_answers_409_while_payment_is_in_flight(
 async def test_lock_lost_during_payment_answers_503_not_500(
     shop_settings: shop.Settings, phase: str
 ) -> None:
-    held, _ = _pause(shop_settings, phase)  # stays paused until the loss
+    held, _ = pause_payment(shop_settings, phase)  # stays paused until the loss
     async with _client(shop_settings) as (client, app):
         paying = asyncio.create_task(client.post(f"/orders/{ORDER}/pay"))
         await wait_for_file(held)
@@ -112,10 +104,14 @@ def test_script_runs_as_a_user_would(
     etcd_server: EtcdServer, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with fresh_schema(postgres_server) as schema:
-        result = run_example(
-            "aiohttp_app", "--url", etcd_server.url, "--database", postgres_server.url,
-            "--schema", schema, "--requests", "4", "--order", "31337", module=True,
-        )  # fmt: skip
+
+        def demo(*options: str) -> subprocess.CompletedProcess[str]:
+            return run_example(
+                "aiohttp_app", "--url", etcd_server.url, "--database", postgres_server.url,
+                "--schema", schema, "--requests", "4", *options, module=True,
+            )  # fmt: skip
+
+        result = demo("--order", "31337")
         assert result.returncode == 0, result.stdout + result.stderr
         assert "to 2 aiohttp worker processes" in result.stdout
         assert "paid: 1, conflict (409): 3" in result.stdout
@@ -123,10 +119,7 @@ def test_script_runs_as_a_user_would(
         # Again, breaking the lock while a payment is at the provider (1 s): whatever
         # the timing, one charge, no 500, and the 503s' retries do not charge again.
         monkeypatch.setenv("SHOP_PROVIDER_LATENCY", "1")
-        result = run_example(
-            "aiohttp_app", "--url", etcd_server.url, "--database", postgres_server.url,
-            "--schema", schema, "--requests", "4", "--lose-after", "0.5", module=True,
-        )  # fmt: skip
+        result = demo("--lose-after", "0.5")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "broke the order's lock after 0.5 s" in result.stdout
     assert result.stdout.count("charge in the database") == 1

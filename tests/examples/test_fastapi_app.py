@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import httpx
 import pytest
@@ -17,7 +16,7 @@ from starlette.datastructures import State
 from aiolocks.testing import lose
 from examples import fastapi_app, shop
 
-from .conftest import wait_for_file
+from .conftest import pause_payment, wait_for_file
 
 ORDER = 1042
 
@@ -33,20 +32,12 @@ async def _client(settings: shop.Settings) -> AsyncIterator[tuple[httpx.AsyncCli
         assert not app.state.backend._holds, "a request left its lock held"
 
 
-def _pause(settings: shop.Settings, phase: str) -> tuple[Path, Path]:
-    """Ask the next payment to pause at ``phase``; the ``.held`` and ``.taken`` files."""
-    assert settings.pause_file is not None
-    pause = Path(settings.pause_file)
-    pause.write_text(phase)
-    return pause.with_name("pause.held"), pause.with_name("pause.taken")
-
-
 @pytest.mark.asyncio
 async def test_busy_lock_answers_409_while_payment_is_in_flight(
     shop_settings: shop.Settings,
 ) -> None:
     settings = dataclasses.replace(shop_settings, lock_timeout=0.2)
-    held, taken = _pause(settings, "before-charge")
+    held, taken = pause_payment(settings, "before-charge")
     async with _client(settings) as (client, _):
         first = asyncio.create_task(client.post(f"/orders/{ORDER}/pay"))
         await wait_for_file(held)  # the first request holds the lock, paused
@@ -71,7 +62,7 @@ async def test_busy_lock_answers_409_while_payment_is_in_flight(
 async def test_lock_lost_during_payment_answers_503_and_leaks_nothing(
     shop_settings: shop.Settings,
 ) -> None:
-    held, _ = _pause(shop_settings, "before-charge")  # stays paused until the loss
+    held, _ = pause_payment(shop_settings, "before-charge")  # stays paused until the loss
     async with _client(shop_settings) as (client, state):
         paying = asyncio.create_task(client.post(f"/orders/{ORDER}/pay"))
         await wait_for_file(held)

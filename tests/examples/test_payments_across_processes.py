@@ -27,6 +27,7 @@ from aiolocks.testing import PostgresServer
 from examples import fastapi_app, shop
 from examples.shop_demo import App, Reply, Workers, pay_concurrently, pay_once
 
+from ..polling import eventually
 from .conftest import LOCK_SERVERS, fresh_schema, lock_server_url
 
 #: worker processes per app, clients, concurrent payments per order
@@ -126,11 +127,13 @@ async def test_one_payment_across_worker_processes_the_rest_409(stack: Stack) ->
 
 async def _wait_for(path: Path, batch: asyncio.Task[list[Reply]]) -> tuple[int, int]:
     """``(pid, fencing token)`` of the paused request, once it has written them."""
-    async with asyncio.timeout(60):
-        while not path.exists():
-            if batch.done():
-                raise AssertionError(f"no request paused: {batch.result()}")
-            await asyncio.sleep(0.02)
+
+    def paused() -> bool:
+        if batch.done():
+            raise AssertionError(f"no request paused: {batch.result()}")
+        return path.exists()
+
+    await eventually(paused, 60, what=f"{path} to exist", interval=0.02)
     pid, token = path.read_text().split()
     return int(pid), int(token)
 

@@ -8,7 +8,6 @@ needs to lapse).
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -18,6 +17,8 @@ import redis.asyncio
 
 import aiolocks
 from aiolocks.testing.servers import RedisServer
+
+from ..polling import eventually
 
 pytestmark = pytest.mark.redis
 
@@ -47,14 +48,16 @@ def url(redis_server: RedisServer, prefix: str) -> str:
 
 async def assert_no_keys(client: redis.asyncio.Redis, prefix: str, within: float = 5.0) -> None:
     """No key with ``prefix`` (leases of killed holders may need ``within`` s to lapse)."""
-    deadline = time.monotonic() + within
-    while True:
-        left = await client.keys(f"{prefix}*")
-        if not left:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"library keys left behind: {left}")
-        await asyncio.sleep(0.05)
+    left: list[bytes | str] = []
+
+    async def gone() -> bool:
+        left[:] = await client.keys(f"{prefix}*")
+        return not left
+
+    try:
+        await eventually(gone, within, interval=0.05)
+    except AssertionError:
+        raise AssertionError(f"library keys left behind: {left}") from None
 
 
 async def command_calls(client: redis.asyncio.Redis) -> dict[str, int]:

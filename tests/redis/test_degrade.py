@@ -13,6 +13,8 @@ import aiolocks
 from aiolocks.prometheus import PrometheusHook
 from aiolocks.testing.servers import RedisServer
 
+from ..polling import eventually
+
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
 
@@ -282,9 +284,7 @@ async def test_cancelled_degraded_waiters_leave_nothing_behind(
         # one degraded holder, one degraded waiter in the local queue: cancel the waiter
         release = asyncio.Event()
         first = asyncio.create_task(take(release))
-        async with asyncio.timeout(30):
-            while not backend._holds:
-                await asyncio.sleep(0.05)
+        await eventually(lambda: backend._holds, 30, what="the degraded hold", interval=0.05)
         queued = asyncio.create_task(take())
         await asyncio.sleep(2)
         assert not queued.done()

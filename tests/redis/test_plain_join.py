@@ -82,8 +82,7 @@ async def test_a_waiter_after_a_handoff_joins_without_a_script(
         done: list[int] = []
         # A waits once first, so that its process listens on its grant channel
         warm = asyncio.create_task(_hold_until(b.mutex(name), done, ready := asyncio.Event()))
-        while not done:
-            await asyncio.sleep(0.001)
+        await eventually(lambda: done, what="B's first hold", interval=0.001)
         first = a.mutex(name)
 
         async def let_go() -> None:

@@ -180,15 +180,11 @@ async def test_exclusion_and_hand_off_both_ways(
     java_kind: str,
 ) -> None:
     """Java first, then Python waiting and Java waiting behind it; each gets it on release."""
-    name = f"locks/interop-{uuid.uuid4().hex[:8]}"
-    path = lock_path(KINDS[py_kind][0], name, layout)
     # Java first: Python cannot take it.
-    first = await java_lock(java, java_kind, path)
-    await java.call(f"acquire {first}", f"acquired {first}")
+    name, path, first = await _java_holds(java, "interop", layout, py_kind, java_kind)
     assert not await py_try(py, py_kind, name)
     # Both waiting: Python queues, then a second Curator object queues behind it.
-    waiter = PyHolder(py_lock(py, py_kind, name))
-    await until(lambda: _count_is(observer, path, 2), what="the Python waiter's node")
+    waiter = await _python_waits(py, observer, py_kind, name, path)
     second = await java_lock(java, java_kind, path)
     java.send(f"acquire {second}")
     await until(lambda: _count_is(observer, path, 3), what="the Java waiter's node")
@@ -210,6 +206,26 @@ async def test_exclusion_and_hand_off_both_ways(
     assert await lock_nodes(observer, path) == []
 
 
+async def _java_holds(
+    java: CuratorProcess, label: str, layout: str, py_kind: str, java_kind: str
+) -> tuple[str, str, str]:
+    """A new lock held by a Curator object: its name, its path and the Java handle."""
+    name = f"locks/{label}-{uuid.uuid4().hex[:8]}"
+    path = lock_path(KINDS[py_kind][0], name, layout)
+    handle = await java_lock(java, java_kind, path)
+    await java.call(f"acquire {handle}", f"acquired {handle}")
+    return name, path, handle
+
+
+async def _python_waits(
+    py: ZooKeeperBackend, observer: Any, py_kind: str, name: str, path: str
+) -> PyHolder:
+    """An aiolocks waiter on ``name``, once its node is queued behind the holder's."""
+    waiter = PyHolder(py_lock(py, py_kind, name))
+    await until(lambda: _count_is(observer, path, 2), what="the Python waiter's node")
+    return waiter
+
+
 async def _count_is(observer: Any, path: str, n: int) -> bool:
     return await contenders(observer, path) == n
 
@@ -229,13 +245,9 @@ async def test_session_expiry_on_each_side(
     java_kind: str,
 ) -> None:
     """An expired session's hold goes with its nodes; the other side's waiter gets it."""
-    name = f"locks/expiry-{uuid.uuid4().hex[:8]}"
-    path = lock_path(KINDS[py_kind][0], name, layout)
     # Curator holds, aiolocks waits; Curator's session expires.
-    first = await java_lock(java, java_kind, path)
-    await java.call(f"acquire {first}", f"acquired {first}")
-    waiter = PyHolder(py_lock(py, py_kind, name))
-    await until(lambda: _count_is(observer, path, 2), what="the Python waiter's node")
+    name, path, _ = await _java_holds(java, "expiry", layout, py_kind, java_kind)
+    waiter = await _python_waits(py, observer, py_kind, name, path)
     await java.call("expire j", "expired j")
     assert await waiter.wait()
     # aiolocks holds, Curator (in its new session) waits; aiolocks' session expires.

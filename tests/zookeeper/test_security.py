@@ -58,17 +58,6 @@ async def authed(zookeeper_server: ZooKeeperServer, chroot: str) -> AsyncIterato
         await backend.close()
 
 
-@pytest_asyncio.fixture
-async def stranger(zookeeper_server: ZooKeeperServer, chroot: str) -> AsyncIterator[Any]:
-    """A plain aiozk client without credentials, in the test's chroot."""
-    client = aiozk.ZKClient(zookeeper_server.hosts, chroot=chroot, session_timeout=10)
-    await client.start()
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
 @pytest.mark.asyncio
 async def test_every_recipe_works_with_credentials(authed: ZooKeeperBackend) -> None:
     name = f"sec/{uuid.uuid4().hex}"
@@ -89,17 +78,17 @@ async def test_every_recipe_works_with_credentials(authed: ZooKeeperBackend) -> 
 
 
 @pytest.mark.asyncio
-async def test_lock_nodes_carry_the_creator_acl(authed: ZooKeeperBackend, stranger: Any) -> None:
+async def test_lock_nodes_carry_the_creator_acl(authed: ZooKeeperBackend, observer: Any) -> None:
     name = f"sec/{uuid.uuid4().hex}"
     every = aiozk.ACL.make("digest", "", True, True, True, True, True).perms
     # ZooKeeper shows a digest's hash only to those who may administer the
     # node; to others it prints "user:x" (the holder's release proves the hash)
     ids = {digest_id(USER, PASSWORD), f"{USER}:x"}
     async with authed.mutex(name):
-        [node] = await lock_nodes(stranger)
+        [node] = await lock_nodes(observer)
         folder = node.rsplit("/", 1)[0]
         for path in (node, folder, "/aiolocks"):
-            acl = await stranger.get_acl(path)
+            acl = await observer.get_acl(path)
             owner, world = sorted(acl, key=lambda a: a.id.scheme)
             assert (owner.id.scheme, owner.perms) == ("digest", every), path
             assert owner.id.id in ids, path
@@ -108,17 +97,17 @@ async def test_lock_nodes_carry_the_creator_acl(authed: ZooKeeperBackend, strang
 
 @pytest.mark.asyncio
 async def test_a_stranger_reads_but_cannot_delete_or_queue(
-    authed: ZooKeeperBackend, stranger: Any, zookeeper_server: ZooKeeperServer, chroot: str
+    authed: ZooKeeperBackend, observer: Any, zookeeper_server: ZooKeeperServer, chroot: str
 ) -> None:
     name = f"sec/{uuid.uuid4().hex}"
     plain = await _connect(f"zk://{zookeeper_server.hosts}{chroot}?session_timeout=4")
     try:
         async with authed.mutex(name):
-            [node] = await lock_nodes(stranger)
-            assert (await stranger.get_data(node)) is not None  # readable
+            [node] = await lock_nodes(observer)
+            assert (await observer.get_data(node)) is not None  # readable
             with pytest.raises(exc.NoAuth):
-                await stranger.delete(node)
-            assert await lock_nodes(stranger) == [node]  # still held
+                await observer.delete(node)
+            assert await lock_nodes(observer) == [node]  # still held
             # a credential-less backend sees the lock ...
             [info] = await plain.list_locks("sec/")
             assert info.name == name and len(info.participants) == 1
@@ -128,7 +117,7 @@ async def test_a_stranger_reads_but_cannot_delete_or_queue(
                 await plain.force_release(name)
             with pytest.raises(AccessDeniedError):
                 await plain.mutex(name).acquire(timeout=5)
-            assert await lock_nodes(stranger) == [node]
+            assert await lock_nodes(observer) == [node]
     finally:
         await plain.close()
 
@@ -137,7 +126,7 @@ async def test_a_stranger_reads_but_cannot_delete_or_queue(
 @pytest.mark.asyncio
 async def test_a_wrong_password_is_access_denied_never_a_local_hold(
     authed: ZooKeeperBackend,
-    stranger: Any,
+    observer: Any,
     zookeeper_server: ZooKeeperServer,
     chroot: str,
     on_unavailable: str | None,
@@ -155,7 +144,7 @@ async def test_a_wrong_password_is_access_denied_never_a_local_hold(
             await lock.acquire(timeout=5)
         assert not isinstance(raised.value, aiolocks.BackendUnavailableError)
         assert not lock.is_owned_by_current_task() and not lock.is_acquired_in_this_process()
-        assert len(await lock_nodes(stranger)) == 1  # only the right holder's node
+        assert len(await lock_nodes(observer)) == 1  # only the right holder's node
         for text in (str(raised.value), repr(raised.value), caplog.text, repr(wrong)):
             assert WRONG not in text and PASSWORD not in text
         await holder.release()
@@ -182,7 +171,7 @@ async def test_prompt_loss_when_the_owner_breaks_a_hold(
 
 @pytest.mark.asyncio
 async def test_reconnection_sends_the_credentials_again(
-    zookeeper_server: ZooKeeperServer, chroot: str, stranger: Any
+    zookeeper_server: ZooKeeperServer, chroot: str, observer: Any
 ) -> None:
     name = f"sec/{uuid.uuid4().hex}"
     async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
@@ -199,7 +188,7 @@ async def test_reconnection_sends_the_credentials_again(
                 pass
             await held.release()
             assert held.was_lost is False
-            assert await lock_nodes(stranger) == []
+            assert await lock_nodes(observer) == []
         finally:
             await backend.close()
 
@@ -235,13 +224,13 @@ def test_the_password_never_shows_in_reprs_or_url_errors() -> None:
 
 @pytest.mark.asyncio
 async def test_acl_open_keeps_nodes_world_writable(
-    zookeeper_server: ZooKeeperServer, chroot: str, stranger: Any
+    zookeeper_server: ZooKeeperServer, chroot: str, observer: Any
 ) -> None:
     backend = await _connect(url(zookeeper_server.hosts, chroot, query="&acl=open"))
     try:
         async with backend.mutex(f"sec/{uuid.uuid4().hex}"):
-            [node] = await lock_nodes(stranger)
-            [entry] = await stranger.get_acl(node)
+            [node] = await lock_nodes(observer)
+            [entry] = await observer.get_acl(node)
             assert (entry.id.scheme, entry.id.id) == ("world", "anyone")
     finally:
         await backend.close()
@@ -305,9 +294,9 @@ async def test_doctor_finds_a_lock_folder_left_world_writable(
 
 
 @pytest.mark.asyncio
-async def test_doctor_on_an_application_client_reads_the_acls(stranger: Any) -> None:
+async def test_doctor_on_an_application_client_reads_the_acls(observer: Any) -> None:
     """Over an ``aiozk`` client doctor cannot see the credentials: the ACLs tell."""
-    async with ZooKeeperBackend(stranger, connect_timeout=5) as backend:
+    async with ZooKeeperBackend(observer, connect_timeout=5) as backend:
         name = f"doc/{uuid.uuid4().hex}"
         async with backend.mutex(name):
             report = await backend.doctor(self_test=False)
