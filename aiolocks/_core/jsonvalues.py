@@ -23,6 +23,7 @@ MAX_VALUE_BYTES = 64 * 1024
 def dump_json(what: str, value: object) -> bytes:
     """``value`` as compact UTF-8 JSON, or a ValueError naming ``what`` it was."""
     try:
+        _check_keys(value)
         # ASCII with escapes: every client decodes it, even a lone surrogate
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
@@ -31,6 +32,18 @@ def dump_json(what: str, value: object) -> bytes:
     if len(data) > MAX_VALUE_BYTES:
         raise ValueError(f"{what} is {len(data)} bytes as JSON, more than {MAX_VALUE_BYTES}")
     return data
+
+
+def _check_keys(value: object) -> None:
+    """Refuse a non-str object key, which ``json.dumps`` would silently turn into a str."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"object key {key!r} is not a str")
+            _check_keys(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_keys(item)
 
 
 def load_json(data: bytes) -> JSONValue:

@@ -46,6 +46,9 @@ __all__ = ["LeaderLatch"]
 
 logger = logging.getLogger("aiolocks")
 
+#: how long the leader's watch on its record waits between two reads when nothing wakes it
+_RECHECK = 30.0
+
 
 @final
 class LeaderLatch:
@@ -85,6 +88,7 @@ class LeaderLatch:
         self._record_key = engine.validate_name(f"latch/{self._key}") + "/leader"
         self._advert: Entry | None = None  # our leader record, while we lead
         self._advert_term: Hold | None = None  # the term whose record is settled
+        self._advert_watch: asyncio.Task[None] | None = None
         self._advert_lock = asyncio.Lock()
         self._wake = asyncio.Event()  # wakes the runner: loss, or the record to write again
         self._hold: Hold | None = None
@@ -358,6 +362,9 @@ class LeaderLatch:
                 if entry is not None:
                     self._advert, self._advert_term = entry, hold
                     entry.add_loss_listener(self._advert_lost)
+                    self._advert_watch = self._engine.spawn(
+                        self._watch_advert(store, entry), name=f"aiolocks-advert:{self._key}"
+                    )
                     return
                 record = await store.read(self._record_key)
                 if record is None:
@@ -371,6 +378,26 @@ class LeaderLatch:
             raise BackendUnavailableError(
                 f"leader latch {self._name!r}: the leader record kept being replaced"
             )
+
+    async def _watch_advert(self, store: Records, entry: Entry) -> None:
+        """Notice our leader record deleted or replaced behind our back: write it again."""
+        prefix = self._record_key.rpartition("/")[0]
+        while self._advert is entry and not entry.lost:
+            try:
+                # read under the lock: no proclaim() update in flight when comparing versions
+                async with self._advert_lock:
+                    snap = await store.snapshot(prefix)
+                with snap:
+                    record = snap.records.get("leader")
+                    if record is None or record.version != entry.version:
+                        if self._advert is entry:
+                            self._advert, self._advert_term = None, None
+                            self._wake.set()
+                        return
+                    await snap.changed(_RECHECK)
+            except BackendUnavailableError as exc:
+                logger.debug("leader latch %r: watching the leader record: %s", self._name, exc)
+                await asyncio.sleep(1.0)
 
     def _advert_lost(self, entry: Entry) -> None:
         if self._advert is entry:
@@ -405,6 +432,9 @@ class LeaderLatch:
     async def _delete_advert(self, store: Records) -> None:
         async with self._advert_lock:
             entry, self._advert, self._advert_term = self._advert, None, None
+            watch, self._advert_watch = self._advert_watch, None
+            if watch is not None:
+                watch.cancel()
             if entry is None or entry.lost:
                 return  # nothing written, or it went with the session
             try:
