@@ -355,13 +355,14 @@ class GroupMembership:
         joining, cancelled = await run_to_end(
             group._engine, group._store.join(key, value), f"aiolocks-join:{key}"
         )
-        if joining.cancelled() or joining.exception() is not None:
+        error = None if joining.cancelled() else joining.exception()
+        if joining.cancelled() or error is not None:
             self._state = "left"
             # The reply may have been lost after the server applied the write.
             _, again = await run_to_end(
                 group._engine, _delete_if_nonce(group._store, key, nonce), f"aiolocks-unjoin:{key}"
             )
-            raise cancelled or again or joining.exception() or asyncio.CancelledError()
+            raise cancelled or again or error or asyncio.CancelledError()
         entry = joining.result()
         if cancelled is not None:
             self._state = "left"

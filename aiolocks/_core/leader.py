@@ -83,9 +83,10 @@ class LeaderLatch:
         self._options = engine.lock_options(Family.LEADER, options)
         self._value = _json_value(name, value)
         self._store: Records | None = None
+        self._record_key = ""  # latch/<name>/leader, where there is a store
         if value is not None or isinstance(engine.driver, SupportsRecords):
             self._store = record_store(engine, f"leader latch {name!r} with a value")
-        self._record_key = engine.validate_name(f"latch/{self._key}") + "/leader"
+            self._record_key = engine.validate_name(f"latch/{self._key}") + "/leader"
         self._advert: Entry | None = None  # our leader record, while we lead
         self._advert_term: Hold | None = None  # the term whose record is settled
         self._advert_watch: asyncio.Task[None] | None = None

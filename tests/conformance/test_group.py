@@ -241,3 +241,50 @@ async def test_churn_of_many_joins_and_leaves(
         assert await group.members() == []
     finally:
         await watch.aclose()  # type: ignore[attr-defined]
+
+
+async def _member_in_body(
+    group: aiolocks.Group, member_id: str
+) -> tuple[asyncio.Task[None], list[aiolocks.Member]]:
+    """A task inside ``async with group.join(member_id)`` (until cancelled), and its member."""
+    entered = asyncio.Event()
+    members: list[aiolocks.Member] = []
+
+    async def body() -> None:
+        async with group.join(member_id) as member:
+            members.append(member)
+            entered.set()
+            await asyncio.sleep(3600)
+
+    task = asyncio.ensure_future(body())
+    await asyncio.wait_for(entered.wait(), BOUND)
+    return task, members
+
+
+async def test_a_session_loss_reported_by_the_driver_cancels_the_body(
+    backend: aiolocks.Backend, other_backend: aiolocks.Backend, group_name: str
+) -> None:
+    group, other = group_of(backend, group_name), group_of(other_backend, group_name)
+    task, (member,) = await _member_in_body(group, "expired")
+    entry = member._membership._entry  # type: ignore[union-attr]
+    assert entry is not None
+    entry.mark_lost("session expired (reported by the test)")  # what a driver does
+    with pytest.raises(aiolocks.LockLostError, match=r"session expired \(reported by the test\)"):
+        await asyncio.wait_for(task, BOUND)
+    assert member.is_lost
+    # the exit still deleted what the server might have kept
+    assert await other.members() == []
+
+
+async def test_a_cancellation_beside_the_loss_wins(
+    backend: aiolocks.Backend, group_name: str
+) -> None:
+    group = group_of(backend, group_name)
+    task, (member,) = await _member_in_body(group, "both")
+    entry = member._membership._entry  # type: ignore[union-attr]
+    assert entry is not None
+    entry.mark_lost("lost (reported by the test)")
+    task.cancel()  # somebody else also cancels the task: that cancellation propagates
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await group.members() == []
