@@ -326,6 +326,8 @@ class GroupMembership:
             raise RuntimeError("group.join() must be used inside an asyncio task")
         self._state = "joining"
         entry = self._entry = await self._write()
+        if engine.closed:  # closed while joining: the session (and the record) ended with it
+            entry.mark_lost("the backend was closed")
         if entry.lost:  # lost before the block could start
             cancelled = await self._leave()
             if cancelled is not None:
@@ -342,6 +344,7 @@ class GroupMembership:
         self._watcher = engine.spawn(
             self._watch_own_record(entry), name=f"aiolocks-member:{group.name}:{self._id}"
         )
+        self._watcher.add_done_callback(self._watcher_done)
         return Member(self._id, self._capabilities, group, self)
 
     async def _write(self) -> Entry:
@@ -362,7 +365,14 @@ class GroupMembership:
             _, again = await run_to_end(
                 group._engine, _delete_if_nonce(group._store, key, nonce), f"aiolocks-unjoin:{key}"
             )
-            raise cancelled or again or error or asyncio.CancelledError()
+            if cancelled is not None:
+                raise cancelled
+            if again is not None:
+                raise again
+            if error is not None:
+                raise error
+            group._engine.check_open()  # the backend's close() cancelled the join
+            raise BackendUnavailableError(f"group {group.name!r}: the join was cancelled")
         entry = joining.result()
         if cancelled is not None:
             self._state = "left"
@@ -395,23 +405,32 @@ class GroupMembership:
         """Report our record deleted or replaced behind our back, or the backend closing."""
         group = self._group
         key_child = member_child(self._id)
-        try:
-            while not entry.lost:
-                try:
-                    with await group._store.snapshot(group._prefix) as snap:
-                        record = snap.records.get(key_child)
-                        if record is None or record.version != entry.version:
-                            entry.mark_lost("the member record was deleted or replaced")
-                            return
-                        await snap.changed(_RECHECK)
-                except BackendUnavailableError as exc:
-                    # the driver's session machinery reports a real loss
-                    logger.debug("group %r: watching member %r: %s", group.name, self._id, exc)
-                    await asyncio.sleep(1.0)
-        except asyncio.CancelledError:
-            if self._state == "joined" and group._engine.closed:
+        while not entry.lost:
+            if group._engine.closed:  # (a driver may turn the close's cancellation into an error)
                 entry.mark_lost("the backend was closed")
-            raise
+                return
+            try:
+                with await group._store.snapshot(group._prefix) as snap:
+                    record = snap.records.get(key_child)
+                    if record is None or record.version != entry.version:
+                        entry.mark_lost("the member record was deleted or replaced")
+                        return
+                    await snap.changed(_RECHECK)
+            except BackendUnavailableError as exc:
+                # the driver's session machinery reports a real loss
+                logger.debug("group %r: watching member %r: %s", group.name, self._id, exc)
+                await asyncio.sleep(1.0)
+
+    def _watcher_done(self, watcher: asyncio.Task[None]) -> None:
+        """The backend's ``close()`` cancels the watcher: the membership ends with the session.
+
+        A done callback, not an ``except`` in the watcher: a task cancelled
+        before its first step never runs its coroutine.
+        """
+        entry = self._entry
+        closed = self._group._engine.closed
+        if watcher.cancelled() and self._state == "joined" and entry is not None and closed:
+            entry.mark_lost("the backend was closed")
 
     async def __aexit__(
         self,

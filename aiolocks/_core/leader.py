@@ -383,7 +383,7 @@ class LeaderLatch:
     async def _watch_advert(self, store: Records, entry: Entry) -> None:
         """Notice our leader record deleted or replaced behind our back: write it again."""
         prefix = self._record_key.rpartition("/")[0]
-        while self._advert is entry and not entry.lost:
+        while self._advert is entry and not entry.lost and not self._engine.closed:
             try:
                 # read under the lock: no proclaim() update in flight when comparing versions
                 async with self._advert_lock:

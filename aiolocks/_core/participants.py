@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import final
 
 from .jsonvalues import JSONValue
@@ -34,4 +34,5 @@ class Participant:
     mode: str = "exclusive"
     node: str | None = None
     ttl: float | None = None
-    value: JSONValue = None
+    #: (not hashed: a JSON object is not hashable, a Participant stays so)
+    value: JSONValue = field(default=None, hash=False)

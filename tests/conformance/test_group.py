@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -288,3 +288,40 @@ async def test_a_cancellation_beside_the_loss_wins(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await group.members() == []
+
+
+async def test_closing_the_backend_during_a_join_raises_and_ends_the_member(
+    backend_url: str, other_backend: aiolocks.Backend, group_name: str
+) -> None:
+    other = group_of(other_backend, group_name)
+    for steps in (0, 2, 6, 15, 40):
+        closing = await aiolocks.connect(backend_url)
+        group = group_of(closing, group_name)
+        member_id = f"closing-{steps}"
+        task = asyncio.ensure_future(_join_forever(group, member_id))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        await closing.close()
+        outcome = (await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), BOUND))[0]
+        # never a bare CancelledError: nobody cancelled the joining task
+        assert isinstance(outcome, aiolocks.LockLostError | aiolocks.BackendUnavailableError), (
+            f"after {steps} steps: {outcome!r}"
+        )
+        if isinstance(outcome, aiolocks.LockLostError):
+            # the member had joined: its record went with the closed session
+            await eventually(_absent(other, member_id), BOUND, what=f"{member_id} to leave")
+        # (A join still on the wire when the backend closed may be applied after
+        # the driver let go of its session: that record goes when the session
+        # ends on the server, for a Redis key when its lease lapses.)
+
+
+def _absent(group: aiolocks.Group, member_id: str) -> Callable[[], Awaitable[bool]]:
+    async def absent() -> bool:
+        return member_id not in await ids(group)
+
+    return absent
+
+
+async def _join_forever(group: aiolocks.Group, member_id: str) -> None:
+    async with group.join(member_id):
+        await asyncio.sleep(3600)
