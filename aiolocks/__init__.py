@@ -36,6 +36,9 @@ from ._core.errors import LockNotOwnedError as LockNotOwnedError
 from ._core.errors import LockTimeoutError as LockTimeoutError
 from ._core.events import EventHook as EventHook
 from ._core.events import LockEvent as LockEvent
+from ._core.group import Group as Group
+from ._core.group import GroupMembership as GroupMembership
+from ._core.group import Member as Member
 from ._core.leader import LeaderLatch as LeaderLatch
 from ._core.locks import HoldContext as HoldContext
 from ._core.locks import Lock as Lock
@@ -48,6 +51,8 @@ from ._core.multilock import MultiLock as MultiLock
 from ._core.names import validate_name as validate_name
 from ._core.once import Once as Once
 from ._core.participants import Participant as Participant
+from ._core.partitioner import Partition as Partition
+from ._core.partitioner import Partitioner as Partitioner
 from ._core.semaphore import Lease as Lease
 from ._core.semaphore import LeaseContext as LeaseContext
 from ._core.semaphore import Semaphore as Semaphore
@@ -67,6 +72,8 @@ __all__ = [
     "DoctorReport",
     "EventHook",
     "Finding",
+    "Group",
+    "GroupMembership",
     "HoldContext",
     "InvalidLockNameError",
     "LeaderLatch",
@@ -79,10 +86,13 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",
+    "Member",
     "MultiLock",
     "Mutex",
     "Once",
     "Participant",
+    "Partition",
+    "Partitioner",
     "ReadLock",
     "ReadWriteLock",
     "SelfTest",

@@ -17,6 +17,7 @@ from .countdown import CountDownLatch
 from .driver import Capabilities, Driver, Family
 from .engine import Engine, Ledger
 from .events import EventHook
+from .group import Group
 from .hold import Hold
 from .leader import LeaderLatch
 from .locks import Mutex, ReadWriteLock, SemaphoreMutex
@@ -119,10 +120,20 @@ class Backend:
         return ReadWriteLock(self._engine, self, name, options)
 
     def leader_latch(
-        self, name: str, participant_id: str | None = None, **options: Any
+        self, name: str, participant_id: str | None = None, value: object = None, **options: Any
     ) -> LeaderLatch:
-        """A leader latch: one started latch per name has leadership at a time."""
-        return LeaderLatch(self._engine, name, participant_id, options)
+        """A leader latch: one started latch per name has leadership at a time.
+
+        ``value`` (JSON) is what this latch advertises while it leads (``observe()``).
+        """
+        return LeaderLatch(self._engine, name, participant_id, options, value)
+
+    def group(self, name: str) -> Group:
+        """A group of members tied to their sessions (tooz groups, Curator GroupMember).
+
+        :raises NotImplementedError: this backend has no record store.
+        """
+        return Group(self._engine, name)
 
     # -- scheduled jobs, latches, barriers (over the record store) --------
 

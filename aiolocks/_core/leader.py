@@ -7,22 +7,35 @@ the leader. A background task owned by the backend runs the loop
 "acquire -> lead until the hold is lost or the latch is closed -> release
 -> queue again", so a leader that loses its session or lease steps down and
 the next participant takes over; a newcomer never pre-empts a live leader.
+
+Advertising (etcd's ``Proclaim``/``Observe``). On a backend with a record
+store (:mod:`aiolocks._core.records`) the leader also writes an ephemeral
+record ``latch/<name>/leader`` = JSON ``{"id", "value", "token"}`` when it
+gains leadership, updates it by version on ``proclaim()``, and deletes it
+(by version) when it steps down, before releasing the hold, so an observer
+sees ``None`` between two terms rather than the old leader. A record left by
+an earlier term (its session has not ended yet) has a smaller fencing token:
+the new leader deletes it; a record with a larger token means this latch is
+the stale one, and it writes nothing. ``observe()`` is a loop of snapshots of
+that record, so it works on a latch that never runs for leadership.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, final
 
-from .driver import Family, Grant, Mode, Request
+from .driver import Family, Mode, Request
 from .errors import BackendUnavailableError
+from .group import check_id, record_store, run_to_end
 from .hold import Hold
-from .names import has_control_character
+from .jsonvalues import JSONValue, dump_json, load_json
 from .participants import Participant
+from .records import Entry, Record, Records, SupportsRecords
 from .tasks import wait_finished
 from .timeouts import check_timeout
 
@@ -32,6 +45,9 @@ if TYPE_CHECKING:
 __all__ = ["LeaderLatch"]
 
 logger = logging.getLogger("aiolocks")
+
+#: how long the leader's watch on its record waits between two reads when nothing wakes it
+_RECHECK = 30.0
 
 
 @final
@@ -57,24 +73,25 @@ class LeaderLatch:
         name: str,
         participant_id: str | None,
         options: Mapping[str, object],
+        value: object = None,
     ) -> None:
-        if participant_id is None:
-            participant_id = uuid.uuid4().hex
-        elif (
-            not isinstance(participant_id, str)
-            or not participant_id
-            or len(participant_id.encode("utf-8", "surrogatepass")) > 1024
-            or has_control_character(participant_id)
-        ):
-            raise ValueError(
-                f"leader latch {name!r}: participant_id must be a non-empty str of at most "
-                f"1024 bytes without control characters, got {participant_id!r}"
-            )
+        participant_id = check_id(f"leader latch {name!r}: participant_id", participant_id)
         self._name = name
         self._key = engine.validate_name(name)
         self._engine = engine
         self._participant_id = participant_id
         self._options = engine.lock_options(Family.LEADER, options)
+        self._value = _json_value(name, value)
+        self._store: Records | None = None
+        self._record_key = ""  # latch/<name>/leader, where there is a store
+        if value is not None or isinstance(engine.driver, SupportsRecords):
+            self._store = record_store(engine, f"leader latch {name!r} with a value")
+            self._record_key = engine.validate_name(f"latch/{self._key}") + "/leader"
+        self._advert: Entry | None = None  # our leader record, while we lead
+        self._advert_term: Hold | None = None  # the term whose record is settled
+        self._advert_watch: asyncio.Task[None] | None = None
+        self._advert_lock = asyncio.Lock()
+        self._wake = asyncio.Event()  # wakes the runner: loss, or the record to write again
         self._hold: Hold | None = None
         self._runner: asyncio.Task[None] | None = None
         self._leading = asyncio.Event()
@@ -101,6 +118,11 @@ class LeaderLatch:
         """Token of the current leadership term; ``None`` when not leading."""
         hold = self._hold
         return None if hold is None or hold.lost else hold.token
+
+    @property
+    def value(self) -> JSONValue:
+        """What this latch advertises while it leads (``value=``, then ``proclaim()``)."""
+        return self._value
 
     @property
     def is_started(self) -> bool:
@@ -165,11 +187,74 @@ class LeaderLatch:
         return hold is not None and not hold.lost
 
     async def leader(self) -> Participant | None:
-        """The current leader, or ``None`` when nobody has started."""
+        """The current leader, with the ``value`` it advertises; ``None`` when nobody started.
+
+        ``value`` is ``None`` until the leader's record is written (just after it gains
+        leadership) and on a backend without a record store.
+        """
         for participant in await self.participants():
             if participant.is_holder:
+                if self._store is None:
+                    return participant
+                advertised = _advertised(await self._store.read(self._record_key))
+                if advertised is not None and advertised.id == participant.id:
+                    return dataclasses.replace(participant, value=advertised.value)
                 return participant
         return None
+
+    async def proclaim(self, value: object) -> None:
+        """Advertise ``value`` (JSON) as this latch's value: now if it leads, and in later terms.
+
+        >>> await latch.proclaim({"url": "http://10.0.0.7:8080"})  # doctest: +SKIP
+
+        Observers (``observe()``, ``leader()``) see it once the leader's record is
+        updated; a latch that does not lead keeps it for when it does.
+
+        :raises ValueError: ``value`` is not JSON (before any I/O).
+        :raises NotImplementedError: the backend has no record store.
+        """
+        store = self._records("proclaim()")
+        self._value = _json_value(self._name, value)
+        hold = self._hold
+        if hold is None or hold.lost:
+            return
+        rewrite, cancelled = await run_to_end(
+            self._engine, self._rewrite(store, hold), f"aiolocks-proclaim:{self._key}"
+        )
+        if cancelled is not None:
+            raise cancelled
+        rewrite.result()  # its error, if any
+
+    async def observe(self) -> AsyncIterator[Participant | None]:
+        """Yield the leader now, then again each time it changes or proclaims a value.
+
+        >>> async for leader in latch.observe():  # doctest: +SKIP
+        ...     print(None if leader is None else (leader.id, leader.value))
+
+        ``None`` while nobody leads (between two terms, too). Works on a latch
+        that was never started. The leader is the one whose record is written:
+        a leader whose session ended is gone as soon as the server lets its
+        record go.
+
+        :raises NotImplementedError: the backend has no record store.
+        """
+        store = self._records("observe()")
+        self._engine.check_open()
+        await self._engine.open()
+        seen: tuple[int | None] | None = None  # (record version,) last yielded
+        while True:
+            with await store.snapshot(self._record_key.rpartition("/")[0]) as snap:
+                record = snap.records.get("leader")
+                state = (None if record is None else record.version,)
+                if state != seen:
+                    seen = state
+                    yield _advertised(record)
+                await snap.changed(None)
+
+    def _records(self, what: str) -> Records:
+        if self._store is None:
+            return record_store(self._engine, f"leader latch {self._name!r}: {what}")
+        return self._store
 
     async def participants(self) -> list[Participant]:
         """Every started latch of this name, the leader first."""
@@ -210,12 +295,11 @@ class LeaderLatch:
             # Leadership is a hold like any other: "lost", "renewed" and
             # "released" events, and close() releases it.
             hold = Hold(engine, grants[0], kind="leader latch", owner=None)
-            lost = asyncio.Event()
-            hold.grant.add_loss_listener(_setter(lost))
+            hold.grant.add_loss_listener(self._waker)
             self._hold = hold
             self._leading.set()
             try:
-                await lost.wait()
+                await self._lead(hold)
                 logger.warning(
                     "leader latch %r (%s) lost leadership: %s",
                     self._name,
@@ -225,14 +309,157 @@ class LeaderLatch:
             finally:
                 self._hold = None
                 self._leading.clear()
+                # stop advertising before the next leader can start
+                withdrawn = await self._withdraw()
                 try:
                     await engine.release(hold)
                 except Exception as exc:
                     logger.warning("leader latch %r: releasing failed: %s", self._name, exc)
+                if withdrawn is not None:
+                    raise withdrawn
+
+    def _waker(self, _: object) -> None:
+        self._wake.set()
+
+    async def _lead(self, hold: Hold) -> None:
+        """Keep this term's leader record written (where there is a store) until the loss."""
+        while not hold.lost:
+            self._wake.clear()
+            if self._store is not None and self._advert_term is not hold:
+                written, cancelled = await run_to_end(
+                    self._engine,
+                    self._advertise(self._store, hold),
+                    f"aiolocks-advertise:{self._key}",
+                )
+                if cancelled is not None:
+                    raise cancelled
+                if written.exception() is not None:
+                    logger.warning(
+                        "leader latch %r: writing the leader record failed (again in 1 s): %s",
+                        self._name,
+                        written.exception(),
+                    )
+                    try:
+                        async with asyncio.timeout(1.0):
+                            await self._wake.wait()
+                    except TimeoutError:
+                        pass
+                    continue
+            await self._wake.wait()
+
+    def _advert_data(self, hold: Hold) -> bytes:
+        what = f"leader latch {self._name!r}: value"
+        return dump_json(
+            what, {"id": self._participant_id, "value": self._value, "token": hold.token}
+        )
+
+    async def _advertise(self, store: Records, hold: Hold) -> None:
+        """Write the leader record of ``hold``'s term, replacing one an earlier term left."""
+        async with self._advert_lock:
+            for _ in range(3):
+                if hold.lost or self._hold is not hold:
+                    return
+                entry = await store.join(self._record_key, self._advert_data(hold))
+                if entry is not None:
+                    self._advert, self._advert_term = entry, hold
+                    entry.add_loss_listener(self._advert_lost)
+                    self._advert_watch = self._engine.spawn(
+                        self._watch_advert(store, entry), name=f"aiolocks-advert:{self._key}"
+                    )
+                    return
+                record = await store.read(self._record_key)
+                if record is None:
+                    continue
+                other = _advertised(record)
+                token = None if other is None else other.fencing_token
+                if token is not None and token > hold.token:
+                    self._advert_term = hold  # a later term wrote it: this latch is stale
+                    return
+                await store.delete(self._record_key, version=record.version)
+            raise BackendUnavailableError(
+                f"leader latch {self._name!r}: the leader record kept being replaced"
+            )
+
+    async def _watch_advert(self, store: Records, entry: Entry) -> None:
+        """Notice our leader record deleted or replaced behind our back: write it again."""
+        prefix = self._record_key.rpartition("/")[0]
+        while self._advert is entry and not entry.lost and not self._engine.closed:
+            try:
+                # read under the lock: no proclaim() update in flight when comparing versions
+                async with self._advert_lock:
+                    snap = await store.snapshot(prefix)
+                with snap:
+                    record = snap.records.get("leader")
+                    if record is None or record.version != entry.version:
+                        if self._advert is entry:
+                            self._advert, self._advert_term = None, None
+                            self._wake.set()
+                        return
+                    await snap.changed(_RECHECK)
+            except BackendUnavailableError as exc:
+                logger.debug("leader latch %r: watching the leader record: %s", self._name, exc)
+                await asyncio.sleep(1.0)
+
+    def _advert_lost(self, entry: Entry) -> None:
+        if self._advert is entry:
+            self._advert_term = None  # write it again while leading
+            self._wake.set()
+
+    async def _rewrite(self, store: Records, hold: Hold) -> None:
+        """``proclaim()``: update this term's leader record with the new value."""
+        async with self._advert_lock:
+            entry = self._advert
+            if hold.lost or self._hold is not hold or self._advert_term is not hold:
+                self._wake.set()  # the runner writes the record (with the new value)
+                return
+            if entry is None:
+                return  # a later term's record stands: this latch is stale
+            version = await store.update(entry.key, self._advert_data(hold), version=entry.version)
+            if version is None:  # deleted or replaced behind our back
+                self._advert, self._advert_term = None, None
+                self._wake.set()
+            else:
+                entry.version = version
+
+    async def _withdraw(self) -> asyncio.CancelledError | None:
+        """Delete this term's leader record (awaited to its end); the caller's cancellation."""
+        if self._store is None:
+            return None
+        _, cancelled = await run_to_end(
+            self._engine, self._delete_advert(self._store), f"aiolocks-withdraw:{self._key}"
+        )
+        return cancelled
+
+    async def _delete_advert(self, store: Records) -> None:
+        async with self._advert_lock:
+            entry, self._advert, self._advert_term = self._advert, None, None
+            watch, self._advert_watch = self._advert_watch, None
+            if watch is not None:
+                watch.cancel()
+            if entry is None or entry.lost:
+                return  # nothing written, or it went with the session
+            try:
+                await store.delete(entry.key, version=entry.version)
+            except Exception as exc:
+                logger.warning("leader latch %r: deleting the leader record: %s", self._name, exc)
 
 
-def _setter(event: asyncio.Event) -> Callable[[Grant], None]:
-    def set_event(_: Grant) -> None:
-        event.set()
+def _json_value(name: str, value: object) -> JSONValue:
+    """``value`` as every process will read it back (JSON round trip), or ValueError."""
+    return load_json(dump_json(f"leader latch {name!r}: value", value))
 
-    return set_event
+
+def _advertised(record: Record | None) -> Participant | None:
+    """The leader a leader record names, or ``None`` (absent or not ours)."""
+    if record is None:
+        return None
+    try:
+        data = load_json(record.value)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    member_id, token = data.get("id"), data.get("token")
+    if not isinstance(member_id, str) or not isinstance(token, int):
+        return None
+    return Participant(member_id, True, token, "exclusive", value=data.get("value"))

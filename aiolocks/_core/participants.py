@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import final
+
+from .jsonvalues import JSONValue
 
 __all__ = ["Participant"]
 
@@ -22,6 +24,8 @@ class Participant:
     :ivar mode: ``"exclusive"``, ``"lease"``, ``"read"`` or ``"write"``
     :ivar node: the backend's own key for it (znode name, hash field), for debugging
     :ivar ttl: seconds left on the lease where the backend has leases (Redis), else ``None``
+    :ivar value: what a leader latch's leader advertises (``value=``, ``proclaim()``);
+        ``None`` for locks and where nothing was advertised
     """
 
     id: str
@@ -30,3 +34,5 @@ class Participant:
     mode: str = "exclusive"
     node: str | None = None
     ttl: float | None = None
+    #: (not hashed: a JSON object is not hashable, a Participant stays so)
+    value: JSONValue = field(default=None, hash=False)
