@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from aiolocks.etcd._client import EtcdClient
-from aiolocks.testing import EtcdCluster, TcpProxy, etcd_flavors
+from aiolocks.testing import EtcdCluster, RedisSentinelSet, RedisServer, TcpProxy, etcd_flavors
 from aiolocks.testing.servers import ZooKeeperEnsemble
 
-from .checker import zk_leftovers
+from .checker import redis_leftovers, zk_leftovers
 from .cluster import ClusterRun, ClusterTopology, MemberProcess, Step, run_cluster
 from .conftest import record_summary
 from .test_etcd_chaos import etcd_leftovers, lease_ids
@@ -33,6 +34,26 @@ pytestmark = pytest.mark.slow
 WORKERS = 3
 #: ZooKeeper session timeout and etcd session lease (s)
 SESSION = 2.0
+
+
+def check_unsafe(run: ClusterRun) -> None:
+    """For a topology that cannot give safe locks (asynchronous replication failover).
+
+    Two holders may overlap there and a holder may not be told; what must
+    hold is that the fenced store accepted no interleaved writes (it
+    rejected every stale one), that tokens were unique, and nothing leaked.
+    """
+    report = run.report
+    record_summary(run.summary(), run.as_json())
+    events = "\n".join(run.events())
+    logs = run.pool.logs() if run.pool is not None else ""
+    details = "\n".join(report.problems[:40])
+    stale = (report.unfenced, report.duplicate_tokens, report.spurious_cancellations)
+    leaks = (report.holds_left, report.leaked)
+    assert stale == (0, 0, 0), f"{run.summary()}\n{details}\nfaults:\n{events}\n{logs}"
+    assert leaks == (0, 0), f"{run.summary()}\n{details}\nfaults:\n{events}\n{logs}"
+    assert report.critical_sections >= 10, f"too few critical sections: {run.summary()}\n{logs}"
+    assert len(run.faults) == len(run.schedule), events
 
 
 def check(run: ClusterRun) -> None:
@@ -227,3 +248,148 @@ async def test_etcd_cluster_cluster_faults(own_etcd_cluster: EtcdCluster, tmp_pa
         topology.leases_before = await asyncio.to_thread(lease_ids, cluster)
         run = await run_cluster(topology, tmp_path)
     check(run)
+
+
+# -- Redis Sentinel -----------------------------------------------------------------------
+
+#: the Redis lease (s)
+REDIS_LEASE = 2.0
+
+
+def _role(server: RedisServer) -> str:
+    try:
+        return server.info("replication", timeout=1.0).get("role", "?")
+    except Exception:  # down or frozen
+        return "down"
+
+
+class SentinelTopology(ClusterTopology):
+    """A primary, two replicas (asynchronous replication) and three Sentinels.
+
+    The workers find the primary through the Sentinels, which name the data
+    servers' own ports, so there is no per-worker proxy and no proxy fault
+    here: the faults are kill -9 and SIGSTOP of the primary or a replica and
+    a Sentinel failover after the primary's SIGKILL. A primary killed and
+    restarted before the Sentinels notice comes back empty (no persistence):
+    every lock key is gone. Replication is asynchronous, so a failover can
+    lose the last lock writes; ``min_replicas=1`` (``WAIT``) narrows that.
+    """
+
+    session = REDIS_LEASE
+
+    def __init__(self, sentinels: RedisSentinelSet, extra: RedisServer, min_replicas: int) -> None:
+        members: list[RedisServer] = [sentinels.master, sentinels.replica, extra]
+        super().__init__(members, [])
+        self.servers = members
+        self.sentinels = sentinels
+        self.min_replicas = min_replicas
+        self.label = f"redis-sentinel-1+2{'-wait' if min_replicas else ''}"
+        self.prefix = f"chaos-{uuid.uuid4().hex[:8]}:"
+
+    def kinds(self) -> tuple[str, ...]:
+        return ("kill_member", "pause_member", "failover")
+
+    def urls(self) -> list[str]:
+        options = f"key_prefix={self.prefix}&lease_time={self.session:g}&connect_timeout=8"
+        if self.min_replicas:
+            options += f"&min_replicas={self.min_replicas}"
+        return [f"{self.sentinels.url}?{options}"] * WORKERS
+
+    def _primary(self) -> int | None:
+        for sentinel in self.sentinels.sentinels:
+            try:
+                address = sentinel.master_address()
+            except Exception:
+                continue
+            for index, server in enumerate(self.servers):
+                if address == (server.host, server.port) and server.running:
+                    return None if index in self.paused else index
+        return None
+
+    async def leader(self) -> int | None:
+        return await asyncio.to_thread(self._primary)
+
+    async def failover(self, step: Step) -> str:
+        old = await self.leader()
+        if old is None:
+            return "no primary to fail over"
+        server = self.servers[old]
+        await asyncio.to_thread(server.kill)
+        new = await self._wait(lambda: self._primary() not in (None, old), "a new primary")
+        await asyncio.to_thread(server.start)
+        return f"primary {server.port} killed, Sentinels promoted {self.servers[new].port}"
+
+    async def _wait(self, check: Callable[[], object], what: str, timeout: float = 60) -> int:
+        async with asyncio.timeout(timeout):
+            while True:
+                if await asyncio.to_thread(check):
+                    return await self.leader() or 0
+                await asyncio.sleep(0.1)
+
+    def _healthy(self) -> bool:
+        primary = self._primary()
+        if primary is None or _role(self.servers[primary]) != "master":
+            return False
+        for index, server in enumerate(self.servers):
+            if index != primary:
+                info = server.info("replication", timeout=1.0)
+                if info.get("role") != "slave" or info.get("master_link_status") != "up":
+                    return False
+                if int(info.get("master_port", 0)) != self.servers[primary].port:
+                    return False
+        return True
+
+    async def wait_healthy(self) -> None:
+        await self._wait(self._healthy, "one primary, both replicas in sync", timeout=90)
+
+    async def leftovers(self) -> list[str]:
+        primary = await self.leader()
+        url = self.servers[primary or 0].url
+        return await redis_leftovers(url, self.prefix, within=self.session + 5)
+
+
+@pytest.fixture
+def own_sentinel_set() -> Iterator[tuple[RedisSentinelSet, RedisServer]]:
+    """A primary, two replicas and three Sentinels of this test only."""
+    sentinels = RedisSentinelSet()
+    extra: RedisServer | None = None
+    try:
+        sentinels.start()
+        master = sentinels.master
+        extra = RedisServer(extra_args=("--replicaof", master.host, str(master.port)))
+        extra.start()
+        _wait_second_replica(sentinels)
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        sentinels.close()
+        if extra is not None:
+            extra.close()
+        pytest.skip(f"cannot start a Redis Sentinel set here: {exc}")
+    try:
+        yield sentinels, extra
+    finally:
+        sentinels.close()
+        extra.close()
+
+
+def _wait_second_replica(sentinels: RedisSentinelSet, timeout: float = 60) -> None:
+    """Every Sentinel learns the second replica from the primary's INFO (every 10 s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = [sentinel.master_state() for sentinel in sentinels.sentinels]
+        if all(int(str(state.get("num-slaves", 0))) >= 2 for state in states):
+            return
+        time.sleep(0.2)
+    raise TimeoutError("the Sentinels did not learn the second replica")
+
+
+@pytest.mark.redis
+@pytest.mark.asyncio
+@pytest.mark.parametrize("min_replicas", [0, 1])
+async def test_redis_sentinel_cluster_faults(
+    own_sentinel_set: tuple[RedisSentinelSet, RedisServer], tmp_path: Path, min_replicas: int
+) -> None:
+    """kill -9 and SIGSTOP of primary or replica, Sentinel failover: fencing stops stale writes."""
+    sentinels, extra = own_sentinel_set
+    topology = SentinelTopology(sentinels, extra, min_replicas)
+    run = await run_cluster(topology, tmp_path)
+    check_unsafe(run)
