@@ -450,3 +450,73 @@ def _finish(label: str, seed: int, register: Register, codes: list[int], started
         if code or register.worker(index).done is None:
             report.problems.append(f"worker {index} did not finish cleanly (exit code {code})")
     return report
+
+
+class Vip:
+    """A virtual address that follows the primary: a forwarder whose target can move.
+
+    What keepalived or a load balancer's health check does in front of a
+    PostgreSQL pair: clients connect to one address; on failover it is moved
+    to the new primary and the connections to the old one are dropped.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    async def __aenter__(self) -> Vip:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._server is not None:
+            self._server.close()
+        self._drop()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def move(self, host: str, port: int) -> None:
+        """Point at another server; every open connection is dropped (the old path is gone)."""
+        self.target = (host, port)
+        self._drop()
+
+    def _drop(self) -> None:
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._writers.add(writer)
+        upstream: asyncio.StreamWriter | None = None
+        try:
+            up_reader, upstream = await asyncio.open_connection(*self.target)
+            self._writers.add(upstream)
+            async with asyncio.TaskGroup() as group:
+                group.create_task(_pump(reader, upstream))
+                group.create_task(_pump(up_reader, writer))
+        except (OSError, asyncio.CancelledError, ExceptionGroup):
+            return
+        finally:
+            # Cleanup path: no socket outlives its handler.
+            for side in (writer, upstream):
+                if side is not None:
+                    side.transport.abort()
+                    self._writers.discard(side)
+            self._tasks.discard(task)
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while data := await reader.read(65536):
+        writer.write(data)
+        await writer.drain()
+    writer.transport.abort()

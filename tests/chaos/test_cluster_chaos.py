@@ -18,16 +18,26 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from aiolocks.etcd._client import EtcdClient
-from aiolocks.testing import EtcdCluster, RedisSentinelSet, RedisServer, TcpProxy, etcd_flavors
+from aiolocks.postgres._sql import TableNames, ensure_schema
+from aiolocks.testing import (
+    EtcdCluster,
+    PostgresServer,
+    RedisSentinelSet,
+    RedisServer,
+    TcpProxy,
+    etcd_flavors,
+)
 from aiolocks.testing.servers import ZooKeeperEnsemble
 
 from .checker import redis_leftovers, zk_leftovers
-from .cluster import ClusterRun, ClusterTopology, MemberProcess, Step, run_cluster
+from .cluster import ClusterRun, ClusterTopology, MemberProcess, Step, Vip, run_cluster
 from .conftest import record_summary
 from .test_etcd_chaos import etcd_leftovers, lease_ids
+from .test_postgres_chaos import postgres_leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -393,3 +403,103 @@ async def test_redis_sentinel_cluster_faults(
     topology = SentinelTopology(sentinels, extra, min_replicas)
     run = await run_cluster(topology, tmp_path)
     check_unsafe(run)
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+
+#: advisory mode: a hold is declared lost within heartbeat + 1 s of its session's end
+PG_HEARTBEAT = 1.0
+
+
+class PostgresTopology(ClusterTopology):
+    """A primary and a streaming standby behind a virtual address that follows the primary.
+
+    Each worker reaches the :class:`~tests.chaos.cluster.Vip` through its own
+    proxy; ``groups[w]`` has that one proxy for both members, so isolating
+    the primary stalls every worker's proxy and isolating a client stalls
+    one. Failover: kill -9 of the primary, ``pg_ctl promote`` of the
+    standby, the address moved to it, the old primary rebuilt as the new
+    standby (``pg_basebackup``).
+    """
+
+    session = PG_HEARTBEAT + 1
+
+    def __init__(self, servers: list[PostgresServer], vip: Vip, proxies: list[TcpProxy]) -> None:
+        super().__init__(servers, [[proxy, proxy] for proxy in proxies])
+        self.servers = servers
+        self.vip = vip
+        self.primary = 0
+        self.label = "postgres-primary+standby"
+
+    def urls(self) -> list[str]:
+        return [
+            f"postgresql://postgres@{group[0].netloc}/postgres"
+            f"?heartbeat={PG_HEARTBEAT:g}&connect_timeout=5"
+            for group in self.groups
+        ]
+
+    async def leader(self) -> int | None:
+        return None if self.primary in self.paused else self.primary
+
+    async def failover(self, step: Step) -> str:
+        old, new = self.servers[self.primary], self.servers[1 - self.primary]
+        await asyncio.to_thread(old.kill)
+        await asyncio.to_thread(new.promote)
+        self.vip.move(new.host, new.port)
+        self.primary = 1 - self.primary
+        await asyncio.to_thread(old.rebuild_as_standby, new)
+        return f"primary {old.port} killed, {new.port} promoted, old one rebuilt as standby"
+
+    def _healthy(self) -> bool:
+        primary, standby = self.servers[self.primary], self.servers[1 - self.primary]
+        rows = primary.query("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")
+        return not primary.in_recovery() and standby.in_recovery() and rows == [("1",)]
+
+    async def wait_healthy(self) -> None:
+        async with asyncio.timeout(60):
+            while not await asyncio.to_thread(self._healthy):
+                await asyncio.sleep(0.1)
+
+    async def leftovers(self) -> list[str]:
+        return await postgres_leftovers(self.servers[self.primary], within=self.session + 10)
+
+
+@pytest.fixture
+def own_postgres_pair() -> Iterator[list[PostgresServer]]:
+    """A primary and its streaming standby, for this test only."""
+    primary = PostgresServer()
+    standby = PostgresServer(standby_of=primary)
+    try:
+        primary.start()
+        standby.start()
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        standby.close()
+        primary.close()
+        pytest.skip(f"cannot start a PostgreSQL primary and standby here: {exc}")
+    try:
+        yield [primary, standby]
+    finally:
+        standby.close()
+        primary.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.asyncio
+async def test_postgres_standby_cluster_faults(
+    own_postgres_pair: list[PostgresServer], tmp_path: Path
+) -> None:
+    """Primary isolation, client isolation, kill -9, SIGSTOP, pg_ctl promote failover."""
+    primary = own_postgres_pair[0]
+    conn = await asyncpg.connect(primary.url)
+    try:  # the library's tables exist before the first fault (the leak check reads them)
+        await ensure_schema(conn, TableNames())
+    finally:
+        await conn.close()
+    async with (
+        Vip(primary.host, primary.port) as vip,
+        proxies_for([("127.0.0.1", vip.port)]) as groups,
+    ):
+        topology = PostgresTopology(own_postgres_pair, vip, [group[0] for group in groups])
+        await topology.wait_healthy()
+        run = await run_cluster(topology, tmp_path)
+    check(run)
