@@ -308,6 +308,8 @@ class ClusterRun:
     schedule: list[Step]
     faults: list[FaultRecord] = field(default_factory=list)
     pool: WorkerPool | None = None
+    errors: list[str] = field(default_factory=list)
+    """Critical sections that ended with an error other than loss, timeout, unavailable."""
 
     def windows(self) -> dict[str, list[float]]:
         """The loss windows (s) of each fault kind, of the faults that cost a lock."""
@@ -352,6 +354,7 @@ class ClusterRun:
         data = self.report.as_json()
         data["cluster_faults"] = [fault.__dict__ for fault in self.faults]
         data["loss_windows"] = self.windows()
+        data["errors"] = self.errors
         return data
 
 
@@ -436,6 +439,11 @@ async def run_cluster(
         await register.stop()
     run.report = _finish(topology.label, seed, register, codes, started)
     loss_windows(run.faults, register)
+    run.errors = [
+        f"{rec.cs} {rec.outcome}: {rec.detail}"
+        for rec in register.records
+        if rec.outcome.startswith("error:")
+    ]
     run.report.faults = Counter(fault.kind for fault in run.faults)
     leftovers = await topology.leftovers()
     run.report.leaked = len(leftovers)

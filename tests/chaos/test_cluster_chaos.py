@@ -26,6 +26,7 @@ from aiolocks.postgres._sql import TableNames, ensure_schema
 from aiolocks.testing import (
     EtcdCluster,
     PostgresServer,
+    RedisCluster,
     RedisSentinelSet,
     RedisServer,
     TcpProxy,
@@ -503,3 +504,129 @@ async def test_postgres_standby_cluster_faults(
         await topology.wait_healthy()
         run = await run_cluster(topology, tmp_path)
     check(run)
+
+
+# -- Redis Cluster ------------------------------------------------------------------------
+
+
+class RedisClusterTopology(ClusterTopology):
+    """Three masters, one replica each (asynchronous replication), cluster-node-timeout 2 s.
+
+    The workers learn the nodes' own ports from the cluster (no proxy
+    faults). Faults: kill -9 and SIGSTOP of a master or a replica, and a
+    failover: kill -9 of a master, its replica promoted by the cluster, the
+    old master back as a replica. A master killed and back before the node
+    timeout returns empty (no persistence).
+    """
+
+    session = REDIS_LEASE
+    label = "redis-cluster-3+3"
+
+    def __init__(self, cluster: RedisCluster) -> None:
+        nodes: list[RedisServer] = list(cluster.nodes)
+        super().__init__(nodes, [])
+        self.nodes = nodes
+        self.cluster = cluster
+        self.prefix = f"chaos-{uuid.uuid4().hex[:8]}:"
+
+    def kinds(self) -> tuple[str, ...]:
+        return ("kill_member", "pause_member", "failover")
+
+    def urls(self) -> list[str]:
+        options = f"key_prefix={self.prefix}&lease_time={self.session:g}&connect_timeout=8"
+        return [f"{self.cluster.url}?{options}"] * WORKERS
+
+    def _masters(self) -> list[int]:
+        return [
+            index
+            for index, node in enumerate(self.nodes)
+            if node.running and index not in self.paused and _role(node) == "master"
+        ]
+
+    def _busy_masters(self) -> list[int]:
+        """The masters, those that hold a lock key of the run right now first."""
+        masters = self._masters()
+
+        def busy(index: int) -> bool:
+            try:
+                return bool(self.nodes[index].command("KEYS", f"{self.prefix}*", timeout=1.0))
+            except Exception:
+                return False
+
+        return sorted(masters, key=lambda index: not busy(index))
+
+    async def leader(self) -> int | None:
+        """A master that serves a lock of the run (where a fault bites)."""
+        masters = await asyncio.to_thread(self._busy_masters)
+        return masters[0] if masters else None
+
+    async def target(self, step: Step) -> tuple[int, str]:
+        masters = await asyncio.to_thread(self._busy_masters)
+        if masters and step.pick2 < 0.5:
+            return masters[0], "master with a lock"
+        others = [i for i in range(len(self.nodes)) if i not in masters]
+        return others[int(step.pick * len(others))], "replica"
+
+    async def failover(self, step: Step) -> str:
+        masters = await asyncio.to_thread(self._busy_masters)
+        old = masters[0]
+        node = self.nodes[old]
+        await asyncio.to_thread(node.kill)
+        async with asyncio.timeout(60):
+            while len(await asyncio.to_thread(self._masters)) < len(masters):
+                await asyncio.sleep(0.1)
+        await asyncio.to_thread(node.start)
+        return f"master {node.port} killed, its replica promoted, old one back as a replica"
+
+    def _healthy(self) -> bool:
+        masters = self._masters()
+        if len(masters) != 3:
+            return False
+        for index, node in enumerate(self.nodes):
+            info = node.info("cluster")
+            state = str(node.command("CLUSTER", "INFO"))
+            if info.get("cluster_enabled") != "1" or "cluster_state:ok" not in state:
+                return False
+            link = node.info("replication").get("master_link_status")
+            if index not in masters and link != "up":
+                return False
+        return True
+
+    async def wait_healthy(self) -> None:
+        async with asyncio.timeout(90):
+            while not await asyncio.to_thread(self._healthy):
+                await asyncio.sleep(0.1)
+
+    async def leftovers(self) -> list[str]:
+        found: list[str] = []
+        for index in await asyncio.to_thread(self._masters):
+            url = self.nodes[index].url
+            found += await redis_leftovers(url, self.prefix, within=self.session + 5)
+        return found
+
+
+@pytest.fixture
+def own_redis_cluster() -> Iterator[RedisCluster]:
+    """Three masters with one replica each, for this test only."""
+    cluster = RedisCluster(3, replicas=1)
+    try:
+        cluster.start()
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        cluster.close()
+        pytest.skip(f"cannot start a Redis Cluster here: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.mark.redis
+@pytest.mark.asyncio
+async def test_redis_cluster_cluster_faults(
+    own_redis_cluster: RedisCluster, tmp_path: Path
+) -> None:
+    """kill -9 and SIGSTOP of a master or replica, replica promotion: fencing stops stale writes."""
+    topology = RedisClusterTopology(own_redis_cluster)
+    await topology.wait_healthy()
+    run = await run_cluster(topology, tmp_path)
+    check_unsafe(run)
