@@ -57,7 +57,7 @@ import glob
 import os
 import secrets
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, Final, Self, TypeAlias, final
 from urllib.parse import unquote, urlsplit
@@ -552,10 +552,14 @@ class ZooKeeperEnsembleMember(_ZooKeeperProcess):
 
     def _config_lines(self, data_dir: Path) -> list[str]:
         lines = super()._config_lines(data_dir)
-        lines.extend(
-            f"server.{member.server_id}={LOCALHOST}:{member.quorum_port}:{member.election_port}"
-            for member in self._ensemble.members
-        )
+        route = self._ensemble.peer_route
+        for member in self._ensemble.members:
+            host, quorum, election = LOCALHOST, member.quorum_port, member.election_port
+            if route is not None and member is not self:
+                # how *this* member reaches that one (e.g. through a fault proxy)
+                host, quorum = route(self.server_id, member.server_id, member.quorum_port)
+                _, election = route(self.server_id, member.server_id, member.election_port)
+            lines.append(f"server.{member.server_id}={host}:{quorum}:{election}")
         return lines
 
     def _prepare(self, directory: Path) -> None:
@@ -582,6 +586,13 @@ class ZooKeeperEnsemble(_Ensemble[ZooKeeperEnsembleMember]):
     ``start()`` returns once a quorum elected a leader and every member
     serves. Members share the single-server settings (``tickTime=200``,
     sessions 400 ms .. 60 s, ``initLimit=20``/``syncLimit=10`` ticks).
+
+    ``peer_route(from_id, to_id, port)`` -> ``(host, port)``, when given, says
+    where member ``from_id`` dials the quorum or election ``port`` of member
+    ``to_id`` (each member has its own ``zoo.cfg``): put a
+    :class:`~aiolocks.testing.TcpProxy` per ordered pair of members there and
+    a partition between members is a proxy rule. It is called at every
+    (re)start of a member and must answer the same each time.
     """
 
     _title = "ZooKeeper ensemble"
@@ -599,9 +610,12 @@ class ZooKeeperEnsemble(_Ensemble[ZooKeeperEnsembleMember]):
         jvm_options: Sequence[str] = (),
         base_dir: Path | None = None,
         startup_timeout: float = 60.0,
+        peer_route: Callable[[int, int, int], tuple[str, int]] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"an ensemble needs at least one server, not {size}")
+        self.peer_route: Final = peer_route
+        """How members reach each other (``None``: directly); see the class docstring."""
         super().__init__(size, base_dir=base_dir, startup_timeout=startup_timeout)
         self._external_hosts: str | None = None
         self._settings = {

@@ -214,8 +214,10 @@ async def run(config: dict[str, Any]) -> None:
                 except Exception as exc:
                     record["outcome"] = f"error:{type(exc).__name__}"
                     record["detail"] = str(exc)[:200]
+                # when the outcome was known (a loss: when the library reported it)
+                record["reported"] = time.monotonic_ns()
                 if record["start"] is not None and record["end"] is None:
-                    record["end"] = time.monotonic_ns()
+                    record["end"] = record["reported"]
                 if trace is not None:
                     trace.write(
                         f"{time.monotonic():.3f} cs {cs} token={record['token']} "

@@ -128,6 +128,8 @@ class CsRecord:
     detail: str = ""
     lock: str = ""
     """Which of the run's locks (``""`` when the run has one)."""
+    reported: int | None = None
+    """``monotonic_ns`` when the worker knew the outcome (for a loss: when it was told)."""
 
 
 @dataclass
@@ -242,6 +244,7 @@ class Register:
                     rejected=bool(message.get("rejected")),
                     detail=str(message.get("detail", "")),
                     lock=str(message.get("lock", "")),
+                    reported=message.get("reported"),
                 )
             )
         elif op == "hello":

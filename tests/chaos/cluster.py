@@ -7,7 +7,7 @@ section fenced by the checker's :class:`~tests.chaos.checker.Register`)
 against a *cluster* and drives a fixed schedule of cluster faults instead:
 
 ``isolate_leader``
-    every worker's proxy to the leader (primary) is stalled for 1.2-2
+    every worker's proxy to the leader (primary) is stalled for 1.5-2.5
     sessions: no client reaches it; clients connected to it must move on
 ``isolate_client``
     one worker can reach only one member that is not the leader (its proxies
@@ -16,7 +16,7 @@ against a *cluster* and drives a fixed schedule of cluster faults instead:
     SIGKILL (kill -9) of the leader or of another member, down 0.3-1
     session, started again on the same port
 ``pause_member``
-    SIGSTOP of the leader or of another member for 1.2-2 sessions (past the
+    SIGSTOP of the leader or of another member for 1.5-2.5 sessions (past the
     session timeout / lease), then SIGCONT: a frozen member wakes up
     believing nothing happened
 ``failover``
@@ -126,7 +126,7 @@ def make_schedule(
             Step(
                 kind=kind,
                 gap=rng.uniform(0.5, 1.5),
-                hold=rng.uniform(1.2, 2.0) * session,
+                hold=rng.uniform(1.5, 2.5) * session,
                 pick=rng.random(),
                 pick2=rng.random(),
             )
@@ -189,6 +189,10 @@ class ClusterTopology(ABC):
         """The fault kinds this topology supports (default: all)."""
         return FAULT_KINDS
 
+    def peer_links(self, side: set[int]) -> list[TcpProxy]:
+        """The proxies between members in ``side`` and the others (none: members talk directly)."""
+        return []
+
     # -- the faults shared by every topology
 
     def pause(self, index: int) -> None:
@@ -239,23 +243,34 @@ async def _stalled(proxies: Sequence[TcpProxy], seconds: float) -> None:
 
 
 async def isolate_leader(topology: ClusterTopology, step: Step) -> str:
-    """Stall every worker's proxy to the leader for ``step.hold`` seconds."""
+    """The leader alone on its side for ``step.hold`` seconds: cut from every client and peer."""
     lead = await topology.leader()
     if lead is None:
         return "no leader to isolate"
-    await _stalled([group[lead] for group in topology.groups], step.hold)
-    return f"member {lead} (leader) cut off from every client for {step.hold:.2f}s"
+    peers = topology.peer_links({lead})
+    await _stalled([group[lead] for group in topology.groups] + peers, step.hold)
+    cut = f" and from its peers ({len(peers)} links)" if peers else ""
+    return f"member {lead} (leader) cut off from every client{cut} for {step.hold:.2f}s"
 
 
 async def isolate_client(topology: ClusterTopology, step: Step) -> str:
-    """One worker reaches only one non-leader member for ``step.hold`` seconds."""
+    """One worker and one non-leader member on the minority side for ``step.hold`` seconds.
+
+    The worker reaches only that member; where members talk through proxies
+    (:meth:`ClusterTopology.peer_links`) the member is cut from its peers and
+    from the other workers too, so the worker's side has no quorum.
+    """
     worker = int(step.pick * len(topology.groups))
     lead = await topology.leader()
     others = [i for i in range(len(topology.members)) if i != lead]
     keep = others[int(step.pick2 * len(others))]
-    group = topology.groups[worker]
-    await _stalled([proxy for i, proxy in enumerate(group) if i != keep], step.hold)
-    return f"worker {worker} reaches only member {keep} for {step.hold:.2f}s"
+    peers = topology.peer_links({keep})
+    stalled = [proxy for i, proxy in enumerate(topology.groups[worker]) if i != keep]
+    if peers:
+        stalled += [group[keep] for w, group in enumerate(topology.groups) if w != worker]
+    await _stalled(stalled + peers, step.hold)
+    minority = " (a minority: member cut from its peers)" if peers else ""
+    return f"worker {worker} reaches only member {keep}{minority} for {step.hold:.2f}s"
 
 
 async def kill_member(topology: ClusterTopology, step: Step) -> str:
@@ -361,7 +376,9 @@ class ClusterRun:
 def loss_windows(faults: list[FaultRecord], register: Register) -> None:
     """Set each fault's window: its start to the first loss reported before the next fault."""
     losses = sorted(
-        rec.end / 1e9 for rec in register.records if rec.outcome == "lost" and rec.end is not None
+        rec.reported / 1e9
+        for rec in register.records
+        if rec.outcome == "lost" and rec.reported is not None
     )
     for index, fault in enumerate(faults):
         until = faults[index + 1].started if index + 1 < len(faults) else float("inf")

@@ -32,7 +32,7 @@ from aiolocks.testing import (
     TcpProxy,
     etcd_flavors,
 )
-from aiolocks.testing.servers import ZooKeeperEnsemble
+from aiolocks.testing.servers import LOCALHOST, ZooKeeperEnsemble
 
 from .checker import redis_leftovers, zk_leftovers
 from .cluster import ClusterRun, ClusterTopology, MemberProcess, Step, Vip, run_cluster
@@ -82,10 +82,18 @@ def check(run: ClusterRun) -> None:
 
 @contextlib.asynccontextmanager
 async def proxies_for(addresses: Sequence[tuple[str, int]]) -> AsyncIterator[list[list[TcpProxy]]]:
-    """For each worker, one proxy per member: ``groups[worker][member]``."""
+    """For each worker, one proxy per member: ``groups[worker][member]``.
+
+    The proxies to member ``i`` listen on its own loopback address, ``127.0.0.<10 + i>``.
+    """
     async with contextlib.AsyncExitStack() as stack:
         groups = [
-            [await stack.enter_async_context(TcpProxy(host, port)) for host, port in addresses]
+            [
+                await stack.enter_async_context(
+                    TcpProxy(host, port, listen_host=member_address(index))
+                )
+                for index, (host, port) in enumerate(addresses)
+            ]
             for _ in range(WORKERS)
         ]
         yield groups
@@ -94,16 +102,69 @@ async def proxies_for(addresses: Sequence[tuple[str, int]]) -> AsyncIterator[lis
 # -- ZooKeeper ----------------------------------------------------------------------------
 
 
+class PeerMesh:
+    """One :class:`TcpProxy` per ordered pair of members and per peer port.
+
+    Given to :class:`ZooKeeperEnsemble` as ``peer_route``: member ``a``
+    dials port ``p`` of member ``b`` through ``proxies[(a, b, p)]``, which
+    listens on ``127.0.0.<10 + b>``: each member's own loopback address. The
+    launcher calls :meth:`route` from the thread that starts the members;
+    the proxies run on the test's event loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.proxies: dict[tuple[int, int, int], TcpProxy] = {}
+
+    def route(self, source: int, target: int, port: int) -> tuple[str, int]:
+        key = (source, target, port)
+        if key not in self.proxies:
+            future = asyncio.run_coroutine_threadsafe(self._open(key), self.loop)
+            future.result(timeout=30)
+        proxy = self.proxies[key]
+        return proxy.host, proxy.port
+
+    async def _open(self, key: tuple[int, int, int]) -> None:
+        proxy = TcpProxy(LOCALHOST, key[2], listen_host=member_address(key[1] - 1))
+        self.proxies[key] = await proxy.start()
+
+    def crossing(self, side: set[int]) -> list[TcpProxy]:
+        """The proxies of every link with one end in ``side`` (member indexes) and one outside."""
+        return [
+            proxy
+            for (source, target, _), proxy in self.proxies.items()
+            if ((source - 1) in side) != ((target - 1) in side)
+        ]
+
+    async def close(self) -> None:
+        for proxy in self.proxies.values():
+            await proxy.stop()
+
+
+def member_address(index: int) -> str:
+    """The loopback address that stands for member ``index`` (0-based): ``127.0.0.<10 + i>``."""
+    return f"127.0.0.{10 + index}"
+
+
 class ZooKeeperTopology(ClusterTopology):
-    """A 3-member ensemble; failover = the leader's SIGKILL and a new election."""
+    """A 3-member ensemble whose members reach each other through :class:`PeerMesh`.
+
+    Isolating the leader cuts it from its peers and from every client (an
+    election follows on the majority side); a client with a minority reaches
+    only one follower, itself cut from its peers. Failover: the leader's
+    SIGKILL and a new election.
+    """
 
     label = "zookeeper-3"
     session = SESSION
 
-    def __init__(self, ensemble: ZooKeeperEnsemble, groups: list[list[TcpProxy]]) -> None:
+    def __init__(
+        self, ensemble: ZooKeeperEnsemble, groups: list[list[TcpProxy]], mesh: PeerMesh
+    ) -> None:
         members: Sequence[MemberProcess] = ensemble.members
         super().__init__(members, groups)
         self.ensemble = ensemble
+        self.mesh = mesh
         self.chroot = f"/chaos-{uuid.uuid4().hex[:8]}"
 
     def urls(self) -> list[str]:
@@ -112,6 +173,9 @@ class ZooKeeperTopology(ClusterTopology):
             f"?session_timeout={self.session}&connect_timeout=8"
             for group in self.groups
         ]
+
+    def peer_links(self, side: set[int]) -> list[TcpProxy]:
+        return self.mesh.crossing(side)
 
     async def leader(self) -> int | None:
         for index, member in enumerate(self.ensemble.members):
@@ -134,31 +198,32 @@ class ZooKeeperTopology(ClusterTopology):
         return await zk_leftovers(self.ensemble.hosts, self.chroot, within=self.session + 5)
 
 
-@pytest.fixture
-def own_zookeeper_ensemble() -> Iterator[ZooKeeperEnsemble]:
-    """A private 3-member ensemble (this test kills and pauses members)."""
-    ensemble = ZooKeeperEnsemble(3)
+@contextlib.asynccontextmanager
+async def meshed_ensemble() -> AsyncIterator[tuple[ZooKeeperEnsemble, PeerMesh]]:
+    """A private 3-member ensemble whose members talk through a :class:`PeerMesh`."""
+    mesh = PeerMesh(asyncio.get_running_loop())
+    ensemble = ZooKeeperEnsemble(3, peer_route=mesh.route)
     try:
-        ensemble.start()
-    except Exception as exc:  # pragma: no cover - depends on the machine
-        ensemble.close()
-        pytest.skip(f"cannot start a ZooKeeper ensemble here: {exc}")
-    try:
-        yield ensemble
+        try:
+            await asyncio.to_thread(ensemble.start)
+        except Exception as exc:  # pragma: no cover - depends on the machine
+            pytest.skip(f"cannot start a ZooKeeper ensemble here: {exc}")
+        yield ensemble, mesh
     finally:
-        ensemble.close()
+        # Cleanup path: every member and every proxy goes, whatever happened.
+        await asyncio.to_thread(ensemble.close)
+        await mesh.close()
 
 
 @pytest.mark.zookeeper
 @pytest.mark.asyncio
-async def test_zookeeper_ensemble_cluster_faults(
-    own_zookeeper_ensemble: ZooKeeperEnsemble, tmp_path: Path
-) -> None:
+async def test_zookeeper_ensemble_cluster_faults(tmp_path: Path) -> None:
     """Leader isolation, minority client, kill -9, SIGSTOP past the session, leader failover."""
-    ensemble = own_zookeeper_ensemble
-    async with proxies_for([(m.host, m.port) for m in ensemble.members]) as groups:
-        topology = ZooKeeperTopology(ensemble, groups)
-        run = await run_cluster(topology, tmp_path)
+    async with meshed_ensemble() as (ensemble, mesh):
+        addresses = [(m.host, m.port) for m in ensemble.members]
+        async with proxies_for(addresses) as groups:
+            topology = ZooKeeperTopology(ensemble, groups, mesh)
+            run = await run_cluster(topology, tmp_path)
     check(run)
 
 
