@@ -8,10 +8,13 @@ against a *cluster* and drives a fixed schedule of cluster faults instead:
 
 ``isolate_leader``
     every worker's proxy to the leader (primary) is stalled for 1.5-2.5
-    sessions: no client reaches it; clients connected to it must move on
+    sessions: no client reaches it; clients connected to it must move on.
+    Where members talk through proxies (:meth:`ClusterTopology.peer_links`)
+    its links to its peers stall too: the majority elects another leader
 ``isolate_client``
     one worker can reach only one member that is not the leader (its proxies
-    to every other member are stalled): a client on the minority side
+    to every other member are stalled); with peer links that member is cut
+    from its peers and the other workers too: a client on a minority side
 ``kill_member``
     SIGKILL (kill -9) of the leader or of another member, down 0.3-1
     session, started again on the same port

@@ -35,12 +35,22 @@ from aiolocks.testing import (
 from aiolocks.testing.servers import LOCALHOST, ZooKeeperEnsemble
 
 from .checker import redis_leftovers, zk_leftovers
-from .cluster import ClusterRun, ClusterTopology, MemberProcess, Step, Vip, run_cluster
+from .cluster import (
+    ClusterRun,
+    ClusterTopology,
+    MemberProcess,
+    Step,
+    Vip,
+    chaos_long,
+    run_cluster,
+)
 from .conftest import record_summary
 from .test_etcd_chaos import etcd_leftovers, lease_ids
 from .test_postgres_chaos import postgres_leftovers
 
-pytestmark = pytest.mark.slow
+#: a cluster run starts its own cluster and replays a whole schedule: more
+#: than the suite's default per-test timeout (the long schedule: far more)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800 if chaos_long() else 300)]
 
 WORKERS = 3
 #: ZooKeeper session timeout and etcd session lease (s)
@@ -424,9 +434,13 @@ class SentinelTopology(ClusterTopology):
         return await redis_leftovers(url, self.prefix, within=self.session + 5)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def own_sentinel_set() -> Iterator[tuple[RedisSentinelSet, RedisServer]]:
-    """A primary, two replicas and three Sentinels of this test only."""
+    """A primary, two replicas and three Sentinels of this module's tests only.
+
+    Shared by the two runs (with and without ``min_replicas``): each ends
+    on a healed set (one primary, both replicas in sync), whichever is primary.
+    """
     sentinels = RedisSentinelSet()
     extra: RedisServer | None = None
     try:
