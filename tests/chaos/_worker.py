@@ -171,13 +171,8 @@ async def run(config: dict[str, Any]) -> None:
                         record["start"] = time.monotonic_ns()
                         token = lock.fencing_token
                         record["token"] = token
-                        write = {
-                            "op": "write",
-                            "cs": cs,
-                            "token": token,
-                            "worker": worker,
-                            "lock": key,
-                        }
+                        write = {"op": "write", "cs": cs, "token": token, "worker": worker}
+                        write["lock"] = key
                         begin = await register.call(
                             dict(write, phase="begin", session=session_of(backend))
                         )
@@ -214,8 +209,7 @@ async def run(config: dict[str, Any]) -> None:
                 except Exception as exc:
                     record["outcome"] = f"error:{type(exc).__name__}"
                     record["detail"] = str(exc)[:200]
-                # when the outcome was known (a loss: when the library reported it)
-                record["reported"] = time.monotonic_ns()
+                record["reported"] = time.monotonic_ns()  # a loss: when it was told
                 if record["start"] is not None and record["end"] is None:
                     record["end"] = record["reported"]
                 if trace is not None:
