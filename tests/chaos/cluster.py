@@ -31,7 +31,12 @@ killed members restart); the schedule has a quiet gap before each fault.
 The schedule is drawn from the chaos seed before the run (the kinds in a
 seeded order, with seeded targets, gaps and durations), so one seed replays
 the same schedule. The short schedule (the default, for CI) runs every kind
-once; ``AIOLOCKS_CHAOS_LONG=1`` runs :data:`LONG_ROUNDS` rounds.
+once; ``AIOLOCKS_CHAOS_LONG=1`` runs :data:`LONG_ROUNDS` rounds, each with
+one more fault where the topology allows it:
+
+``restart_all``
+    kill -9 of every member at once, then all started again (the data
+    survives: ZooKeeper, etcd and PostgreSQL keep it on disk)
 
 What comes out, besides the checker's counts (:func:`~tests.chaos.checker.analyze`):
 the **loss window** of every fault, the time from the fault's start to the
@@ -101,6 +106,9 @@ class MemberProcess(Protocol):
     def start(self, *, wait: bool = True) -> Any:
         """Start on the same port (and folder)."""
 
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until it serves."""
+
 
 @dataclass(frozen=True)
 class Step:
@@ -162,6 +170,8 @@ class ClusterTopology(ABC):
     label: str
     session: float
     """The session timeout / lease (s): how long a fault must last to cost a lock."""
+    can_restart_all = True
+    """Whether the long schedule adds ``restart_all`` (every member killed and restarted)."""
 
     def __init__(self, members: Sequence[MemberProcess], groups: list[list[TcpProxy]]) -> None:
         self.members = list(members)
@@ -298,6 +308,22 @@ async def pause_member(topology: ClusterTopology, step: Step) -> str:
     return f"SIGSTOP of member {index} ({role}) for {step.hold:.2f}s, SIGCONT"
 
 
+async def restart_all(topology: ClusterTopology, step: Step) -> str:
+    """kill -9 of every member at once, down half the hold, then every member started again."""
+    members = topology.members
+    for member in members:
+        await asyncio.to_thread(member.kill)
+    topology.paused.clear()
+    down = step.hold / 2
+    await asyncio.sleep(down)
+    # all at once: a member of an ensemble serves only once a quorum runs
+    for member in members:
+        await asyncio.to_thread(member.start, wait=False)
+    for member in members:
+        await asyncio.to_thread(member.wait_ready)
+    return f"kill -9 of all {len(members)} members, down {down:.2f}s, all restarted"
+
+
 FaultFn = Callable[[ClusterTopology, Step], Awaitable[str]]
 
 FAULTS: dict[str, FaultFn] = {
@@ -305,6 +331,7 @@ FAULTS: dict[str, FaultFn] = {
     "isolate_client": isolate_client,
     "kill_member": kill_member,
     "pause_member": pause_member,
+    "restart_all": restart_all,
 }
 
 
@@ -420,7 +447,10 @@ async def run_cluster(
     rng, seed = rng_for(topology.label)
     if rounds is None:
         rounds = LONG_ROUNDS if chaos_long() else 1
-    steps = make_schedule(rng, topology.kinds(), topology.session, rounds)
+    kinds = topology.kinds()
+    if rounds > 1 and topology.can_restart_all:
+        kinds += ("restart_all",)
+    steps = make_schedule(rng, kinds, topology.session, rounds)
     register = Register()
     await register.start()
     grace = topology.session * 3 + 4

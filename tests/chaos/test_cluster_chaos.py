@@ -362,6 +362,7 @@ class SentinelTopology(ClusterTopology):
     """
 
     session = REDIS_LEASE
+    can_restart_all = False  # no persistence: a restart of all is a wipe
 
     def __init__(self, sentinels: RedisSentinelSet, extra: RedisServer, min_replicas: int) -> None:
         members: list[RedisServer] = [sentinels.master, sentinels.replica, extra]
@@ -599,6 +600,7 @@ class RedisClusterTopology(ClusterTopology):
     """
 
     session = REDIS_LEASE
+    can_restart_all = False  # no persistence: a restart of all is a wipe
     label = "redis-cluster-3+3"
 
     def __init__(self, cluster: RedisCluster) -> None:
