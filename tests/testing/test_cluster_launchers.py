@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from aiolocks.testing import PostgresServer, RedisCluster
+from aiolocks.testing import PostgresCommandError, PostgresServer, RedisCluster
 from aiolocks.testing.servers import LOCALHOST, ZooKeeperEnsemble
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,14 @@ def test_postgres_standby_promote_and_rebuild() -> None:
         assert standby.in_recovery() and not primary.in_recovery()
         primary.query("CREATE TABLE launcher_t (x int)")
         primary.query("INSERT INTO launcher_t VALUES (1)")
-        _eventually(lambda: standby.query("SELECT x FROM launcher_t") == [("1",)])
+
+        def replicated() -> bool:
+            try:
+                return standby.query("SELECT x FROM launcher_t") == [("1",)]
+            except PostgresCommandError:  # the table itself is not replayed yet
+                return False
+
+        _eventually(replicated)
         primary.kill()
         standby.promote()
         assert not standby.in_recovery()
