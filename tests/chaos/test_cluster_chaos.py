@@ -151,6 +151,42 @@ class PeerMesh:
             await proxy.stop()
 
 
+class InboundMesh:
+    """One :class:`TcpProxy` in front of each etcd member's peer port (``peer_route``).
+
+    A member advertises its proxy, on its own loopback address
+    ``127.0.0.<10 + i>``, so every peer dials it there. Stalling a member's
+    proxy cuts it off from what its peers send (a one-way partition: what it
+    sends goes through the other members' proxies; raft needs both ways, so
+    the majority elects another leader and the member hears nothing back).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.proxies: dict[str, TcpProxy] = {}
+        self.order: list[str] = []
+
+    def route(self, name: str, port: int) -> tuple[str, int]:
+        if name not in self.proxies:
+            future = asyncio.run_coroutine_threadsafe(self._open(name, port), self.loop)
+            future.result(timeout=30)
+        proxy = self.proxies[name]
+        return proxy.host, proxy.port
+
+    async def _open(self, name: str, port: int) -> None:
+        self.order.append(name)
+        proxy = TcpProxy(LOCALHOST, port, listen_host=member_address(len(self.order) - 1))
+        self.proxies[name] = await proxy.start()
+
+    def inbound(self, names: list[str]) -> list[TcpProxy]:
+        """The proxies in front of these members."""
+        return [self.proxies[name] for name in names if name in self.proxies]
+
+    async def close(self) -> None:
+        for proxy in self.proxies.values():
+            await proxy.stop()
+
+
 def member_address(index: int) -> str:
     """The loopback address that stands for member ``index`` (0-based): ``127.0.0.<10 + i>``."""
     return f"127.0.0.{10 + index}"
@@ -249,12 +285,17 @@ class EtcdTopology(ClusterTopology):
     session = SESSION
 
     def __init__(
-        self, cluster: EtcdCluster, groups: list[list[TcpProxy]], admin: EtcdClient
+        self,
+        cluster: EtcdCluster,
+        groups: list[list[TcpProxy]],
+        admin: EtcdClient,
+        mesh: InboundMesh,
     ) -> None:
         members: Sequence[MemberProcess] = cluster.members
         super().__init__(members, groups)
         self.cluster = cluster
         self.admin = admin
+        self.mesh = mesh
         self.label = f"etcd-{ETCD_VERSIONS[cluster.flavor]}-3"
         self.prefix = f"chaos-{uuid.uuid4().hex[:8]}"
         self.leases_before: set[int] = set()
@@ -265,6 +306,9 @@ class EtcdTopology(ClusterTopology):
             f"?lease_ttl={self.session:g}&connect_timeout=5&request_timeout=2"
             for group in self.groups
         ]
+
+    def peer_links(self, side: set[int]) -> list[TcpProxy]:
+        return self.mesh.inbound([self.cluster.members[index].name for index in sorted(side)])
 
     def pause(self, index: int) -> None:
         # the launcher's own pause: it waits until every thread is stopped
@@ -299,40 +343,44 @@ class EtcdTopology(ClusterTopology):
         )
 
 
-@pytest.fixture(params=sorted(ETCD_VERSIONS))
-def own_etcd_cluster(request: pytest.FixtureRequest) -> Iterator[EtcdCluster]:
-    """A private 3-member cluster of each installed etcd build (3.4 and 3.5)."""
-    flavor = request.param
+@contextlib.asynccontextmanager
+async def meshed_etcd(flavor: str) -> AsyncIterator[tuple[EtcdCluster, InboundMesh]]:
+    """A private 3-member cluster of one etcd build, members behind an :class:`InboundMesh`."""
     if flavor not in etcd_flavors():
         pytest.skip(f"etcd {ETCD_VERSIONS[flavor]} ({flavor}) is not installed here")
-    cluster = EtcdCluster(3, flavor=flavor)
+    mesh = InboundMesh(asyncio.get_running_loop())
+    cluster = EtcdCluster(
+        3, flavor="debian" if flavor == "debian" else "wheel", peer_route=mesh.route
+    )
     try:
-        cluster.start()
-    except Exception as exc:  # pragma: no cover - depends on the machine
-        cluster.close()
-        pytest.skip(f"cannot start an etcd cluster here: {exc}")
-    try:
-        yield cluster
+        try:
+            await asyncio.to_thread(cluster.start)
+        except Exception as exc:  # pragma: no cover - depends on the machine
+            pytest.skip(f"cannot start an etcd cluster here: {exc}")
+        yield cluster, mesh
     finally:
-        cluster.close()
+        # Cleanup path: every member and every proxy goes, whatever happened.
+        await asyncio.to_thread(cluster.close)
+        await mesh.close()
 
 
 @pytest.mark.etcd
 @pytest.mark.asyncio
-async def test_etcd_cluster_cluster_faults(own_etcd_cluster: EtcdCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("flavor", sorted(ETCD_VERSIONS))
+async def test_etcd_cluster_cluster_faults(flavor: str, tmp_path: Path) -> None:
     """Leader isolation, minority client, kill -9, SIGSTOP past the lease, leader failover."""
-    cluster = own_etcd_cluster
-    addresses = []
-    for member in cluster.members:
-        host, _, port = member.endpoint.rpartition(":")
-        addresses.append((host, int(port)))
-    async with (
-        EtcdClient(list(cluster.endpoints), request_timeout=3.0) as admin,
-        proxies_for(addresses) as groups,
-    ):
-        topology = EtcdTopology(cluster, groups, admin)
-        topology.leases_before = await asyncio.to_thread(lease_ids, cluster)
-        run = await run_cluster(topology, tmp_path)
+    async with meshed_etcd(flavor) as (cluster, mesh):
+        addresses = []
+        for member in cluster.members:
+            host, _, port = member.endpoint.rpartition(":")
+            addresses.append((host, int(port)))
+        async with (
+            EtcdClient(list(cluster.endpoints), request_timeout=3.0) as admin,
+            proxies_for(addresses) as groups,
+        ):
+            topology = EtcdTopology(cluster, groups, admin, mesh)
+            topology.leases_before = await asyncio.to_thread(lease_ids, cluster)
+            run = await run_cluster(topology, tmp_path)
     check(run)
 
 
