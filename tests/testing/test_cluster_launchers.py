@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from aiolocks.testing import PostgresCommandError, PostgresServer, RedisCluster
+from aiolocks.testing import EtcdCluster, PostgresCommandError, PostgresServer, RedisCluster
 from aiolocks.testing.servers import LOCALHOST, ZooKeeperEnsemble
 
 pytestmark = pytest.mark.slow
@@ -91,3 +91,20 @@ def test_zookeeper_ensemble_peer_route_is_asked_for_every_link() -> None:
             for port in ports[target]
         }
         assert asked == expected
+
+
+@pytest.mark.etcd
+def test_etcd_cluster_peer_route_sets_the_advertised_peer_urls() -> None:
+    """Members advertise the routed peer address; the cluster forms through it."""
+    asked: dict[str, int] = {}
+
+    def route(name: str, port: int) -> tuple[str, int]:
+        asked[name] = port
+        return LOCALHOST, port  # direct: the cluster must form as usual
+
+    with EtcdCluster(3, peer_route=route) as cluster:
+        cluster.wait_for_leader()
+        assert asked == {m.name: m.peer_port for m in cluster.members}
+        assert all(m.advertised_peer_url == m.peer_url for m in cluster.members)
+        listed = cluster.etcdctl("member", "list")
+        assert all(m.peer_url in listed for m in cluster.members)
