@@ -35,7 +35,7 @@ import secrets
 import shutil
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, Literal, final
 
@@ -223,8 +223,13 @@ class _EtcdProcess(_ServerProcess):
         """etcd's ``--data-dir`` (kept across restarts), once started."""
         return None if self._dir is None else self._dir / "data"
 
+    @property
+    def advertised_peer_url(self) -> str:
+        """The peer URL the other members dial (:attr:`peer_url` unless routed elsewhere)."""
+        return self.peer_url
+
     def _initial_cluster(self) -> str:
-        return f"{self.name}={self.peer_url}"
+        return f"{self.name}={self.advertised_peer_url}"
 
     def _describe(self) -> str:
         return f"etcd {self.name} on {self.endpoint}"
@@ -248,7 +253,7 @@ class _EtcdProcess(_ServerProcess):
             "--listen-peer-urls",
             self.peer_url,
             "--initial-advertise-peer-urls",
-            self.peer_url,
+            self.advertised_peer_url,
             "--initial-cluster",
             self._initial_cluster(),
             "--initial-cluster-state",
@@ -538,8 +543,17 @@ class EtcdMember(_EtcdProcess):
         self._cluster = cluster
         self._cluster_token = cluster._token
 
+    @property
+    def advertised_peer_url(self) -> str:
+        """The peer URL the other members dial: ``peer_route`` of the cluster, if given."""
+        route = self._cluster.peer_route
+        if route is None:
+            return self.peer_url
+        host, port = route(self.name, self.peer_port)
+        return f"http://{host}:{port}"
+
     def _initial_cluster(self) -> str:
-        return ",".join(f"{m.name}={m.peer_url}" for m in self._cluster.members)
+        return ",".join(f"{m.name}={m.advertised_peer_url}" for m in self._cluster.members)
 
 
 @final
@@ -554,6 +568,13 @@ class EtcdCluster(_Ensemble[EtcdMember]):
             cluster.wait_for_leader()
 
     ``start()`` returns once every member is healthy (a leader is elected).
+
+    ``peer_route(name, peer_port)`` -> ``(host, port)``, when given, is the
+    address a member advertises to its peers (they all dial it there): put a
+    :class:`~aiolocks.testing.TcpProxy` to the member's peer port there and
+    stalling it cuts the member off from what its peers send. The address is
+    stored in the cluster at bootstrap: the route must answer the same at
+    every restart.
     """
 
     _title = "etcd cluster"
@@ -569,9 +590,12 @@ class EtcdCluster(_Ensemble[EtcdMember]):
         extra_args: Sequence[str] = (),
         base_dir: Path | None = None,
         startup_timeout: float = 60.0,
+        peer_route: Callable[[str, int], tuple[str, int]] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"an etcd cluster needs at least one member, not {size}")
+        self.peer_route: Final = peer_route
+        """Where members dial each other (``None``: directly); see the class docstring."""
         super().__init__(size, base_dir=base_dir, startup_timeout=startup_timeout)
         self.flavor: Final[EtcdFlavor] = _check_flavor(flavor)
         """Which etcd build runs the members."""

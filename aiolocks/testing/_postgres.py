@@ -470,6 +470,12 @@ class PostgresServer(_PgProcess):
     ``initdb`` runs at the first ``start()``; ``settings`` adds ``-c name=value``
     server settings (for example ``{"idle_session_timeout": "500ms"}``).
 
+    With ``standby_of=primary`` the first ``start()`` runs ``pg_basebackup -R``
+    from that (running) server instead of ``initdb``: a streaming standby
+    (asynchronous replication, hot standby). :meth:`promote` turns it into a
+    primary (``pg_ctl promote``); :meth:`rebuild_as_standby` wipes a server's
+    data and makes it a standby of another (the old primary after a failover).
+
     :raises ServerNotInstalledError: from ``start()`` when PostgreSQL is missing.
     :raises ServerStartError: from ``start()`` when it does not accept a login in time.
     """
@@ -483,9 +489,11 @@ class PostgresServer(_PgProcess):
         settings: Mapping[str, str] | None = None,
         base_dir: Path | None = None,
         startup_timeout: float = 60.0,
+        standby_of: PostgresServer | None = None,
     ) -> None:
         super().__init__(port=port, base_dir=base_dir, startup_timeout=startup_timeout)
         self._settings = dict(settings or {})
+        self._standby_of = standby_of
 
     @classmethod
     def external(cls, url: str) -> PostgresServer:
@@ -500,6 +508,7 @@ class PostgresServer(_PgProcess):
             server, port=port, base_dir=None, startup_timeout=0.0, managed=False, host=host
         )
         server._settings = {}
+        server._standby_of = None
         server._user, server._password, server._database = user, password, database
         server._external_url = url
         return server
@@ -514,6 +523,9 @@ class PostgresServer(_PgProcess):
         _give_to(directory, user)
         data = directory / "data"
         if (data / "PG_VERSION").exists():
+            return
+        if self._standby_of is not None:
+            self._base_backup(directory, user)
             return
         initdb = str(_postgres_bin_dir() / "initdb")
         log_path = directory / "initdb.log"
@@ -538,6 +550,67 @@ class PostgresServer(_PgProcess):
         )
         if proc.wait() != 0:
             raise self._start_error(f"initdb exited with code {proc.returncode}")
+
+    def _base_backup(self, directory: Path, user: pwd.struct_passwd | None) -> None:
+        primary = self._standby_of
+        assert primary is not None
+        proc = _popen(
+            [
+                str(_postgres_bin_dir() / "pg_basebackup"),
+                "-D", "data",
+                "-h", primary.host,
+                "-p", str(primary.port),
+                "-U", primary.user,
+                "-R",  # standby.signal and primary_conninfo: a streaming standby
+                "-X", "stream",
+                "-c", "fast",
+                "--no-sync",
+            ],
+            cwd=directory,
+            log_path=directory / "initdb.log",
+            user=user,
+        )  # fmt: skip
+        if proc.wait() != 0:
+            raise self._start_error(f"pg_basebackup exited with code {proc.returncode}")
+
+    @property
+    def standby_of(self) -> PostgresServer | None:
+        """The primary this server was made a standby of (``None``: made by ``initdb``)."""
+        return self._standby_of
+
+    def in_recovery(self) -> bool:
+        """``pg_is_in_recovery()``: whether the server runs as a standby right now."""
+        return self.query("SELECT pg_is_in_recovery()") == [("t",)]
+
+    def promote(self, *, timeout: float = 60.0) -> None:
+        """``pg_ctl promote``: the standby ends recovery and accepts writes (waits for that)."""
+        self._require_managed()
+        if self._dir is None or not self.running:
+            raise ServerError(f"{self._describe()} is not running")
+        proc = _popen(
+            [str(_postgres_bin_dir() / "pg_ctl"), "promote", "-w", "-t", str(int(timeout)),
+             "-D", "data"],
+            cwd=self._dir,
+            log_path=self._dir / "promote.log",
+            user=_run_as(),
+        )  # fmt: skip
+        if proc.wait() != 0:
+            raise ServerCommandError(f"pg_ctl promote of {self._describe()} failed")
+        self._standby_of = None
+
+    def rebuild_as_standby(self, primary: PostgresServer) -> None:
+        """Stop, wipe the data folder, ``pg_basebackup`` from ``primary`` and start as its standby.
+
+        What an operator does with a failed-over primary (no ``pg_rewind``): its
+        last writes that never reached the standby are thrown away.
+        """
+        self._require_managed()
+        if self.running:
+            self.kill()
+        if self._dir is not None:
+            shutil.rmtree(self._dir / "data", ignore_errors=True)
+        self._standby_of = primary
+        self.start()
 
     def _log_files(self) -> list[Path]:
         if self._dir is None:

@@ -57,7 +57,7 @@ import glob
 import os
 import secrets
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, Final, Self, TypeAlias, final
 from urllib.parse import unquote, urlsplit
@@ -552,10 +552,14 @@ class ZooKeeperEnsembleMember(_ZooKeeperProcess):
 
     def _config_lines(self, data_dir: Path) -> list[str]:
         lines = super()._config_lines(data_dir)
-        lines.extend(
-            f"server.{member.server_id}={LOCALHOST}:{member.quorum_port}:{member.election_port}"
-            for member in self._ensemble.members
-        )
+        route = self._ensemble.peer_route
+        for member in self._ensemble.members:
+            host, quorum, election = LOCALHOST, member.quorum_port, member.election_port
+            if route is not None and member is not self:
+                # how *this* member reaches that one (e.g. through a fault proxy)
+                host, quorum = route(self.server_id, member.server_id, member.quorum_port)
+                _, election = route(self.server_id, member.server_id, member.election_port)
+            lines.append(f"server.{member.server_id}={host}:{quorum}:{election}")
         return lines
 
     def _prepare(self, directory: Path) -> None:
@@ -582,6 +586,13 @@ class ZooKeeperEnsemble(_Ensemble[ZooKeeperEnsembleMember]):
     ``start()`` returns once a quorum elected a leader and every member
     serves. Members share the single-server settings (``tickTime=200``,
     sessions 400 ms .. 60 s, ``initLimit=20``/``syncLimit=10`` ticks).
+
+    ``peer_route(from_id, to_id, port)`` -> ``(host, port)``, when given, says
+    where member ``from_id`` dials the quorum or election ``port`` of member
+    ``to_id`` (each member has its own ``zoo.cfg``): put a
+    :class:`~aiolocks.testing.TcpProxy` per ordered pair of members there and
+    a partition between members is a proxy rule. It is called at every
+    (re)start of a member and must answer the same each time.
     """
 
     _title = "ZooKeeper ensemble"
@@ -599,9 +610,12 @@ class ZooKeeperEnsemble(_Ensemble[ZooKeeperEnsembleMember]):
         jvm_options: Sequence[str] = (),
         base_dir: Path | None = None,
         startup_timeout: float = 60.0,
+        peer_route: Callable[[int, int, int], tuple[str, int]] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"an ensemble needs at least one server, not {size}")
+        self.peer_route: Final = peer_route
+        """How members reach each other (``None``: directly); see the class docstring."""
         super().__init__(size, base_dir=base_dir, startup_timeout=startup_timeout)
         self._external_hosts: str | None = None
         self._settings = {
@@ -1224,7 +1238,7 @@ _CLUSTER_SLOTS: Final = 16384
 
 @final
 class RedisCluster(_Launcher):
-    """A Redis Cluster of ``masters`` nodes (default 3, no replicas) on localhost.
+    """A Redis Cluster of ``masters`` nodes (default 3) on localhost, each with ``replicas``.
 
     ::
 
@@ -1236,6 +1250,12 @@ class RedisCluster(_Launcher):
     ``cluster_state:ok`` and knows every other node. Nodes use
     ``cluster-node-timeout`` 2000 ms and an explicit ``--cluster-port``.
 
+    With ``replicas=n`` each master gets ``n`` replicas (``CLUSTER
+    REPLICATE``; asynchronous replication): :attr:`nodes` lists the masters
+    first, then the replicas of the first master, of the second, and so on.
+    ``start()`` then also waits until every replica's link is up. Roles change
+    on failover: ask a node (``node.info("replication")["role"]``).
+
     With ``tls`` the nodes also serve TLS and speak it on the cluster bus
     (``--tls-cluster yes``); they announce their TLS ports, which
     :attr:`url` and :attr:`addresses` name (add the ``ssl=true&...``
@@ -1246,6 +1266,7 @@ class RedisCluster(_Launcher):
         self,
         masters: int = 3,
         *,
+        replicas: int = 0,
         node_timeout_ms: int = 2000,
         base_dir: Path | None = None,
         startup_timeout: float = 30.0,
@@ -1255,7 +1276,10 @@ class RedisCluster(_Launcher):
         must present one of the same CA)."""
         if masters < 1:
             raise ValueError(f"a cluster needs at least one master, not {masters}")
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, not {replicas}")
         self._count = masters
+        self._replicas = replicas
         self._tls = tls
         self._node_timeout_ms = node_timeout_ms
         self._base_dir = base_dir
@@ -1311,7 +1335,7 @@ class RedisCluster(_Launcher):
         self._dir = _make_dir("cluster", self._base_dir)
         # The cluster bus gets its own free port (not port + 10000, which
         # might be taken or above 65535); MEET must then name it.
-        bus_ports = [free_port() for _ in range(self._count)]
+        bus_ports = [free_port() for _ in range(self._count * (1 + self._replicas))]
         try:
             self._nodes = [
                 RedisServer(
@@ -1343,17 +1367,41 @@ class RedisCluster(_Launcher):
             # What `redis-cli --cluster create` does: distinct config epochs
             # (no epoch-collision round), slots in even ranges, then MEET.
             bounds = [_CLUSTER_SLOTS * i // self._count for i in range(self._count + 1)]
-            for index, node in enumerate(self._nodes):
+            for index, node in enumerate(self._nodes[: self._count]):
                 node.command("CLUSTER", "SET-CONFIG-EPOCH", index + 1)
                 node.command("CLUSTER", "ADDSLOTS", *range(bounds[index], bounds[index + 1]))
             first = self._nodes[0]
             for node, bus_port in zip(self._nodes[1:], bus_ports[1:], strict=True):
                 first.command("CLUSTER", "MEET", node.host, _served_port(node), bus_port)
+            self._attach_replicas()
             self._wait_ok()
         except BaseException:
             self.close()
             raise
         return self
+
+    def _attach_replicas(self) -> None:
+        """``CLUSTER REPLICATE`` each replica to its master, once it knows that master."""
+        if not self._replicas:
+            return
+        masters = self._nodes[: self._count]
+        ids = [str(master.command("CLUSTER", "MYID")) for master in masters]
+        for index, node in enumerate(self._nodes[self._count :]):
+            master_id = ids[index // self._replicas]
+
+            def knows(node: RedisServer = node, master_id: str = master_id) -> bool:
+                return master_id in str(node.command("CLUSTER", "NODES"))
+
+            _wait_until("a replica knows its master", knows, self._startup_timeout)
+            node.command("CLUSTER", "REPLICATE", master_id)
+
+        def linked() -> bool:
+            return all(
+                node.info("replication").get("master_link_status") == "up"
+                for node in self._nodes[self._count :]
+            )
+
+        _wait_until("every replica is in sync", linked, self._startup_timeout)
 
     def _wait_ok(self) -> None:
         def healthy() -> bool:

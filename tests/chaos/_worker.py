@@ -116,7 +116,14 @@ async def run(config: dict[str, Any]) -> None:
                 return conn
 
             pool.get_connection = traced_get
-    lock = backend.mutex(config["name"])
+    # ``locks`` > 1: the tasks contend on several locks, each critical section
+    # on one picked at random (each lock has its own fencing order).
+    count = int(config.get("locks", 1))
+    if count > 1:
+        locks = {str(k): backend.mutex(f"{config['name']}/{k}") for k in range(count)}
+    else:
+        locks = {"": backend.mutex(config["name"])}
+    lock_keys = sorted(locks)
     stop_at = time.monotonic() + float(config["duration"])
     loop = asyncio.get_running_loop()
 
@@ -147,6 +154,8 @@ async def run(config: dict[str, Any]) -> None:
             while time.monotonic() < stop_at and not stopping.is_set():
                 serial += 1
                 cs = f"w{worker}t{index}n{serial}"
+                key = rng.choice(lock_keys)
+                lock = locks[key]
                 record: dict[str, Any] = {
                     "op": "record",
                     "cs": cs,
@@ -155,6 +164,7 @@ async def run(config: dict[str, Any]) -> None:
                     "start": None,
                     "end": None,
                     "rejected": False,
+                    "lock": key,
                 }
                 try:
                     async with lock.hold(timeout=acquire_timeout):
@@ -162,6 +172,7 @@ async def run(config: dict[str, Any]) -> None:
                         token = lock.fencing_token
                         record["token"] = token
                         write = {"op": "write", "cs": cs, "token": token, "worker": worker}
+                        write["lock"] = key
                         begin = await register.call(
                             dict(write, phase="begin", session=session_of(backend))
                         )
@@ -198,8 +209,9 @@ async def run(config: dict[str, Any]) -> None:
                 except Exception as exc:
                     record["outcome"] = f"error:{type(exc).__name__}"
                     record["detail"] = str(exc)[:200]
+                record["reported"] = time.monotonic_ns()  # a loss: when it was told
                 if record["start"] is not None and record["end"] is None:
-                    record["end"] = time.monotonic_ns()
+                    record["end"] = record["reported"]
                 if trace is not None:
                     trace.write(
                         f"{time.monotonic():.3f} cs {cs} token={record['token']} "

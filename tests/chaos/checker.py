@@ -126,6 +126,10 @@ class CsRecord:
     outcome: str
     rejected: bool
     detail: str = ""
+    lock: str = ""
+    """Which of the run's locks (``""`` when the run has one)."""
+    reported: int | None = None
+    """``monotonic_ns`` when the worker knew the outcome (for a loss: when it was told)."""
 
 
 @dataclass
@@ -137,6 +141,8 @@ class LogEntry:
     token: int
     phase: str
     accepted: bool
+    lock: str = ""
+    """Which of the run's locks (each lock has its own fencing order)."""
 
 
 @dataclass
@@ -160,7 +166,8 @@ class Register:
     """
 
     def __init__(self) -> None:
-        self.max_token: int | None = None
+        self.max_tokens: dict[str, int] = {}
+        """The largest accepted token of each lock (a run may contend on several)."""
         self.log: list[LogEntry] = []
         self.records: list[CsRecord] = []
         self.workers: dict[int, WorkerState] = {}
@@ -203,11 +210,15 @@ class Register:
 
     def _write(self, message: dict[str, Any]) -> bool:
         token = int(message["token"])
-        accepted = self.max_token is None or token >= self.max_token
+        lock = str(message.get("lock", ""))
+        best = self.max_tokens.get(lock)
+        accepted = best is None or token >= best
         if accepted:
-            self.max_token = token
+            self.max_tokens[lock] = token
         self.log.append(
-            LogEntry(len(self.log), str(message["cs"]), token, str(message["phase"]), accepted)
+            LogEntry(
+                len(self.log), str(message["cs"]), token, str(message["phase"]), accepted, lock
+            )
         )
         session = message.get("session")
         if session:
@@ -232,6 +243,8 @@ class Register:
                     outcome=str(message["outcome"]),
                     rejected=bool(message.get("rejected")),
                     detail=str(message.get("detail", "")),
+                    lock=str(message.get("lock", "")),
+                    reported=message.get("reported"),
                 )
             )
         elif op == "hello":
@@ -354,8 +367,20 @@ def analyze(label: str, seed: int, register: Register) -> Report:
     report.outcomes.update(r.outcome for r in register.records)
     report.writes = len(register.log)
     report.rejected_writes = sum(not e.accepted for e in register.log)
+    # Each lock has its own fencing order: check every lock's history on its own.
+    for lock in sorted({r.lock for r in entered} | {e.lock for e in register.log}):
+        _analyze_lock(
+            report,
+            [r for r in entered if r.lock == lock],
+            [e for e in register.log if e.lock == lock],
+        )
+    _analyze_outcomes(report, register)
+    return report
 
-    for first, second in _interleaved_pairs(register.log):
+
+def _analyze_lock(report: Report, entered: list[CsRecord], log: list[LogEntry]) -> None:
+    """Fencing, token and overlap counts of the critical sections of one lock."""
+    for first, second in _interleaved_pairs(log):
         report.unfenced += 1
         report.problems.append(f"unfenced: accepted writes of {first} and {second} interleave")
 
@@ -398,6 +423,9 @@ def analyze(label: str, seed: int, register: Register) -> Report:
                 report.overlaps_reported += 1
         active.append(rec)
 
+
+def _analyze_outcomes(report: Report, register: Register) -> None:
+    """Unreported losses, holds left in workers and spurious cancellations."""
     for rec in register.records:
         if rec.rejected and rec.outcome != "lost":
             report.unreported_losses += 1
@@ -420,7 +448,6 @@ def analyze(label: str, seed: int, register: Register) -> Report:
         if rec.outcome == "error:CancelledError":
             report.spurious_cancellations += 1
             report.problems.append(f"spurious cancellation: {rec.cs} {rec.detail}")
-    return report
 
 
 # -- worker processes ----------------------------------------------------------------------
