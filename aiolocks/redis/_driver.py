@@ -984,9 +984,10 @@ class RedisDriver:
         await self.node.open()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """The watchdog's sender runs in the engine's task set."""
+        """Background work (the watchdog's sender, checks) runs in the engine's task set."""
         if self._tasks is None:
-            self._tasks = TaskSet()
+            coro.close()
+            raise RuntimeError("the Redis driver was not opened")
         return self._tasks.spawn(coro, name=name)
 
     async def diagnose(self) -> Diagnosis:
