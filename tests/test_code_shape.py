@@ -2,9 +2,8 @@
 
 A long function decides several things at once; split it by idea and name
 the pieces after what they decide. The allowlist below holds the functions
-that are still too long, each in a file being reworked elsewhere right now:
-it may only shrink (a listed function that got short fails the test too,
-so that its line is removed).
+still too long (none now); it may only shrink (a listed function that got
+short fails the test too, so that its line is removed).
 """
 
 from __future__ import annotations
@@ -18,21 +17,8 @@ PACKAGE = Path(aiolocks.__file__).parent
 LIMIT = 80
 
 #: "<path under aiolocks/>:<qualified name>" of the functions still over the
-#: limit. Only functions of files reworked on other branches at the time of
-#: writing are listed; split them and delete their line.
-ALLOWED_LONG = frozenset(
-    {
-        # aiolocks/etcd/*: the etcd client and driver (being reworked)
-        "etcd/_client.py:_WatchHub._run",
-        "etcd/_driver.py:EtcdDriver.try_once",
-        "etcd/_driver.py:EtcdDriver.wait_for_change",
-        # aiolocks/zookeeper/*: the ZooKeeper driver (being reworked)
-        "zookeeper/_internals.py:LockInternals.create_entry",
-        "zookeeper/_session.py:SessionMonitor.call",
-        # aiolocks/redis/_backend.py: URL parsing and client building (being reworked)
-        "redis/_backend.py:_waiting_pool_class",
-    }
-)
+#: limit (none left).
+ALLOWED_LONG: frozenset[str] = frozenset()
 
 
 def long_functions(source: str, limit: int = LIMIT) -> dict[str, int]:

@@ -28,6 +28,7 @@ __all__ = [
     "cancelled_again",
     "gather_keeping_cancel",
     "running_task",
+    "stop_task",
     "wait_done",
     "wait_finished",
 ]
@@ -231,6 +232,23 @@ async def wait_finished(
                 if cancel_inner:
                     fut.cancel()
     return cancelled
+
+
+async def stop_task(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` (a loop of our own) and wait until it has ended.
+
+    The wait goes on through a cancellation of the caller, which is raised
+    afterwards: the task is gone either way. An error the task ended with
+    (other than its cancellation) is raised to the caller.
+    """
+    task.cancel()
+    cancelled = await wait_finished(task)
+    if cancelled is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller's cancellation is what counts
+        raise cancelled
+    if not task.cancelled():
+        task.result()
 
 
 async def gather_keeping_cancel(

@@ -932,7 +932,7 @@ async def _plain_await(call: Any) -> Any:
         call.add_done_callback(wake)
         try:
             await waiter
-        except asyncio.CancelledError:
+        except BaseException:  # the caller's cancellation: the call goes with it
             call.cancel()
             raise
     if call.cancelled():
@@ -1848,6 +1848,9 @@ class _WatchHub:
         self._errors: list[str] = []
         self._closed = False
         self._stream_token: str | None = None
+        #: since when (loop time) no stream has answered, and how many broke meanwhile
+        self._failing_since: float | None = None
+        self._failures = 0
         #: streams opened so far (a test and the benchmarks read it)
         self.streams_opened = 0
 
@@ -2001,9 +2004,7 @@ class _WatchHub:
 
     async def _run(self) -> None:
         client = self._client
-        loop = asyncio.get_running_loop()
-        failing_since: float | None = None
-        failures = 0
+        self._failing_since, self._failures = None, 0
         while self._watches and not self._closed:
             try:
                 endpoint, stubs = client._current_stubs()
@@ -2021,83 +2022,107 @@ class _WatchHub:
             for watch in list(self._watches):
                 watch._watch_id = None
                 self._queue_create(watch)
-            writer = loop.create_task(self._write_loop(call, outbox))
+            writer = asyncio.get_running_loop().create_task(self._write_loop(call, outbox))
             writer.add_done_callback(_canceller(call))
-            budget = client.connect_timeout / len(client.endpoints)
-            read: asyncio.Future[Any] | None = None
             try:
-                while not self._closed:
-                    if read is None:
-                        read = asyncio.ensure_future(call.read())
-                    timeout = None
-                    if self._pending:
-                        timeout = max(self._pending[0][1] + budget - loop.time(), 0.0)
-                    kick: asyncio.Future[None] = loop.create_future()
-                    self._kick = kick
-                    try:
-                        await asyncio.wait(
-                            (read, kick), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                        )
-                    finally:
-                        self._kick = None
-                        kick.cancel()
-                    if not read.done():
-                        if kick.done() and not kick.cancelled():
-                            continue  # a new create: recompute the timeout
-                        if self._pending:
-                            raise _Stalled(endpoint)
-                        continue
-                    done, read = read, None
-                    if done.cancelled():
-                        raise _Stalled(endpoint)
-                    response = done.result()
-                    if response is grpc.aio.EOF:
-                        raise _Stalled(endpoint)
-                    failing_since, failures = None, 0
-                    self._dispatch(response)
+                await self._read_stream(call, endpoint)
             except _Reauth:
                 _log.debug("etcd watch refused with the stream's token: reopening with a new one")
                 continue
             except (grpc.aio.AioRpcError, _Stalled, asyncio.InvalidStateError) as exc:
-                if self._is_closed():
+                if self._is_closed() or not self._stream_failed(endpoint, exc):
                     return
-                if isinstance(exc, grpc.aio.AioRpcError) and not (
-                    _is_transport(exc) or exc.code() == grpc.StatusCode.CANCELLED
-                ):
-                    # A refusal of the whole stream (not a transport failure).
-                    self._fail_all(_map_refusal(exc))
-                    self._watches.clear()
-                    return
-                detail = (
-                    f"{_code_name(exc)} {_details(exc)}"
-                    if isinstance(exc, grpc.aio.AioRpcError)
-                    else "no answer in time"
-                )
-                self._errors.append(f"{endpoint}: {detail}")
-                del self._errors[: -len(client.endpoints)]
-                _log.info("etcd watch stream on %s failed: %s", endpoint, detail)
-                client._failed(endpoint)
             finally:
                 self._call = self._outbox = None
                 writer.cancel()
                 call.cancel()
                 client._calls.discard(call)
-                if read is not None:
-                    read.cancel()
-            failures += 1
-            now = loop.time()
-            if failing_since is None:
-                failing_since = now
-            elif now - failing_since >= client.connect_timeout:
-                self._fail_all(
-                    BackendUnavailableError(
-                        "no etcd endpoint accepted the watch stream within "
-                        f"{client.connect_timeout:g}s: " + "; ".join(self._errors)
+            await self._after_failure()
+
+    async def _read_stream(self, call: Any, endpoint: str) -> None:
+        """Hand every answer of ``call`` to its watch until the hub closes.
+
+        :raises _Stalled: the stream ended, or a create went unanswered for
+            the endpoint's share of ``connect_timeout``
+        """
+        loop = asyncio.get_running_loop()
+        budget = self._client.connect_timeout / len(self._client.endpoints)
+        read: asyncio.Future[Any] | None = None
+        try:
+            while not self._closed:
+                if read is None:
+                    read = asyncio.ensure_future(call.read())
+                timeout = None
+                if self._pending:
+                    timeout = max(self._pending[0][1] + budget - loop.time(), 0.0)
+                kick: asyncio.Future[None] = loop.create_future()
+                self._kick = kick
+                try:
+                    await asyncio.wait(
+                        (read, kick), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                     )
+                finally:
+                    self._kick = None
+                    kick.cancel()
+                if not read.done():
+                    if kick.done() and not kick.cancelled():
+                        continue  # a new create: recompute the timeout
+                    if self._pending:
+                        raise _Stalled(endpoint)
+                    continue
+                done, read = read, None
+                if done.cancelled():
+                    raise _Stalled(endpoint)
+                response = done.result()
+                if response is grpc.aio.EOF:
+                    raise _Stalled(endpoint)
+                self._failing_since, self._failures = None, 0
+                self._dispatch(response)
+        finally:
+            if read is not None:
+                read.cancel()
+
+    def _stream_failed(self, endpoint: str, exc: Exception) -> bool:
+        """Note why the stream on ``endpoint`` broke; ``False`` when the watches end here.
+
+        A refusal of the whole stream (not a transport failure) fails every
+        watch; anything else marks the member bad and tries the next one.
+        """
+        client = self._client
+        if isinstance(exc, grpc.aio.AioRpcError) and not (
+            _is_transport(exc) or exc.code() == grpc.StatusCode.CANCELLED
+        ):
+            self._fail_all(_map_refusal(exc))
+            self._watches.clear()
+            return False
+        detail = (
+            f"{_code_name(exc)} {_details(exc)}"
+            if isinstance(exc, grpc.aio.AioRpcError)
+            else "no answer in time"
+        )
+        self._errors.append(f"{endpoint}: {detail}")
+        del self._errors[: -len(client.endpoints)]
+        _log.info("etcd watch stream on %s failed: %s", endpoint, detail)
+        client._failed(endpoint)
+        return True
+
+    async def _after_failure(self) -> None:
+        """Fail every watch once per ``connect_timeout`` without a stream; pause after a round."""
+        client = self._client
+        self._failures += 1
+        now = asyncio.get_running_loop().time()
+        if self._failing_since is None:
+            self._failing_since = now
+        elif now - self._failing_since >= client.connect_timeout:
+            self._fail_all(
+                BackendUnavailableError(
+                    "no etcd endpoint accepted the watch stream within "
+                    f"{client.connect_timeout:g}s: " + "; ".join(self._errors)
                 )
-                failing_since = now
-            if failures > len(client.endpoints):
-                await asyncio.sleep(min(0.05 * failures, 0.5))
+            )
+            self._failing_since = now
+        if self._failures > len(client.endpoints):
+            await asyncio.sleep(min(0.05 * self._failures, 0.5))
 
     def _is_closed(self) -> bool:
         return self._closed

@@ -186,6 +186,26 @@ class _Hold:
         self.watch_timer: asyncio.TimerHandle | None = None
 
 
+@dataclasses.dataclass(slots=True)
+class _Awaited:
+    """What a waiting attempt watches (see ``EtcdDriver.wait_for_change``).
+
+    ``read_at``: the revision of the read that found it (the watch starts
+    after it). ``target``: the key whose delete (or, ``with_puts``, touch
+    past revision ``touched``) may let the attempt in; ``whole_queue``: any
+    delete in the queue may. ``recheck``: a read that tells whether what we
+    wait for changed since ``read_at``, and the test of its answer.
+    """
+
+    read_at: int
+    target: bytes | None = None
+    target_revision: int = 0
+    touched: int = 0
+    whole_queue: bool = False
+    with_puts: bool = False
+    recheck: tuple[RangeOp, Callable[[RangeResult], bool]] | None = None
+
+
 class EtcdAttempt(Attempt):
     """One acquire attempt.
 
@@ -740,6 +760,86 @@ class EtcdDriver:
             found = self._reads[cache_key] = (head, newest)
         return found
 
+    def _try_txn(
+        self,
+        attempt: EtcdAttempt,
+        session: _Session,
+        queue: bytes,
+        *,
+        exclusive: bool,
+        readonly: bool,
+    ) -> tuple[list[Compare], list[PutOp | RangeOp], list[PutOp | RangeOp], RangeOp | None]:
+        """The transaction of one try: compares, ops, failure ops, and the read of the key ahead.
+
+        ``exclusive``: a mutex attempt (one holder, no shared reads).
+        ``readonly``: the attempt's keys exist already; they and the queue
+        are only read. Otherwise the first key is put if absent (and not
+        tombstoned, and, for a downgrade, while our write key is there). A
+        mutex attempt also reads the key just ahead of its own: a new key is
+        the newest of the queue (the two newest keys are it and the one
+        ahead); a key written before, of known revision, reads the newest key
+        older than it (the fourth item; ``None`` when not read).
+        """
+        request = attempt.request
+        keys = attempt.keys
+        if request.family is Family.READ_WRITE:
+            head_limit = 0  # downgraded reads stand out of create order: read it all
+        elif request.mode is Mode.LEASE:
+            head_limit = request.max_leases
+        else:
+            head_limit = 1
+        head, ahead_new = self._queue_reads(queue, head_limit, exclusive)
+        reads: list[PutOp | RangeOp] = [*(RangeOp.of(key) for key in keys), head]
+        ahead_old = None
+        if exclusive and attempt.revision:
+            ahead_old = RangeOp.of(
+                queue,
+                prefix=True,
+                limit=1,
+                keys_only=True,
+                max_create_revision=attempt.revision - 1,
+                sort_target=SortTarget.CREATE,
+                sort_order=SortOrder.DESCEND,
+            )
+            reads.append(ahead_old)
+        if readonly:
+            return [], reads, [], ahead_old
+        compares = [
+            Compare.create_revision(keys[0], "==", 0),
+            Compare.create_revision(self._tombstone(keys[0]), "==", 0),
+        ]
+        downgrade = attempt.downgrade
+        if downgrade is not None:
+            compares.append(Compare.create_revision(downgrade.key, "==", downgrade.revision))
+        ops: list[PutOp | RangeOp] = [
+            PutOp.of(keys[0], request.participant, lease=session.lease_id),
+            head,
+        ]
+        if ahead_new is not None:
+            ops.append(ahead_new)
+        return compares, ops, reads, ahead_old
+
+    def _note_ahead(
+        self, attempt: EtcdAttempt, result: TxnResult, created: bool, read_older: bool
+    ) -> None:
+        """Keep in ``attempt.ahead`` the key just ahead of ours that a try read (none: first)."""
+        keys = attempt.keys
+        ahead = result.responses[len(keys) + 1]
+        assert isinstance(ahead, RangeResult)
+        if created:
+            older = [kv for kv in ahead.kvs if kv.key != keys[0]]
+            attempt.ahead = (
+                (older[0].key, older[0].create_revision, result.revision)
+                if older
+                else (None, 0, result.revision)
+            )
+        elif read_older:
+            attempt.ahead = (
+                (ahead.kvs[0].key, ahead.kvs[0].create_revision, result.revision)
+                if ahead.kvs
+                else (None, 0, result.revision)
+            )
+
     async def try_once(self, attempt: Attempt) -> list[Grant] | None:
         """One transaction: create the attempt's keys if absent and read the head of the queue."""
         assert isinstance(attempt, EtcdAttempt)
@@ -766,54 +866,18 @@ class EtcdDriver:
             return None
         keys = attempt.keys
         queue = self._queue(request)
-        if request.family is Family.READ_WRITE:
-            head_limit = 0  # downgraded reads stand out of create order: read it all
-        elif request.mode is Mode.LEASE:
-            head_limit = request.max_leases
-        else:
-            head_limit = 1
         # A mutex attempt also reads the key just ahead of its own in the same
-        # transaction, so that waiting needs no read of its own: a new key is
-        # the newest of the queue (the two newest keys are it and the one
-        # ahead); a key written before, of known revision, reads the newest
-        # key older than it.
+        # transaction, so that waiting needs no read of its own.
         exclusive = request.family is not Family.READ_WRITE and request.mode is not Mode.LEASE
-        head, ahead_new = self._queue_reads(queue, head_limit, exclusive)
-        reads: list[PutOp | RangeOp] = [*(RangeOp.of(key) for key in keys), head]
-        ahead_old = None
-        if exclusive and attempt.revision:
-            ahead_old = RangeOp.of(
-                queue,
-                prefix=True,
-                limit=1,
-                keys_only=True,
-                max_create_revision=attempt.revision - 1,
-                sort_target=SortTarget.CREATE,
-                sort_order=SortOrder.DESCEND,
-            )
-            reads.append(ahead_old)
-        attempt.ahead = None
         # Keys written already (an acquire_many's, one by one above; a
         # waiter's, by its first try) are only read again: a transaction of
         # reads only is a linearizable read for etcd, answered without a write
         # to its log (a compare-and-put that fails is still a logged write).
         readonly = multi or (attempt.revision != 0 and attempt.downgrade is None)
-        failure: list[PutOp | RangeOp] = reads
-        if readonly:
-            compares: list[Compare] = []
-            ops: list[PutOp | RangeOp] = reads
-            failure = []
-        else:
-            compares = [
-                Compare.create_revision(keys[0], "==", 0),
-                Compare.create_revision(self._tombstone(keys[0]), "==", 0),
-            ]
-            downgrade = attempt.downgrade
-            if downgrade is not None:
-                compares.append(Compare.create_revision(downgrade.key, "==", downgrade.revision))
-            ops = [PutOp.of(keys[0], request.participant, lease=session.lease_id), head]
-            if ahead_new is not None:
-                ops.append(ahead_new)
+        compares, ops, failure, ahead_old = self._try_txn(
+            attempt, session, queue, exclusive=exclusive, readonly=readonly
+        )
+        attempt.ahead = None
         # A read cannot create a key late: only a write goes unanswered.
         attempt.unanswered = not readonly
         try:
@@ -842,21 +906,7 @@ class EtcdDriver:
         ranked = result.responses[len(keys)]
         assert isinstance(ranked, RangeResult)
         if exclusive and len(result.responses) > len(keys) + 1:
-            ahead = result.responses[len(keys) + 1]
-            assert isinstance(ahead, RangeResult)
-            if created:
-                older = [kv for kv in ahead.kvs if kv.key != keys[0]]
-                attempt.ahead = (
-                    (older[0].key, older[0].create_revision, result.revision)
-                    if older
-                    else (None, 0, result.revision)
-                )
-            elif ahead_old is not None:
-                attempt.ahead = (
-                    (ahead.kvs[0].key, ahead.kvs[0].create_revision, result.revision)
-                    if ahead.kvs
-                    else (None, 0, result.revision)
-                )
+            self._note_ahead(attempt, result, created, ahead_old is not None)
         if not self._wins(request, keys, ranked.kvs):
             if exclusive and not multi:
                 self._list(attempt)
@@ -925,6 +975,84 @@ class EtcdDriver:
         if keys:
             await self._client.txn([], [DeleteOp.of(key) for key in keys], [], retry=True)
 
+    async def _awaited_in_read_write(self, attempt: EtcdAttempt, queue: bytes) -> _Awaited | None:
+        """Reader: the last writer ahead; writer: the key just ahead (``None``: ours is gone)."""
+        seen = await self._client.range(RangeOp.of(queue, prefix=True, keys_only=True))
+        ordered = _ordered(seen.kvs)
+        mine = attempt.keys[0]
+        index = next((i for i, kv in enumerate(ordered) if kv.key == mine), None)
+        if index is None:
+            return None  # our key is gone: the next try starts over
+        earlier = ordered[:index]
+        if attempt.request.mode is Mode.READ:
+            earlier = [kv for kv in earlier if _is_writer(kv.key)]
+        if not earlier:
+            return _Awaited(seen.revision)
+        return _Awaited(seen.revision, earlier[-1].key, earlier[-1].create_revision)
+
+    async def _awaited_in_semaphore(self, attempt: EtcdAttempt, queue: bytes) -> _Awaited | None:
+        """First in line: any delete in the queue; further back: the key just ahead (its touch).
+
+        ``None``: there is room now.
+        """
+        request = attempt.request
+        seen = await self._client.range(
+            RangeOp.of(
+                queue,
+                prefix=True,
+                keys_only=True,
+                max_create_revision=attempt.revision - 1,
+                sort_target=SortTarget.CREATE,
+                sort_order=SortOrder.DESCEND,
+                limit=request.max_leases + 1,
+            )
+        )
+        if len(seen.kvs) + request.count <= request.max_leases:
+            return None  # room now: try again
+        if len(seen.kvs) > request.max_leases:
+            first = seen.kvs[0]
+            return _Awaited(
+                seen.revision,
+                first.key,
+                first.create_revision,
+                touched=first.mod_revision,
+                with_puts=True,
+            )
+        ahead = len(seen.kvs)
+        recheck: tuple[RangeOp, Callable[[RangeResult], bool]] = (
+            RangeOp.of(
+                queue,
+                prefix=True,
+                keys_only=True,
+                max_create_revision=attempt.revision - 1,
+                serializable=True,
+            ),
+            # (``count_only`` would ignore ``max_create_revision``)
+            lambda found: len(found.kvs) >= ahead,
+        )
+        return _Awaited(seen.revision, whole_queue=True, recheck=recheck)
+
+    async def _awaited_in_mutex(self, attempt: EtcdAttempt, queue: bytes) -> _Awaited:
+        """The key just ahead of ours, as the try's transaction read it, else read now."""
+        known, attempt.ahead = attempt.ahead, None
+        if known is not None:
+            target, target_revision, read_at = known
+            return _Awaited(read_at, target, target_revision)
+        seen = await self._client.range(
+            RangeOp.of(
+                queue,
+                prefix=True,
+                keys_only=True,
+                max_create_revision=attempt.revision - 1,
+                sort_target=SortTarget.CREATE,
+                sort_order=SortOrder.DESCEND,
+                limit=1,
+            )
+        )
+        if not seen.kvs:
+            return _Awaited(seen.revision)
+        return _Awaited(seen.revision, seen.kvs[0].key, seen.kvs[0].create_revision)
+
     async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
         """Watch the one key whose change can let this attempt in; return then or after ``bound``.
 
@@ -949,82 +1077,18 @@ class EtcdDriver:
             return  # start over at once (new session or key gone)
         request = attempt.request
         queue = self._queue(request)
-        target: bytes | None = None
-        target_revision = 0
-        touched = 0
-        whole_queue = False
-        with_puts = False
-        #: a read that tells whether what we wait for changed since ``read_at``
-        #: (see ``_watch_for_change``), and the test of its answer
-        recheck: tuple[RangeOp, Callable[[RangeResult], bool]] | None = None
+        awaited: _Awaited | None
         if request.family is Family.READ_WRITE:
-            seen = await self._client.range(RangeOp.of(queue, prefix=True, keys_only=True))
-            read_at = seen.revision
-            ordered = _ordered(seen.kvs)
-            mine = attempt.keys[0]
-            index = next((i for i, kv in enumerate(ordered) if kv.key == mine), None)
-            if index is None:
-                return  # our key is gone: the next try starts over
-            earlier = ordered[:index]
-            if request.mode is Mode.READ:
-                earlier = [kv for kv in earlier if _is_writer(kv.key)]
-            if earlier:
-                target, target_revision = earlier[-1].key, earlier[-1].create_revision
+            awaited = await self._awaited_in_read_write(attempt, queue)
         elif request.mode is Mode.LEASE:
-            seen = await self._client.range(
-                RangeOp.of(
-                    queue,
-                    prefix=True,
-                    keys_only=True,
-                    max_create_revision=attempt.revision - 1,
-                    sort_target=SortTarget.CREATE,
-                    sort_order=SortOrder.DESCEND,
-                    limit=request.max_leases + 1,
-                )
-            )
-            read_at = seen.revision
-            if len(seen.kvs) + request.count <= request.max_leases:
-                return  # room now: try again
-            if len(seen.kvs) <= request.max_leases:
-                whole_queue = True  # first in line: any release may let us in
-                ahead = len(seen.kvs)
-                recheck = (
-                    RangeOp.of(
-                        queue,
-                        prefix=True,
-                        keys_only=True,
-                        max_create_revision=attempt.revision - 1,
-                        serializable=True,
-                    ),
-                    # (``count_only`` would ignore ``max_create_revision``)
-                    lambda found: len(found.kvs) >= ahead,
-                )
-            else:
-                target, with_puts = seen.kvs[0].key, True
-                target_revision = seen.kvs[0].create_revision
-                touched = seen.kvs[0].mod_revision
+            awaited = await self._awaited_in_semaphore(attempt, queue)
         else:
-            known, attempt.ahead = attempt.ahead, None
-            if known is not None:
-                # The try's transaction read the key just ahead (see try_once).
-                target, target_revision, read_at = known
-            else:
-                seen = await self._client.range(
-                    RangeOp.of(
-                        queue,
-                        prefix=True,
-                        keys_only=True,
-                        max_create_revision=attempt.revision - 1,
-                        sort_target=SortTarget.CREATE,
-                        sort_order=SortOrder.DESCEND,
-                        limit=1,
-                    )
-                )
-                if seen.kvs:
-                    target, target_revision = seen.kvs[0].key, seen.kvs[0].create_revision
-                read_at = seen.revision
-        if target is None and not whole_queue:
-            return  # nothing to wait for any more: try again
+            awaited = await self._awaited_in_mutex(attempt, queue)
+        if awaited is None or (awaited.target is None and not awaited.whole_queue):
+            return  # room now, our key is gone, or nothing to wait for: try again
+        target, target_revision = awaited.target, awaited.target_revision
+        whole_queue, with_puts, touched = awaited.whole_queue, awaited.with_puts, awaited.touched
+        read_at, recheck = awaited.read_at, awaited.recheck
         if target is not None:
             recheck = (
                 RangeOp.of(target, serializable=True),

@@ -15,6 +15,7 @@ import weakref
 from dataclasses import dataclass
 
 from .._core.records import Entry, Record, Snapshot
+from .._core.tasks import wait_done
 
 __all__ = ["MemoryRecords"]
 
@@ -77,10 +78,7 @@ class _MemorySnapshot(Snapshot):
             bound = self._expires_in if bound is None else min(bound, self._expires_in)
         if bound is not None and bound <= 0:
             return
-        try:
-            await asyncio.wait_for(asyncio.shield(self._future), bound)
-        except TimeoutError:
-            pass
+        await wait_done(self._future, bound)
 
     def close(self) -> None:
         waiters = self._space.waiters.get(self._prefix)

@@ -14,10 +14,15 @@ import ssl
 
 from redis.asyncio.sentinel import MasterNotFoundError
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._core.errors import AccessDeniedError
+from .._core.errors import AccessDeniedError, BackendUnavailableError, LockError
 
-__all__ = ["denied", "is_refusal"]
+__all__ = ["UNREACHABLE", "denied", "is_refusal", "map_error"]
+
+#: redis-py's errors of a server out of reach (a refusal among them: :func:`denied`)
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 
 #: server replies that refuse the client whatever it retries
 _REFUSAL_PREFIXES = ("NOPERM", "WRONGPASS", "NOAUTH")
@@ -86,3 +91,13 @@ def denied(exc: BaseException, describe: str, what: str = "connecting") -> Acces
         f"Redis {describe} refused access while {what}: {reason} "
         "(check the user, password, ACL rules and TLS certificates)"
     )
+
+
+def map_error(exc: BaseException, what: str, describe: str) -> LockError:
+    """Driver errors -> aiolocks errors, in one place (``raise map_error(...) from exc``)."""
+    refused = denied(exc, describe, what)
+    if refused is not None:
+        return refused
+    if isinstance(exc, UNREACHABLE):
+        return BackendUnavailableError(f"Redis {describe} unreachable while {what}: {exc}")
+    return LockError(f"Redis {describe} refused {what}: {exc}")

@@ -17,7 +17,8 @@ from .._core.admin import KINDS, name_matches
 from .._core.driver import Family
 from .._core.errors import InvalidLockNameError
 from .._core.names import validate_name
-from ._driver import lock_keys, map_error
+from ._access import map_error
+from ._keys import lock_keys
 
 if TYPE_CHECKING:
     from ._driver import RedisNode

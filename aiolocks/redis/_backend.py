@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import os
@@ -313,13 +314,45 @@ def _sentinel_connection_class(tls: bool = False) -> type[Any]:
     return RediscoveringSentinelConnection
 
 
+async def _wait_for_release(pool: Any) -> None:
+    """Queue for a connection of ``pool`` (``_waiting_pool_class``'s), oldest first.
+
+    Fails as redis-py's own pool does once ``pool.wait_timeout`` passed.
+    """
+    waiter = asyncio.get_running_loop().create_future()
+    pool.waiters.append(waiter)
+    try:
+        async with asyncio.timeout(pool.wait_timeout):
+            await waiter
+    except BaseException as exc:
+        if waiter.done() and not waiter.cancelled():
+            _wake_one(pool.waiters)  # woken, but leaving: pass the turn on
+        if isinstance(exc, TimeoutError):
+            from redis.exceptions import ConnectionError as RedisConnectionError
+
+            raise RedisConnectionError("No connection available.") from None
+        raise
+    finally:
+        if not waiter.done():
+            waiter.cancel()
+        with contextlib.suppress(ValueError):
+            pool.waiters.remove(waiter)
+
+
+def _wake_one(waiters: collections.deque[asyncio.Future[None]]) -> None:
+    """Wake the oldest of ``waiters`` still waiting (a connection came back)."""
+    while waiters:
+        waiter = waiters.popleft()
+        if not waiter.done():
+            waiter.set_result(None)
+            break
+
+
 @functools.cache
 def _waiting_pool_class() -> type[Any]:
     """redis-py's plain pool, with a cheap idle list in front and waiting instead of raising."""
-    import collections
 
     import redis.asyncio
-    from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import MaxConnectionsError
 
     class WaitingConnectionPool(redis.asyncio.ConnectionPool):
@@ -363,7 +396,7 @@ def _waiting_pool_class() -> type[Any]:
             """A connected connection; waits up to ``timeout`` while every one is busy."""
             while True:
                 while not self.can_get_connection():
-                    await self._wait_for_release()
+                    await _wait_for_release(self)
                 if not self.idle:
                     try:
                         return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
@@ -382,34 +415,9 @@ def _waiting_pool_class() -> type[Any]:
         async def release(self, connection: Any) -> None:
             """Take ``connection`` back for the next command and wake the oldest waiter."""
             self.idle.append(connection)
-            self._wake_one()
+            _wake_one(self.waiters)
             if self.has_re_auth:
                 await connection.re_auth()  # what redis-py's release listener does
-
-        async def _wait_for_release(self) -> None:
-            waiter = asyncio.get_running_loop().create_future()
-            self.waiters.append(waiter)
-            try:
-                async with asyncio.timeout(self.wait_timeout):
-                    await waiter
-            except BaseException as exc:
-                if waiter.done() and not waiter.cancelled():
-                    self._wake_one()  # woken, but leaving: pass the turn on
-                if isinstance(exc, TimeoutError):
-                    raise RedisConnectionError("No connection available.") from None
-                raise
-            finally:
-                if not waiter.done():
-                    waiter.cancel()
-                with contextlib.suppress(ValueError):
-                    self.waiters.remove(waiter)
-
-        def _wake_one(self) -> None:
-            while self.waiters:
-                waiter = self.waiters.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
-                    break
 
     return WaitingConnectionPool
 

@@ -46,10 +46,8 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast, final
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
     NoPermissionError,
     NoScriptError,
@@ -57,7 +55,6 @@ from redis.exceptions import (
     RedisClusterException,
     RedisError,
 )
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.backoff import Backoff
 from .._core.doctor import Diagnosis
@@ -66,7 +63,8 @@ from .._core.errors import AccessDeniedError, BackendUnavailableError, LockError
 from .._core.participants import Participant
 from .._core.tasks import TaskSet
 from .._core.timeouts import LEASE_TIME_RANGE, check_seconds
-from ._access import denied
+from ._access import UNREACHABLE, denied, map_error
+from ._keys import LockKeys, lock_keys
 from ._pubsub import PubSubHub, Wake
 from ._scripts import Scripts, source
 from ._tls_probe import certificate_refusal, probe_target, was_reset
@@ -82,7 +80,7 @@ logger = logging.getLogger("aiolocks.redis")
 
 T = TypeVar("T")
 
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+TRANSIENT = UNREACHABLE
 
 MODE_CODES = {Mode.EXCLUSIVE: "x", Mode.LEASE: "l", Mode.READ: "r", Mode.WRITE: "w"}
 MODE_NAMES = {"x": "exclusive", "l": "lease", "r": "read", "w": "write"}
@@ -137,38 +135,6 @@ GONE = "its Redis field is gone (deleted, overwritten or expired)"
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class LockKeys:
-    """The keys and channel of one lock; they share one ``{hash tag}`` (one cluster slot).
-
-    The holders hash also carries the lock's fence counter (field ``#``) and
-    the tombstones of attempts given up while their acquire script was on
-    the wire (fields ``!<field id>``): see ``scripts/acquire.lua``.
-    """
-
-    holders: str
-    queue: str
-    queue_timeouts: str
-    channel: str
-
-    @property
-    def acquire_keys(self) -> list[str]:
-        return [self.holders, self.queue, self.queue_timeouts]
-
-
-@functools.lru_cache(maxsize=4096)
-def lock_keys(prefix: str, family: Family, name: str) -> LockKeys:
-    """Map ``(family, name)`` to its keys: ``<prefix>{<family>:<name>}[:suffix]``.
-
-    The prefix may not contain braces, so the hash tag is always ours: it
-    starts at our ``{`` and ends at the first ``}`` after it (inside the name
-    if the name has one), the same for every key of the lock.
-    """
-    base = f"{prefix}{{{family.value}:{name}}}"
-    return LockKeys(base, f"{base}:queue", f"{base}:queue-timeouts", base)
 
 
 def validate_lease_time(value: object, what: str = "lease_time") -> float:
@@ -838,16 +804,6 @@ def refused_unrun(exc: BaseException) -> bool:
     return isinstance(exc, ReadOnlyError) or isinstance(exc.__context__, ReadOnlyError)
 
 
-def map_error(exc: BaseException, what: str, describe: str) -> LockError:
-    """Driver errors -> aiolocks errors, in one place (``raise map_error(...) from exc``)."""
-    refused = denied(exc, describe, what)
-    if refused is not None:
-        return refused
-    if isinstance(exc, TRANSIENT):
-        return BackendUnavailableError(f"Redis {describe} unreachable while {what}: {exc}")
-    return LockError(f"Redis {describe} refused {what}: {exc}")
-
-
 def check_lock_options(
     family: Family, options: Mapping[str, object], *, allow_fair: bool = True
 ) -> dict[str, object]:
@@ -984,9 +940,10 @@ class RedisDriver:
         await self.node.open()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """The watchdog's sender runs in the engine's task set."""
+        """Background work (the watchdog's sender, checks) runs in the engine's task set."""
         if self._tasks is None:
-            self._tasks = TaskSet()
+            coro.close()
+            raise RuntimeError("the Redis driver was not opened")
         return self._tasks.spawn(coro, name=name)
 
     async def diagnose(self) -> Diagnosis:

@@ -28,6 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.errors import BackendUnavailableError
+from .._core.tasks import wait_done
 from ._access import denied
 
 __all__ = ["WATCH_LINGER", "PubSubHub", "Wake"]
@@ -255,15 +256,13 @@ class PubSubHub:
         entry = self._channels.get(channel)
         if entry is None:
             return
-        try:
-            # Shield: several waiters share the future; one being cancelled
-            # must not cancel it for the others.
-            async with asyncio.timeout(self._timeout):
-                await asyncio.shield(entry.ready)
-        except TimeoutError:
+        # Several waiters share the future: waiting never cancels it (a
+        # cancelled waiter leaves it to the others).
+        if not await wait_done(entry.ready, self._timeout):
             raise BackendUnavailableError(
                 f"Redis {self._describe} did not confirm a SUBSCRIBE within {self._timeout:g} s"
-            ) from None
+            )
+        entry.ready.result()  # the subscription's error, if it failed
 
     def is_confirmed(self, channel: str) -> bool:
         """``channel`` is subscribed and the server confirmed it (no I/O)."""

@@ -71,7 +71,7 @@ from redis.exceptions import RedisError
 from .._core.backoff import Backoff
 from .._core.errors import AccessDeniedError, BackendUnavailableError
 from .._core.records import CHILD, Entry, Record, Snapshot
-from ._driver import map_error
+from ._access import map_error
 from ._pubsub import PubSubHub
 from ._watchdog import TRANSIENT, Renewal, RenewResult, Watchdog
 

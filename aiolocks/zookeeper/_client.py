@@ -39,6 +39,7 @@ from aiozk import protocol
 from aiozk.protocol.create import Create2Request
 
 from .._core.errors import AccessDeniedError
+from .._core.tasks import stop_task, wait_done
 from ._connection import Session, SessionEvents
 from ._protocol import CONTAINER_FLAG, CreateContainerRequest, encode_request
 
@@ -408,11 +409,12 @@ class AiozkLink:
         if not self.connected:
             waiter = self.connected_future()
             try:
-                async with asyncio.timeout(timeout):
-                    await asyncio.shield(waiter)
+                if not await wait_done(waiter, timeout):
+                    raise TimeoutError
             finally:
                 if not waiter.done():
                     waiter.cancel()
+            waiter.result()  # aiozk's error, if the wait for it failed
         self._reported = (str(_connected_state()), self.session_id)
         self._watcher = asyncio.get_running_loop().create_task(
             self._watch_states(), name="aiolocks-zk-aiozk-states"
@@ -422,9 +424,7 @@ class AiozkLink:
         """Stop watching states; the client and its session stay the application's."""
         task, self._watcher = self._watcher, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
 
     async def _watch_states(self) -> None:
         state = self._session.state

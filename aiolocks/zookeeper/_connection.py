@@ -56,6 +56,7 @@ from aiozk import protocol
 from aiozk.protocol.auth import AUTH_XID, AuthRequest
 
 from .._core.errors import AccessDeniedError
+from .._core.tasks import stop_task, wait_done
 from ._protocol import decode_reply, decode_watch_event, encode_request
 
 __all__ = ["Connection", "Credential", "Session", "SessionEvents", "parse_hosts"]
@@ -435,8 +436,9 @@ class Session:
         connected = self.connected_future()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="aiolocks-zk-connect")
         try:
-            async with asyncio.timeout(timeout):
-                await asyncio.shield(connected)
+            if not await wait_done(connected, timeout):
+                raise TimeoutError
+            connected.result()
         except BaseException:
             await self.abort()
             raise
@@ -474,9 +476,7 @@ class Session:
             self._ticker = None
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
 
     # -- the connect loop ---------------------------------------------------------------
 
@@ -494,7 +494,7 @@ class Session:
                 delay = min(cap, delay * 2)
                 continue
             delay = _FIRST_DELAY
-            await asyncio.shield(conn.closed)  # stopping this loop must not close it
+            await wait_done(conn.closed)  # stopping this loop must not close it
             self.connection_lost(conn)  # no-op if already reported
 
     async def _connect_round(self) -> Connection | None:

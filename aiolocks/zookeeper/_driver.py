@@ -122,7 +122,7 @@ class ZooKeeperDriver:
         #: TLS to the ensemble's secureClientPort
         self._ssl_context = ssl_context
         #: the engine's owned task set (given to open())
-        self._tasks = TaskSet()
+        self._tasks: TaskSet | None = None
         #: held grants and the watch that reports their node's deletion
         self._grants: dict[Grant, HoldWatch | None] = {}
         self._ticker: asyncio.TimerHandle | None = None
@@ -133,7 +133,7 @@ class ZooKeeperDriver:
         self._records = ZooKeeperRecords(
             lambda: self.monitor,
             lambda: self.internals,
-            lambda coro, name: self._tasks.spawn(coro, name=name),
+            self._spawn,
         )
 
     # -- identity / options -----------------------------------------------------
@@ -298,8 +298,16 @@ class ZooKeeperDriver:
 
     # -- loss -------------------------------------------------------------------------
 
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Background work (cleanups, watch reads) in the engine's task set (given to ``open``)."""
+        tasks = self._tasks
+        if tasks is None:
+            coro.close()
+            raise RuntimeError("the ZooKeeper driver was not opened")
+        return tasks.spawn(coro, name=name)
+
     def _spawn_check(self, coro: Coroutine[Any, Any, None]) -> object:
-        return self._tasks.spawn(coro, name="aiolocks-zk-watch-own-node")
+        return self._spawn(coro, "aiolocks-zk-watch-own-node")
 
     def _on_lost(self, session_id: int | None, reason: str) -> None:
         self._records.session_lost(session_id, reason, all_entries=self._suspended_is_lost)
@@ -471,13 +479,13 @@ class ZooKeeperDriver:
         self._unwatch_room(a)
         link = self._link
         if link is None or not link.connected:
-            self._tasks.spawn(self._abandon_now(a), name=f"aiolocks-zk-abandon:{a.entry.parent}")
+            self._spawn(self._abandon_now(a), f"aiolocks-zk-abandon:{a.entry.parent}")
             return
         try:
             async with asyncio.timeout(self._connect_timeout):
                 await self._abandon_now(a)
         except TimeoutError:
-            self._tasks.spawn(self._abandon_now(a), name=f"aiolocks-zk-abandon:{a.entry.parent}")
+            self._spawn(self._abandon_now(a), f"aiolocks-zk-abandon:{a.entry.parent}")
 
     async def _abandon_now(self, a: _ZkAttempt) -> None:
         internals = self.internals
@@ -513,14 +521,14 @@ class ZooKeeperDriver:
             # The hold is already gone as far as the user is concerned; the
             # node (if the session survived after all) is deleted without
             # making the caller wait for a reconnection.
-            self._tasks.spawn(internals.delete(node), name=f"aiolocks-zk-delete:{node.path}")
+            self._spawn(internals.delete(node), f"aiolocks-zk-delete:{node.path}")
             return True
         try:
             async with asyncio.timeout(self._connect_timeout):
                 return await internals.delete(node)
         except TimeoutError:
             # No connection: the delete goes on until the session is back or gone.
-            self._tasks.spawn(internals.delete(node), name=f"aiolocks-zk-delete:{node.path}")
+            self._spawn(internals.delete(node), f"aiolocks-zk-delete:{node.path}")
             return True
 
     # -- inspection -----------------------------------------------------------------------

@@ -309,12 +309,8 @@ class LockInternals:
                 await self.ensure_parents(parent, deadline)
                 continue
             except AmbiguousResult:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError("deadline passed during create") from None
-                found = await self._find_protected(parent, entry.uid, deadline)
+                found = await self._created_after_all(entry, deadline)
                 if found is not None:
-                    entry.node = found
-                    entry.maybe_created = False
                     return found, None
                 continue
             except SessionChanged:
@@ -327,21 +323,37 @@ class LockInternals:
             finally:
                 if not answered:
                     _discard(listing)  # a pipelined listing we will not read
-            stat = response.stat
-            node = parse_node(
-                parent, self.link.denormalize_path(str(response.path)).rsplit("/", 1)[1]
-            )
-            assert node is not None, response.path
-            node = _with_stat(node, stat)
-            # Known now: give_up() deletes it by name.
-            entry.node = node
-            entry.maybe_created = False
+            node = self._created(entry, response)
             children: list[str] | None = None
             if listing:
                 children = await self._listing_result(listing[0], deadline)
                 if children is not None and node.name not in children:
                     children = None  # not taken after our create: list again
             return node, children
+
+    def _created(self, entry: QueueEntry, response: Any) -> Node:
+        """The node the server's reply to ``entry``'s create names (``entry.node`` from now on)."""
+        name = self.link.denormalize_path(str(response.path)).rsplit("/", 1)[1]
+        node = parse_node(entry.parent, name)
+        assert node is not None, response.path
+        node = _with_stat(node, response.stat)
+        # Known now: give_up() deletes it by name.
+        entry.node = node
+        entry.maybe_created = False
+        return node
+
+    async def _created_after_all(self, entry: QueueEntry, deadline: float | None) -> Node | None:
+        """After a create without a clear answer: ``entry``'s node if the server made it.
+
+        ``None``: it did not (create again). :raises TimeoutError: past ``deadline``
+        """
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError("deadline passed during create") from None
+        found = await self._find_protected(entry.parent, entry.uid, deadline)
+        if found is not None:
+            entry.node = found
+            entry.maybe_created = False
+        return found
 
     async def _listing_result(
         self, reply: asyncio.Future[Any], deadline: float | None

@@ -82,10 +82,6 @@ class SessionChanged(Exception):
     """The request was meant for a session that is no longer the current one."""
 
 
-class _DeadlinePassed(Exception):
-    """Internal: the caller's deadline passed before a reply arrived."""
-
-
 def remaining(deadline: float | None) -> float | None:
     """Seconds left until ``deadline`` (``None`` = unbounded), never negative."""
     if deadline is None:
@@ -310,10 +306,15 @@ class SessionMonitor:
         """The session is connected: requests can be sent."""
         return self.link.connected
 
-    async def _wait_connected(
-        self, deadline: float | None, unavailable_after: float | None
-    ) -> None:
+    async def _wait_connected(self, deadline: float | None, wait_for_connection: bool) -> None:
+        """Return once connected; ``TimeoutError`` at ``deadline``, else ``BackendUnavailableError``
+        after ``connect_timeout`` (never, without ``wait_for_connection``) or once closed."""
+        if self._closed:
+            raise BackendUnavailableError("the ZooKeeper backend is closed")
         link = self.link
+        if link.connected:
+            return
+        unavailable_after = time.monotonic() + self.connect_timeout if wait_for_connection else None
         while not link.connected:
             if self._closed:
                 raise BackendUnavailableError("the ZooKeeper backend is closed")
@@ -336,7 +337,7 @@ class SessionMonitor:
                 raise AccessDeniedError(str(link.refused))
             if not link.connected and timeout is not None and remaining(limit) == 0:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise _DeadlinePassed
+                    raise TimeoutError("deadline passed while waiting for a connection")
                 raise BackendUnavailableError(
                     f"ZooKeeper {link.hosts} unreachable for "
                     f"{self.connect_timeout:g} s (connect_timeout)"
@@ -393,15 +394,7 @@ class SessionMonitor:
         link = self.link
         expired_in: int | None = None  # the session a SESSION_EXPIRED answer came from
         while True:
-            if self._closed:
-                raise BackendUnavailableError("the ZooKeeper backend is closed")
-            unavailable_after = (
-                time.monotonic() + self.connect_timeout if wait_for_connection else None
-            )
-            try:
-                await self._wait_connected(deadline, unavailable_after)
-            except _DeadlinePassed:
-                raise TimeoutError("deadline passed while waiting for a connection") from None
+            await self._wait_connected(deadline, wait_for_connection)
             if session_id is not None and link.session_id != session_id:
                 raise SessionChanged
             conn = link.connection()
@@ -414,9 +407,9 @@ class SessionMonitor:
             # the lock deadline has passed: a deadline in the past means "try
             # exactly once", and a try needs its answers. Waiting for a
             # connection, on the other hand, stops at the deadline.
-            reply_deadline = deadline
-            if deadline is not None:
-                reply_deadline = max(deadline, time.monotonic() + self.reply_grace)
+            reply_deadline = (
+                deadline if deadline is None else max(deadline, time.monotonic() + self.reply_grace)
+            )
             try:
                 done = await wait_future(fut, reply_deadline)
             except BaseException:
@@ -444,12 +437,15 @@ class SessionMonitor:
             except _REFUSALS as exc:
                 raise _denied(exc, request, link) from exc
             except _CONNECTION_ERRORS as exc:
-                # The connection broke: make sure it is dropped, so that the
-                # session reconnects (it reports the drop to us).
-                link.drop(conn)
-                if not retry:
-                    raise AmbiguousResult(
-                        f"connection lost during {type(request).__name__}"
-                    ) from exc
+                self._connection_broke(conn, request, retry, exc)
                 continue
             return response
+
+    def _connection_broke(self, conn: object, request: Any, retry: bool, exc: Exception) -> None:
+        """Drop the broken connection (the session reconnects and reports the drop to us).
+
+        :raises AmbiguousResult: unless the request may be sent again (``retry``)
+        """
+        self.link.drop(conn)
+        if not retry:
+            raise AmbiguousResult(f"connection lost during {type(request).__name__}") from exc
