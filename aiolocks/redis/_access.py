@@ -13,16 +13,34 @@ from __future__ import annotations
 import ssl
 
 from redis.asyncio.sentinel import MasterNotFoundError
-from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    ClusterDownError,
+    NoPermissionError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.errors import AccessDeniedError, BackendUnavailableError, LockError
 
-__all__ = ["UNREACHABLE", "denied", "is_refusal", "map_error"]
+__all__ = ["COMMAND_ERRORS", "SERVED_LATER", "UNREACHABLE", "denied", "is_refusal", "map_error"]
 
-#: redis-py's errors of a server out of reach (a refusal among them: :func:`denied`)
-UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+#: replies of a Redis Cluster or a failover in the middle of a change: the
+#: servers answer, but the data is not served now and will be soon
+#: (``CLUSTERDOWN``/``MASTERDOWN``, ``TRYAGAIN``, ``READONLY`` from a demoted
+#: primary, and redis-py's own ``RedisClusterException`` such as "All slots
+#: are not covered", which is no ``RedisError``). Found by the cluster fault runs.
+SERVED_LATER = (ClusterDownError, TryAgainError, ReadOnlyError, RedisClusterException)
+#: redis-py's errors of a server out of reach or not serving for now (a
+#: refusal among them: :func:`denied`): retried, then ``BackendUnavailableError``
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError, *SERVED_LATER)
+#: every error a redis-py command may raise (``RedisClusterException`` is no ``RedisError``)
+COMMAND_ERRORS = (RedisError, RedisClusterException, OSError)
 
 #: server replies that refuse the client whatever it retries
 _REFUSAL_PREFIXES = ("NOPERM", "WRONGPASS", "NOAUTH")

@@ -63,7 +63,7 @@ from .._core.errors import AccessDeniedError, BackendUnavailableError, LockError
 from .._core.participants import Participant
 from .._core.tasks import TaskSet
 from .._core.timeouts import LEASE_TIME_RANGE, check_seconds
-from ._access import UNREACHABLE, denied, map_error
+from ._access import COMMAND_ERRORS, UNREACHABLE, denied, map_error
 from ._keys import LockKeys, lock_keys
 from ._pubsub import PubSubHub, Wake
 from ._scripts import Scripts, source
@@ -1051,7 +1051,7 @@ class RedisDriver:
             return None
         try:
             granted, reply, sent = await self._try(a)
-        except (RedisError, OSError) as exc:
+        except COMMAND_ERRORS as exc:
             raise map_error(exc, f"acquiring {a.request.name!r}", self.describe()) from exc
         if granted:
             # No await from here to the return: the grants go straight to the engine.
@@ -1901,7 +1901,7 @@ class RedisDriver:
         keys = lock_keys(self.key_prefix, family, name)
         try:
             reply = await self.node.inspect(keys)
-        except (RedisError, OSError) as exc:
+        except COMMAND_ERRORS as exc:
             raise map_error(exc, f"listing {name!r}", self.describe()) from exc
         return parse_participants(reply)
 

@@ -37,10 +37,17 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.errors import BackendUnavailableError
+from ._access import SERVED_LATER
 
 __all__ = ["TRANSIENT", "Renewal", "RenewResult", "Vouched", "Watchdog"]
 
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError, BackendUnavailableError)
+TRANSIENT = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+    BackendUnavailableError,
+    *SERVED_LATER,
+)
 
 #: what renewing one hold gave: ``None`` renewed, a string the reason the hold
 #: is gone, an exception (transient: retry soon; otherwise: lost)

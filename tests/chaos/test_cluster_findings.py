@@ -58,14 +58,6 @@ def _uncover_first_third(cluster: RedisCluster) -> None:
 
 
 @pytest.mark.asyncio
-@pytest.mark.xfail(
-    strict=True,
-    reason="a Redis Cluster that does not cover every slot (a master lost, no replica "
-    "promoted yet) lets redis-py's RedisClusterException ('All slots are not covered') "
-    "escape hold() (not an aiolocks error; the driver also logs 'giving up an acquire ... "
-    "left something behind'); in the fault runs the CLUSTERDOWN reply itself surfaced as "
-    "a bare LockError. Expected: BackendUnavailableError (retryable)",
-)
 async def test_cluster_down_is_backend_unavailable(broken_cluster: RedisCluster) -> None:
     """An acquire while the cluster is down says the backend is unavailable (retryable)."""
     name = _name_on_second_node(broken_cluster)
