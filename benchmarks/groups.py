@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import statistics
 import threading
@@ -50,12 +51,16 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 import aiolocks
 from aiolocks.testing.servers import RedisServer, ServerNotInstalledError, ZooKeeperServer
+
+if TYPE_CHECKING:
+    from tooz.coordination import CoordinationDriver, MemberJoinedGroup, MemberLeftGroup
+    from tooz.partitioner import Partitioner
 
 __all__ = [
     "BACKENDS",
@@ -67,6 +72,8 @@ __all__ = [
     "main",
     "measure",
 ]
+
+logger = logging.getLogger(__name__)
 
 BACKENDS = ("zookeeper", "redis")
 
@@ -231,6 +238,7 @@ class AiolocksSide:
         issued = time.perf_counter()
         joined: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(self._member(self._probe, probe, joined))
+        self._tasks.append(task)  # stop() cancels it if this round fails
         either: list[asyncio.Future[Any]] = [joined, task]
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if not joined.done():
@@ -244,9 +252,11 @@ class AiolocksSide:
         watch, rebalance, seen = self._change(list(self._ids), lambda ids: probe not in ids)
         issued = time.perf_counter()
         task.cancel()  # leaves: the block's exit deletes the member record
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await asyncio.wait([task])  # (a cancellation of this round itself propagates)
         left = time.perf_counter()
+        self._tasks.remove(task)
+        if not task.cancelled() and task.exception() is not None:
+            await task  # the leave failed: raise its error
         await asyncio.wait_for(seen.wait(), _TIMEOUT)
         figures["leave_call_ms"] = _ms(issued, left)
         figures["watch_leave_ms"] = _ms(issued, watch.last)
@@ -280,10 +290,11 @@ class ToozSide:
         self._active = threading.Event()  # the pollers call run_watchers() only while set
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._coordinators: list[Any] = []
+        self._coordinators: list[CoordinationDriver] = []
         self._watched: set[str] = set()  # the watcher's member list, kept by its callbacks
+        self._probe: CoordinationDriver | None = None
 
-    def _coordinator(self, member_id: str) -> Any:
+    def _coordinator(self, member_id: str) -> CoordinationDriver:
         from tooz import coordination  # the bench extra, imported where used
 
         coordinator = coordination.get_coordinator(self._url, member_id.encode())
@@ -291,20 +302,23 @@ class ToozSide:
         self._coordinators.append(coordinator)
         return coordinator
 
-    def _poller(self, coordinator: Any) -> None:
+    def _poller(self, coordinator: CoordinationDriver) -> None:
         """tooz runs watch callbacks only inside ``run_watchers()``: call it every poll."""
         while not self._stopping.is_set():
             self._active.wait()
             if not self._stopping.is_set():
-                coordinator.run_watchers()
+                try:
+                    coordinator.run_watchers()
+                except Exception as exc:  # a slow server: the next poll tries again
+                    logger.warning("tooz run_watchers() failed: %s", exc)
             self._stopping.wait(self._poll)
 
-    def _start_poller(self, coordinator: Any) -> None:
+    def _start_poller(self, coordinator: CoordinationDriver) -> None:
         thread = threading.Thread(target=self._poller, args=(coordinator,), daemon=True)
         thread.start()
         self._threads.append(thread)
 
-    def _join(self, member_id: str) -> Any:
+    def _join(self, member_id: str) -> tuple[CoordinationDriver, Partitioner]:
         """Join with tooz's partitioner; report the ring's members after every change.
 
         Our callbacks are registered after the partitioner's, so they run
@@ -313,7 +327,7 @@ class ToozSide:
         coordinator = self._coordinator(member_id)
         partitioner = coordinator.join_partitioned_group(self._group)
 
-        def seen(event: Any) -> None:
+        def seen(event: MemberJoinedGroup | MemberLeftGroup) -> None:
             self._board.saw(member_id, frozenset(bytes(m).decode() for m in partitioner.ring.nodes))
 
         coordinator.watch_join_group(self._group, seen)
@@ -328,11 +342,11 @@ class ToozSide:
         with contextlib.suppress(coordination.GroupAlreadyExist):
             watcher.create_group(self._group).get()
 
-        def joined(event: Any) -> None:
+        def joined(event: MemberJoinedGroup) -> None:
             self._watched.add(event.member_id.decode())
             self._board.saw("watcher", frozenset(self._watched))
 
-        def left(event: Any) -> None:
+        def left(event: MemberLeftGroup) -> None:
             self._watched.discard(event.member_id.decode())
             self._board.saw("watcher", frozenset(self._watched))
 
@@ -344,8 +358,8 @@ class ToozSide:
             coordinator, partitioner = self._join(member_id)
             rings.append(partitioner.ring)
             self._start_poller(coordinator)
-        self._probe = self._coordinator("probe")
-        self._start_poller(self._probe)
+        self._probe = probe = self._coordinator("probe")
+        self._start_poller(probe)
         everyone = frozenset(self._ids)
         self._active.set()
         deadline = time.monotonic() + _TIMEOUT
@@ -389,9 +403,11 @@ class ToozSide:
         watch, rebalance, seen = self._change([*self._ids, "probe"], lambda ids: "probe" in ids)
         issued = time.perf_counter()
         # join_partitioned_group() in two steps, to time the join alone
-        self._probe.join_group(self._group, capabilities={"weight": 1}).get()
+        probe = self._probe
+        assert probe is not None, "start() first"
+        probe.join_group(self._group, capabilities={"weight": 1}).get()
         joined = time.perf_counter()
-        partitioner = Partitioner(self._probe, self._group)
+        partitioner = Partitioner(probe, self._group)
         self._board.saw("probe", frozenset(bytes(m).decode() for m in partitioner.ring.nodes))
         if not seen.wait(_TIMEOUT):
             raise TimeoutError("tooz: the probe's join was not seen")
@@ -402,7 +418,7 @@ class ToozSide:
         }
         watch, rebalance, seen = self._change(list(self._ids), lambda ids: "probe" not in ids)
         issued = time.perf_counter()
-        self._probe.leave_partitioned_group(partitioner)
+        probe.leave_partitioned_group(partitioner)
         left = time.perf_counter()
         if not seen.wait(_TIMEOUT):
             raise TimeoutError("tooz: the probe's leave was not seen")
