@@ -21,7 +21,11 @@ def _without_hand_written(text: str) -> str:
 def test_the_docs_page_marks_its_hand_written_sections() -> None:
     text = DOCS_PAGE.read_text()
     marked = [h for h, body in _report._sections(text) if HAND_WRITTEN in body]
-    assert marked == ["etcd (side by side)", "Cost of TLS"]
+    assert marked == [
+        "etcd (side by side)",
+        "Cost of TLS",
+        "Groups and partitions (side by side with tooz)",
+    ]
 
 
 def test_regenerating_the_docs_page_gives_it_back_unchanged() -> None:
