@@ -42,6 +42,45 @@ TOPOLOGIES: dict[str, str | None] = {
 if os.environ.get("AIOLOCKS_CONFORMANCE_TOPOLOGIES") != "0":
     BACKENDS.update(TOPOLOGIES)
 
+#: Modules of the coordination recipes (groups, the partitioner, leader
+#: observation, ``once``, latches, barriers). They are written once in the core
+#: over the record store, whose own contract (``test_records.py``) and every
+#: lock test run on the Redis topologies too; the recipes run on every backend
+#: (memory, Redis, ZooKeeper, etcd, PostgreSQL in both modes) and, to keep the
+#: suite within the CI budget, not again on the Sentinel and Cluster
+#: topologies unless ``AIOLOCKS_RECIPES_ON_TOPOLOGIES=1``.
+RECIPE_MODULES = frozenset(
+    {
+        "test_group",
+        "test_group_anyio",
+        "test_partitioner",
+        "test_latch_observe",
+        "test_once",
+        "test_barrier",
+        "test_countdown",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the recipe modules out on the Redis topologies (see ``RECIPE_MODULES``)."""
+    if os.environ.get("AIOLOCKS_RECIPES_ON_TOPOLOGIES") == "1":
+        return
+    kept, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        label = callspec.params.get("backend_url") if callspec is not None else None
+        module = getattr(item, "module", None)
+        name = module.__name__.rpartition(".")[2] if module is not None else ""
+        if label in TOPOLOGIES and name in RECIPE_MODULES:
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 #: query options appended to each backend's URL for the suite
 #: (postgres: the test server has no TLS; with the default sslmode=prefer a connect
 #: cancelled mid-negotiation leaves an unretrieved future inside asyncpg, which
