@@ -17,7 +17,10 @@ ZooKeeper's modification time), never by a client's clock:
 2. While the body runs, a task owned by the backend rewrites the record
    every third of ``at_most_for`` with ``ttl=at_most_for`` (compare-and-set
    by version): a live process keeps its job however long it runs, and a
-   crashed one frees it at most ``at_most_for`` after its last write.
+   crashed one frees it at most ``at_most_for`` after its last write. A
+   renewal that has no answer shortly before the record can expire (a
+   partition) is given up and counts as a loss, so the body is told before
+   another process can take the job.
    ``hard_bound=True`` renews nothing: when ``at_most_for`` has passed the
    body is cancelled and the block raises :class:`LockLostError`.
 3. On exit the record is rewritten with ``ttl = at_least_for - elapsed``,
@@ -70,6 +73,12 @@ logger = logging.getLogger("aiolocks")
 #: the shortest expiry written (Redis counts whole milliseconds); a shorter
 #: rest of ``at_least_for`` is rounded up to it, never down to nothing
 _SHORTEST_TTL = 0.01
+
+#: a run is told it lost the job this share of ``at_most_for`` (at most
+#: ``_EARLY_MAX`` seconds) before its record can expire on the server, so
+#: the loss is known before another process can take the job
+_EARLY = 0.02
+_EARLY_MAX = 0.5
 
 
 def check_periods(at_most_for: object, at_least_for: object) -> tuple[float, float]:
@@ -340,11 +349,19 @@ class Once:
             except TimeoutError:
                 pass
             sent = monotonic()
+            # The record may expire on the server at valid_until (counted from
+            # before our last write was sent): a renewal without an answer by
+            # then is given up, and the body told, before anybody else can
+            # take the job. A partition must not leave us believing.
+            deadline = valid_until - min(most * _EARLY, _EARLY_MAX)
             try:
-                version = await store.update(self._key, run.value, version=run.version, ttl=most)
-            except (BackendUnavailableError, AccessDeniedError) as exc:
-                if monotonic() >= valid_until:
-                    self._lose(run, f"it could not be renewed in time: {exc}")
+                async with asyncio.timeout(max(0.0, deadline - sent)):
+                    version = await store.update(
+                        self._key, run.value, version=run.version, ttl=most
+                    )
+            except (BackendUnavailableError, AccessDeniedError, TimeoutError) as exc:
+                if monotonic() >= deadline:
+                    self._lose(run, f"it could not be renewed in time: {exc!r}")
                     return
                 continue
             if version is None:

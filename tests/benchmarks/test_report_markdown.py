@@ -25,6 +25,7 @@ def test_the_docs_page_marks_its_hand_written_sections() -> None:
         "etcd (side by side)",
         "Cost of TLS",
         "Groups and partitions (side by side with tooz)",
+        "once vs SET NX PX",
     ]
 
 

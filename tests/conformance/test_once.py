@@ -154,6 +154,52 @@ async def test_hard_bound_cancels_the_body_with_lock_lost_error(
     await eventually(lambda: try_once(backend, job), 20, what="the job to be free")
 
 
+class _SilentRenewals:
+    """A record store whose updates never answer (a partition), all else passed on."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def update(self, *args: object, **kwargs: object) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_renewal_without_an_answer_tells_the_body_before_another_runs(
+    backend: aiolocks.Backend,
+    other_backend: aiolocks.Backend,
+    job: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A renewal stuck in a partition is given up before the record can expire."""
+    inner = store_of(backend)
+    monkeypatch.setattr(backend._driver, "records", lambda: _SilentRenewals(inner))
+    entered = asyncio.Event()
+
+    async def holder() -> None:
+        async with backend.once(job, at_most_for=0.6) as ran:
+            assert ran
+            entered.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.ensure_future(holder())
+    await asyncio.wait_for(entered.wait(), 30)
+
+    async def ran_elsewhere() -> bool:
+        ran = await try_once(other_backend, job, at_most_for=0.6)
+        assert not ran or task.done() or task.cancelling(), "ran while the holder believed"
+        return ran
+
+    try:
+        await eventually(ran_elsewhere, 30, what="the job to be free", interval=0.02)
+        with pytest.raises(aiolocks.LockLostError, match="renewed in time"):
+            await task
+    finally:
+        task.cancel()
+
+
 async def test_a_record_deleted_behind_its_back_is_a_loss(
     backend: aiolocks.Backend, job: str
 ) -> None:
