@@ -163,7 +163,7 @@ class LocalDriver:
     """In-process driver: FIFO queues and futures. See the module docstring.
 
     ``memory://`` is this driver with administration and ``doctor`` added
-    (:class:`aiolocks.memory.MemoryDriver`); the engine takes its degraded
+    (``aiolocks.memory._driver.MemoryDriver``); the engine takes its degraded
     holds (``on_unavailable="local"``) from a bare one.
     """
 

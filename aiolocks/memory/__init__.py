@@ -13,6 +13,6 @@ from ``connect("memory://")`` contend like two processes on one server.
 
 from __future__ import annotations
 
-from ._driver import MemoryBackend, MemoryDriver, from_url
+from ._driver import MemoryBackend, from_url
 
-__all__ = ["MemoryBackend", "MemoryDriver", "from_url"]
+__all__ = ["MemoryBackend", "from_url"]

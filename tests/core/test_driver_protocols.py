@@ -23,7 +23,8 @@ from aiolocks._core.localstore import LocalDriver
 from aiolocks._core.states import ReportsConnectionState
 from aiolocks.etcd import EtcdBackend
 from aiolocks.etcd._driver import EtcdDriver
-from aiolocks.memory import MemoryBackend, MemoryDriver
+from aiolocks.memory import MemoryBackend
+from aiolocks.memory._driver import MemoryDriver
 from aiolocks.postgres import PostgresBackend
 from aiolocks.postgres._driver import PostgresAdvisoryDriver
 from aiolocks.postgres._lease import PostgresLeaseDriver
