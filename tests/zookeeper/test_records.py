@@ -662,3 +662,59 @@ async def test_a_session_expiry_drops_the_snapshot_cache(
     with _Requests(backend) as requests:
         assert await _values(store, prefix) == {**expected, "m1": b"new"}
     assert requests.reads() == []
+
+
+async def test_a_dropped_connection_drops_the_snapshot_cache(
+    zookeeper_server: ZooKeeperServer, chroot: str, second: ZooKeeperBackend
+) -> None:
+    """Same session, but events may have been missed while away: everything is read again."""
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        backend = await aiolocks.connect(f"zk://{proxy.netloc}{chroot}?session_timeout=10")
+        assert isinstance(backend, ZooKeeperBackend)
+        try:
+            store = _store(backend)
+            prefix = f"cache-{uuid.uuid4().hex[:8]}"
+            expected = {f"m{i}": b"v%d" % i for i in range(5)}
+            for child, value in expected.items():
+                assert await store.create(f"{prefix}/{child}", value) is not None
+            assert await _values(store, prefix) == expected
+            assert store._cache._folders
+            session = backend.session_id
+            proxy.refuse(True)
+            proxy.cut()
+            await until(lambda: not store._cache._folders, what="the cache to be dropped")
+            changed = await _store(second).read(f"{prefix}/m2")
+            assert changed is not None
+            assert await _store(second).update(f"{prefix}/m2", b"new", version=changed.version)
+            proxy.heal()
+            with _Requests(backend) as requests:
+                assert await _values(store, prefix) == {**expected, "m2": b"new"}
+            assert len(requests.reads()) == len(expected)
+            assert backend.session_id == session, "the session was not meant to expire"
+        finally:
+            await backend.close()
+
+
+async def test_an_aiozk_client_backend_keeps_no_snapshot_cache(
+    zookeeper_server: ZooKeeperServer, chroot: str, second: ZooKeeperBackend
+) -> None:
+    """aiozk runs watch callbacks after the replies that follow them: nothing is kept."""
+    client = aiozk.ZKClient(zookeeper_server.hosts, chroot=chroot, session_timeout=10)
+    await client.start()
+    try:
+        backend = ZooKeeperBackend(client)
+        await backend.open()
+        try:
+            store = _store(backend)
+            prefix = f"cache-{uuid.uuid4().hex[:8]}"
+            assert await store.create(f"{prefix}/a", b"old") is not None
+            assert await _values(store, prefix) == {"a": b"old"}
+            assert store._cache._folders == {}
+            changed = await _store(second).read(f"{prefix}/a")
+            assert changed is not None
+            assert await _store(second).update(f"{prefix}/a", b"new", version=changed.version)
+            assert await _values(store, prefix) == {"a": b"new"}
+        finally:
+            await backend.close()
+    finally:
+        await client.close()
