@@ -31,6 +31,14 @@ prefix, a foreign node) is no record.
   while the folder is missing) and reads every child with a data watch; all
   of them, and the next (re)connection of the session, resolve one future.
   ``changed()`` also stops at the earliest expiry among the children read.
+* A child's node as read is kept (:class:`_DataCache`) while the data watch
+  that read set has not fired: the next snapshot reads only the children
+  that are new or changed. The server sends a watch event before any reply
+  that shows the change, and aiolocks' own session runs the callbacks as it
+  reads the event, so a kept node is never older than the listing; on a
+  client given by the application (aiozk, whose callbacks run later) nothing
+  is kept. A disconnection, a reconnection or a lost session drops
+  everything kept (watches may have been missed).
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import math
 import struct
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -50,6 +58,8 @@ from aiozk import protocol
 
 from .._core.errors import BackendUnavailableError
 from .._core.records import CHILD, Entry, Record, Snapshot
+from .._core.states import ConnectionState
+from ._client import OwnLink
 from ._layout import RECORDS_ROOT, record_path
 from ._session import AmbiguousResult, SessionChanged, SessionMonitor, wait_future
 
@@ -199,6 +209,114 @@ class _ZkSnapshot(Snapshot):
         self._monitor.drop_waker(self._waker)
 
 
+_DATA_EVENTS: Final = (protocol.WatchEvent.DATA_CHANGED, protocol.WatchEvent.DELETED)
+
+
+class _DataCache:
+    """Child nodes as read by snapshots, each kept until the data watch its read set fires.
+
+    A path is hooked (a callback on its data events) while it is cached or
+    being read; an event drops it, and so does a read that an event
+    overtook (kept only if nothing fired between the request and its reply).
+    """
+
+    def __init__(self) -> None:
+        self._monitor: SessionMonitor | None = None
+        self._remove_listener: Callable[[], None] | None = None
+        #: folder path -> child name -> its record (``None``: a node without our header)
+        self._folders: dict[str, dict[str, _Node | None]] = {}
+        #: path -> token of the read in flight that may fill its entry
+        self._reading: dict[str, object] = {}
+
+    def attach(self, monitor: SessionMonitor) -> bool:
+        """Follow ``monitor``'s session; ``False``: its link cannot keep a cache."""
+        if monitor is not self._monitor:
+            self.close()
+            self._monitor = monitor
+            self._remove_listener = monitor.add_listener(self._on_state)
+        return isinstance(monitor.link, OwnLink)
+
+    def _on_state(self, state: ConnectionState) -> None:
+        if state is not ConnectionState.CONNECTED:
+            self.clear()  # SUSPENDED, RECONNECTED, LOST: events may have been missed
+
+    def cached(self, folder: str, names: Sequence[str]) -> dict[str, _Node | None]:
+        """The kept nodes of ``folder`` among ``names``; the others are dropped."""
+        entries = self._folders.get(folder)
+        if not entries:
+            return {}
+        listed = set(names)
+        for name in [name for name in entries if name not in listed]:
+            del entries[name]
+            self._release(f"{folder}/{name}")
+        return dict(entries)
+
+    async def read(
+        self, get: Callable[[str], Awaitable[tuple[_Node | None, Any] | None]], path: str
+    ) -> tuple[_Node | None, Any] | None:
+        """``get(path)`` (a read that sets a data watch), kept unless an event overtook it."""
+        token = object()
+        self._reading[path] = token
+        self._hook(path)
+        stored = False
+        try:
+            found = await get(path)
+            if found is not None and self._reading.get(path) is token:
+                folder, _, name = path.rpartition("/")
+                self._folders.setdefault(folder, {})[name] = found[0]
+                stored = True
+            return found
+        finally:
+            if self._reading.get(path) is token:
+                del self._reading[path]
+            if not stored:
+                self._release(path)
+
+    def _fired(self, path: str) -> None:
+        """A data watch event (change or deletion): drop the path's entry."""
+        folder, _, name = path.rpartition("/")
+        entries = self._folders.get(folder)
+        if entries is not None:
+            entries.pop(name, None)
+            if not entries:
+                del self._folders[folder]
+        self._reading.pop(path, None)
+        self._unhook(path)
+
+    def _release(self, path: str) -> None:
+        folder, _, name = path.rpartition("/")
+        if path not in self._reading and name not in self._folders.get(folder, {}):
+            self._unhook(path)
+
+    def _hook(self, path: str) -> None:
+        assert self._monitor is not None
+        for event_type in _DATA_EVENTS:
+            self._monitor.link.add_watch_callback(event_type, path, self._fired)
+
+    def _unhook(self, path: str) -> None:
+        if self._monitor is not None:
+            for event_type in _DATA_EVENTS:
+                self._monitor.link.remove_watch_callback(event_type, path, self._fired)
+
+    def clear(self) -> None:
+        """Drop every entry (and every read in flight's right to fill one)."""
+        paths = set(self._reading)
+        for folder, entries in self._folders.items():
+            paths.update(f"{folder}/{name}" for name in entries)
+        self._folders = {}
+        self._reading = {}
+        for path in paths:
+            self._unhook(path)
+
+    def close(self) -> None:
+        """Clear and stop following the session."""
+        self.clear()
+        remove, self._remove_listener = self._remove_listener, None
+        if remove is not None:
+            remove()
+        self._monitor = None
+
+
 class ZooKeeperRecords:
     """The record store of one ZooKeeper driver (see the module doc).
 
@@ -218,6 +336,8 @@ class ZooKeeperRecords:
         self._internals = internals
         self._spawn = spawn
         self._members: dict[str, tuple[Entry, _Member]] = {}
+        #: snapshots' reads of child nodes, kept while their data watch holds
+        self._cache = _DataCache()
 
     # -- requests --------------------------------------------------------------------
 
@@ -476,6 +596,7 @@ class ZooKeeperRecords:
 
     def session_lost(self, session_id: int | None, reason: str, *, all_entries: bool) -> None:
         """The monitor declared ``session_id`` lost: its entries are (all, with ``all_entries``)."""
+        self._cache.clear()
         for key, (_entry, member) in list(self._members.items()):
             if all_entries or session_id is None or member.session_id == session_id:
                 self._lose(key, member, reason)
@@ -589,12 +710,10 @@ class ZooKeeperRecords:
             names = [c for c in children if CHILD.fullmatch(c)]
             paths = [f"{folder}/{name}" for name in names]
             for path in paths:
-                snap.watch((protocol.WatchEvent.DATA_CHANGED, protocol.WatchEvent.DELETED), path)
-            found = await asyncio.gather(*(self._get(path, watch=True) for path in paths))
+                snap.watch(_DATA_EVENTS, path)
+            found = await self._read_children(monitor, folder, names)
             nodes = {
-                name: (path, got[0])
-                for name, path, got in zip(names, paths, found, strict=True)
-                if got is not None and got[0] is not None
+                name: (f"{folder}/{name}", node) for name, node in found.items() if node is not None
             }
             now = await self._now_for([node for _path, node in nodes.values()])
             self._fill(snap, nodes, now)
@@ -602,6 +721,28 @@ class ZooKeeperRecords:
             snap.close()
             raise
         return snap
+
+    async def _read_children(
+        self, monitor: SessionMonitor, folder: str, names: Sequence[str]
+    ) -> dict[str, _Node | None]:
+        """The listed children's nodes: read with a data watch unless kept; absent ones left out."""
+
+        async def get(path: str) -> tuple[_Node | None, Any] | None:
+            return await self._get(path, watch=True)
+
+        caching = self._cache.attach(monitor)
+        kept = self._cache.cached(folder, names) if caching else {}
+        missing = [name for name in names if name not in kept]
+        found = await asyncio.gather(
+            *(
+                self._cache.read(get, f"{folder}/{name}") if caching else get(f"{folder}/{name}")
+                for name in missing
+            )
+        )
+        for name, got in zip(missing, found, strict=True):
+            if got is not None:
+                kept[name] = got[0]
+        return {name: kept[name] for name in names if name in kept}
 
     def _fill(
         self, snap: _ZkSnapshot, nodes: dict[str, tuple[str, _Node]], now: int | None
@@ -642,6 +783,7 @@ class ZooKeeperRecords:
         :param delete: delete their nodes (a session the backend does not
             own, whose close would not remove them)
         """
+        self._cache.close()
         members, self._members = self._members, {}
         for _entry, member in members.values():
             member.leaving = True

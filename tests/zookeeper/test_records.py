@@ -18,6 +18,7 @@ from typing import Any
 import aiozk
 import pytest
 import pytest_asyncio
+from aiozk import protocol
 
 import aiolocks
 from aiolocks._core.records import Entry
@@ -362,9 +363,16 @@ async def _sweep(
 
 
 def _record_watches(backend: ZooKeeperBackend) -> list[Any]:
-    """Watch callbacks still registered on record paths (own session's table)."""
+    """Watch callbacks still registered on record paths (own session's table), but for the
+    snapshot cache's own on the nodes it keeps."""
     session: Any = backend._zk.session
-    return [k for k, v in session.watch_callbacks.items() if v and ROOT in str(k)]
+    cache = _store(backend)._cache
+    kept = {f"{folder}/{name}" for folder, names in cache._folders.items() for name in names}
+    return [
+        key
+        for key, callbacks in session.watch_callbacks.items()
+        if ROOT in str(key) and [c for c in callbacks if not (c == cache._fired and key[1] in kept)]
+    ]
 
 
 @pytest.mark.parametrize(
@@ -557,3 +565,156 @@ async def test_a_snapshot_of_a_missing_prefix_wakes_when_it_appears(
         await asyncio.wait_for(waiter, 10)
     with await _store(backend).snapshot(prefix) as snap:
         assert {child: r.value for child, r in snap.records.items()} == {"member": b"first"}
+
+
+# -- snapshots keep what they read while its data watch holds -----------------------------
+
+
+class _Requests:
+    """Counts the requests the backend's session sends (wraps its link's ``send``)."""
+
+    def __init__(self, backend: ZooKeeperBackend) -> None:
+        self.link: Any = backend._zk.monitor.link
+        self.sent: list[Any] = []
+
+    def __enter__(self) -> _Requests:
+        send = self.link.send
+
+        def counting(request: Any) -> Any:
+            self.sent.append(request)
+            return send(request)
+
+        self.link.send = counting
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        del self.link.send  # the class's method again
+
+    def reads(self) -> list[str]:
+        """The paths of the data reads sent."""
+        return [r.path for r in self.sent if isinstance(r, protocol.GetDataRequest)]
+
+
+async def _values(store: ZooKeeperRecords, prefix: str) -> dict[str, bytes]:
+    with await store.snapshot(prefix) as snap:
+        return {child: record.value for child, record in snap.records.items()}
+
+
+async def test_a_snapshot_reads_only_the_children_changed_since_the_last(
+    backend: ZooKeeperBackend, second: ZooKeeperBackend
+) -> None:
+    """20 children: the second snapshot lists them and reads none; after another backend
+    changes one, the next reads that one only, and sees its new value."""
+    store = _store(backend)
+    prefix = f"cache-{uuid.uuid4().hex[:8]}"
+    expected = {f"m{i}": b"v%d" % i for i in range(20)}
+    for child, value in expected.items():
+        assert await store.create(f"{prefix}/{child}", value) is not None
+    with _Requests(backend) as requests:
+        assert await _values(store, prefix) == expected
+    assert len(requests.reads()) == 20
+    with _Requests(backend) as requests:
+        assert await _values(store, prefix) == expected
+    assert len(requests.sent) <= 2, requests.sent
+    assert requests.reads() == []
+    # another session writes one child: its watch event reaches us before any later reply
+    other = _store(second)
+    changed = await other.read(f"{prefix}/m7")
+    assert changed is not None
+    assert await other.update(f"{prefix}/m7", b"new", version=changed.version) is not None
+    with _Requests(backend) as requests:
+        assert await _values(store, prefix) == {**expected, "m7": b"new"}
+    assert requests.reads() == [store._abs(f"{prefix}/m7")]
+    assert len(requests.sent) == 2, requests.sent
+    # a deleted child leaves the snapshot (and the cache), an added one is read
+    assert await other.delete(f"{prefix}/m3")
+    assert await other.create(f"{prefix}/m20", b"v20") is not None
+    with _Requests(backend) as requests:
+        values = await _values(store, prefix)
+    assert values == {
+        **{c: v for c, v in expected.items() if c != "m3"},
+        "m7": b"new",
+        "m20": b"v20",
+    }
+    assert requests.reads() == [store._abs(f"{prefix}/m20")]
+    assert "m3" not in store._cache._folders.get(store._abs(f"{prefix}/m3").rpartition("/")[0], {})
+
+
+async def test_a_session_expiry_drops_the_snapshot_cache(
+    zookeeper_server: ZooKeeperServer, backend: ZooKeeperBackend, second: ZooKeeperBackend
+) -> None:
+    """The watches died with the session: the next snapshot reads every child again."""
+    store = _store(backend)
+    prefix = f"cache-{uuid.uuid4().hex[:8]}"
+    expected = {f"m{i}": b"v%d" % i for i in range(5)}
+    for child, value in expected.items():
+        assert await store.create(f"{prefix}/{child}", value) is not None
+    assert await _values(store, prefix) == expected
+    assert store._cache._folders
+    await expire_session(zookeeper_server.hosts, backend)
+    assert store._cache._folders == {}
+    changed = await _store(second).read(f"{prefix}/m1")
+    assert changed is not None
+    assert await _store(second).update(f"{prefix}/m1", b"new", version=changed.version)
+    with _Requests(backend) as requests:
+        assert await _values(store, prefix) == {**expected, "m1": b"new"}
+    assert sorted(requests.reads()) == sorted(store._abs(f"{prefix}/{c}") for c in expected)
+    with _Requests(backend) as requests:
+        assert await _values(store, prefix) == {**expected, "m1": b"new"}
+    assert requests.reads() == []
+
+
+async def test_a_dropped_connection_drops_the_snapshot_cache(
+    zookeeper_server: ZooKeeperServer, chroot: str, second: ZooKeeperBackend
+) -> None:
+    """Same session, but events may have been missed while away: everything is read again."""
+    async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
+        backend = await aiolocks.connect(f"zk://{proxy.netloc}{chroot}?session_timeout=10")
+        assert isinstance(backend, ZooKeeperBackend)
+        try:
+            store = _store(backend)
+            prefix = f"cache-{uuid.uuid4().hex[:8]}"
+            expected = {f"m{i}": b"v%d" % i for i in range(5)}
+            for child, value in expected.items():
+                assert await store.create(f"{prefix}/{child}", value) is not None
+            assert await _values(store, prefix) == expected
+            assert store._cache._folders
+            session = backend.session_id
+            proxy.refuse(True)
+            proxy.cut()
+            await until(lambda: not store._cache._folders, what="the cache to be dropped")
+            changed = await _store(second).read(f"{prefix}/m2")
+            assert changed is not None
+            assert await _store(second).update(f"{prefix}/m2", b"new", version=changed.version)
+            proxy.heal()
+            with _Requests(backend) as requests:
+                assert await _values(store, prefix) == {**expected, "m2": b"new"}
+            assert len(requests.reads()) == len(expected)
+            assert backend.session_id == session, "the session was not meant to expire"
+        finally:
+            await backend.close()
+
+
+async def test_an_aiozk_client_backend_keeps_no_snapshot_cache(
+    zookeeper_server: ZooKeeperServer, chroot: str, second: ZooKeeperBackend
+) -> None:
+    """aiozk runs watch callbacks after the replies that follow them: nothing is kept."""
+    client = aiozk.ZKClient(zookeeper_server.hosts, chroot=chroot, session_timeout=10)
+    await client.start()
+    try:
+        backend = ZooKeeperBackend(client)
+        await backend.open()
+        try:
+            store = _store(backend)
+            prefix = f"cache-{uuid.uuid4().hex[:8]}"
+            assert await store.create(f"{prefix}/a", b"old") is not None
+            assert await _values(store, prefix) == {"a": b"old"}
+            assert store._cache._folders == {}
+            changed = await _store(second).read(f"{prefix}/a")
+            assert changed is not None
+            assert await _store(second).update(f"{prefix}/a", b"new", version=changed.version)
+            assert await _values(store, prefix) == {"a": b"new"}
+        finally:
+            await backend.close()
+    finally:
+        await client.close()
