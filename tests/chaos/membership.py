@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import aiolocks
 from aiolocks import LockLostError, Partitioner
 from aiolocks._core.group import member_child
+from aiolocks._core.partitioner import rendezvous_owner
 from aiolocks.testing import TcpProxy
 
 from ..polling import eventually
@@ -281,6 +282,7 @@ class MembershipRun:
         return report
 
     def _judge(self, report: MembershipReport) -> None:
+        """Checks (a), (b) and the (d) of the faulted, over everything recorded."""
         by_version: dict[str, tuple[str, ...]] = {}
         owners: dict[tuple[str, str], str] = {}
         for inc in self.incarnations:
@@ -291,6 +293,15 @@ class MembershipRun:
                     report.problems.append(
                         f"(a) version {view.version}: {inc.member_id} read {view.members}, "
                         f"another member {members}"
+                    )
+                expected = {
+                    key for key in self.keys if rendezvous_owner(view.members, key) == inc.member_id
+                }
+                if view.owned != expected:
+                    report.problems.append(
+                        f"(a) {inc.member_id} acted on {len(view.owned)} keys under "
+                        f"{view.version}, rendezvous hashing over {view.members} gives "
+                        f"{len(expected)}"
                     )
                 for key in view.owned:
                     other = owners.setdefault((view.version, key), inc.member_id)
