@@ -318,9 +318,11 @@ class MembershipRun:
             if kind != "leave" and not gone.told:
                 report.problems.append(f"(d) {gone.member_id} ended by {kind} was never told")
             for watcher in self.incarnations:
-                joined = watcher.joined_at
+                joined, left = watcher.joined_at, watcher.departed_at
                 if watcher is gone or joined is None or joined > gone.departed_at:
                     continue
+                if left is not None and left < gone.departed_at:
+                    continue  # it was gone first
                 seen = _seen_at(watcher, gone)
                 if seen is not None:
                     window = max(0.0, seen - gone.departed_at)
