@@ -195,6 +195,25 @@ def _is_transport(exc: grpc.aio.AioRpcError) -> bool:
     return exc.code() in _TRANSPORT_CODES
 
 
+#: what ends a watch stream without refusing it: the next member is tried.
+#: ``INTERNAL`` ("Internal error from Core") is how gRPC reports a stream
+#: broken under it (found by the membership fault runs, a member restarted).
+_STREAM_RETRY_CODES: Final = _TRANSPORT_CODES | frozenset(
+    {
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+
+
+def _stream_retried(exc: grpc.aio.AioRpcError) -> bool:
+    """A watch stream that ended with ``exc`` is opened again (on the next member)."""
+    return exc.code() in _STREAM_RETRY_CODES
+
+
 def _not_sent(exc: grpc.aio.AioRpcError) -> bool:
     if exc.code() != grpc.StatusCode.UNAVAILABLE:
         return False
@@ -2089,9 +2108,7 @@ class _WatchHub:
         watch; anything else marks the member bad and tries the next one.
         """
         client = self._client
-        if isinstance(exc, grpc.aio.AioRpcError) and not (
-            _is_transport(exc) or exc.code() == grpc.StatusCode.CANCELLED
-        ):
+        if isinstance(exc, grpc.aio.AioRpcError) and not _stream_retried(exc):
             self._fail_all(_map_refusal(exc))
             self._watches.clear()
             return False

@@ -489,3 +489,28 @@ async def test_servers_start_from_the_main_thread_while_grpc_is_busy(
     finally:
         await watch.aclose()
         await keeper.revoke()
+
+
+@pytest.mark.parametrize(
+    ("code", "retried"),
+    [
+        ("UNAVAILABLE", True),
+        ("DEADLINE_EXCEEDED", True),
+        ("CANCELLED", True),
+        ("INTERNAL", True),  # "Internal error from Core": a stream broken under it
+        ("UNKNOWN", True),
+        ("PERMISSION_DENIED", False),
+        ("UNAUTHENTICATED", False),
+        ("INVALID_ARGUMENT", False),
+    ],
+)
+def test_a_watch_stream_broken_by_the_transport_is_opened_again(code: str, retried: bool) -> None:
+    """Only a refusal ends the watches; a broken stream moves to the next member."""
+    import grpc
+
+    from aiolocks.etcd._client import _stream_retried
+
+    exc = grpc.aio.AioRpcError(
+        getattr(grpc.StatusCode, code), grpc.aio.Metadata(), grpc.aio.Metadata(), details="x"
+    )
+    assert _stream_retried(exc) is retried
