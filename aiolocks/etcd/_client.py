@@ -49,6 +49,8 @@ import collections
 import contextlib
 import enum
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Self, final
@@ -58,6 +60,7 @@ import grpc.aio
 from aetcd.rpc import rpc_pb2 as pb
 from aetcd.rpc import rpc_pb2_grpc as pb_grpc
 
+from .._core.backoff import Backoff
 from .._core.errors import AccessDeniedError, BackendUnavailableError, LockError
 from ._url import EtcdTLS
 
@@ -1243,6 +1246,7 @@ class EtcdClient:
         last: grpc.aio.AioRpcError | None = None
         attempt = 0
         renewals = 0
+        backoff: Backoff | None = None  # from the second round on
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -1252,7 +1256,10 @@ class EtcdClient:
                     break  # a write that cannot be repeated: every endpoint once at most
                 # Every member failed once (a leader election, members
                 # restarting): pause a little, then another round, until the deadline.
-                await asyncio.sleep(min(0.05 * 2 ** (attempt // count), 0.5, remaining))
+                if backoff is None:
+                    backoff = Backoff(time.monotonic() + remaining, first=0.1, cap=0.5)
+                if not await backoff.wait():
+                    break  # the pause would end past the deadline
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -1696,6 +1703,7 @@ class LeaseKeepAlive:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         failures = 0
+        backoff: Backoff | None = None  # from the second failure in a row
         while not self.expired and not self._stopping:
             try:
                 endpoint, stubs = self._client._current_stubs()
@@ -1732,6 +1740,7 @@ class LeaseKeepAlive:
                                 _log.exception(
                                     "on_refreshed callback of lease %x failed", self.lease_id
                                 )
+                    # not a retry: the keep-alive cadence, one refresh per interval
                     await asyncio.sleep(max(sent_at + self._interval - loop.time(), 0))
             except Exception as exc:
                 # AioRpcError from the member, _Stalled, or gRPC refusing to
@@ -1766,7 +1775,9 @@ class LeaseKeepAlive:
             # Next endpoint at once the first time, then pause a little
             # (bounded by the deadline: the timer ends the lease then).
             if failures > 1:
-                await asyncio.sleep(min(0.05 * failures, self._interval / 2))
+                if failures == 2 or backoff is None:
+                    backoff = Backoff(math.inf, first=0.1, cap=self._interval / 2)
+                await backoff.wait()
 
     def _stop_requested(self) -> bool:
         return self._stopping
@@ -1870,6 +1881,7 @@ class _WatchHub:
         #: since when (loop time) no stream has answered, and how many broke meanwhile
         self._failing_since: float | None = None
         self._failures = 0
+        self._backoff: Backoff | None = None  # between streams while they keep failing
         #: streams opened so far (a test and the benchmarks read it)
         self.streams_opened = 0
 
@@ -1993,7 +2005,7 @@ class _WatchHub:
                 return False
             self._errors.append(f"{endpoint}: {_code_name(exc)} {_details(exc)}")
             client._failed(endpoint)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # a fixed pause before the next member (constant)
             return False
         self._stream_token = client._auth.token
         return True
@@ -2138,8 +2150,11 @@ class _WatchHub:
                 )
             )
             self._failing_since = now
-        if self._failures > len(client.endpoints):
-            await asyncio.sleep(min(0.05 * self._failures, 0.5))
+        rounds = len(client.endpoints)
+        if self._failures > rounds:
+            if self._failures == rounds + 1 or self._backoff is None:
+                self._backoff = Backoff(math.inf, first=0.05 * (rounds + 1), cap=0.5)
+            await self._backoff.wait()
 
     def _is_closed(self) -> bool:
         return self._closed

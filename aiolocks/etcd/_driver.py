@@ -95,6 +95,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from .._core.backoff import Backoff
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import AccessDeniedError, BackendUnavailableError
 from .._core.participants import Participant
@@ -526,7 +527,7 @@ class EtcdDriver:
 
     async def _regrant(self) -> None:
         """After ``LOST``: grant a new session lease in the background, retrying until it works."""
-        pause = 0.1
+        backoff = Backoff(math.inf, first=0.1, cap=2.0)
         while not self._closing:
             try:
                 await self._live_session()
@@ -535,8 +536,7 @@ class EtcdDriver:
                 _log.info("etcd: no new session lease yet: %s", exc)
             except AccessDeniedError as exc:  # a rotated password: an operator must act
                 _log.warning("etcd: no new session lease: %s", exc)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 2.0)
+            await backoff.wait()
 
     # -- connection states
 
@@ -1070,6 +1070,7 @@ class EtcdDriver:
             # pause before starting over, so two such attempts do not collide again.
             attempt.interleaved = False
             pause = random.uniform(0.002, 0.03)
+            # not a retry: a random pause that breaks a tie, bounded by the caller's wait
             await asyncio.sleep(pause if bound is None else min(pause, max(bound, 0)))
             return
         session = attempt.session

@@ -51,6 +51,7 @@ import secrets
 from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from .._core.backoff import Backoff
 from .._core.errors import BackendUnavailableError
 from .._core.records import CHILD, Entry, Record, Snapshot
 from ._client import (
@@ -539,13 +540,12 @@ class EtcdRecords:
     async def _watch_entry(self, entry: Entry, member: _Member) -> None:
         """Mark the entry lost when its key is deleted behind our back."""
         start = member.written + 1
-        pause = 0.1
+        backoff = Backoff(math.inf, first=0.1, cap=2.0)  # the session deadline bounds it
         while self._entries.get(entry.key) is entry:
             try:
                 watch = await self._client.watch(member.full_key, start_revision=start, no_put=True)
             except BackendUnavailableError:
-                await asyncio.sleep(pause)  # the session deadline bounds it meanwhile
-                pause = min(pause * 2, 2.0)
+                await backoff.wait()
                 continue
             try:
                 start = await self._follow(entry, member, watch)

@@ -89,11 +89,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast, final
 
 import asyncpg
 
+from .._core.backoff import Backoff
 from .._core.doctor import Diagnosis
 from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError, LockError
@@ -581,7 +583,7 @@ class PostgresAdvisoryDriver:
             )
 
     async def _reconnect(self) -> None:
-        delay = 0.05
+        backoff = Backoff(math.inf, first=0.05, cap=self._heartbeat)
         while not self._closed:
             primary = self._primary
             try:
@@ -594,8 +596,7 @@ class PostgresAdvisoryDriver:
             except _RECONNECT_ERRORS as exc:
                 logger.info("PostgreSQL %s: not connected yet: %r", self._describe, exc)
                 self.states.set(ConnectionState.SUSPENDED)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self._heartbeat)
+            await backoff.wait()
 
     async def _get_primary(self) -> _Session:
         if self._closed:

@@ -21,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any, final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .._core.backoff import Backoff
 from .._core.errors import BackendUnavailableError
 from .._core.tasks import wait_done
 from ._access import denied
@@ -408,7 +410,7 @@ class PubSubHub:
 
     async def _read_loop(self) -> None:
         """Turn messages into rings; the only reader of the connection."""
-        backoff = 0.05
+        backoff: Backoff | None = None  # while the connection fails
         while not self._closed:
             try:
                 message = await self._pubsub.get_message(timeout=None)
@@ -420,10 +422,11 @@ class PubSubHub:
                 logger.debug("pub/sub connection to %s failed: %s", self._describe, exc)
                 for entry in list(self._channels.values()):
                     entry.ring_all()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
+                if backoff is None:
+                    backoff = Backoff(math.inf, first=0.05, cap=1.0)
+                await backoff.wait()
                 continue
-            backoff = 0.05
+            backoff = None
             if not message:
                 continue
             kind = message.get("type")

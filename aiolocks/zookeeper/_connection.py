@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import ssl
 import struct
@@ -55,6 +56,7 @@ from aiozk import exc as zk_exc
 from aiozk import protocol
 from aiozk.protocol.auth import AUTH_XID, AuthRequest
 
+from .._core.backoff import Backoff
 from .._core.errors import AccessDeniedError
 from .._core.tasks import stop_task, wait_done
 from ._protocol import decode_reply, decode_watch_event, encode_request
@@ -481,7 +483,7 @@ class Session:
     # -- the connect loop ---------------------------------------------------------------
 
     async def _run(self) -> None:
-        delay = _FIRST_DELAY
+        backoff: Backoff | None = None  # while no server takes us
         while not self.closing:
             try:
                 conn = await self._connect_round()
@@ -489,11 +491,12 @@ class Session:
                 logger.exception("connecting to ZooKeeper failed")
                 conn = None
             if conn is None:
-                cap = min(2.0, max(0.1, self.timeout / 4))
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(cap, delay * 2)
+                if backoff is None:
+                    cap = min(2.0, max(0.1, self.timeout / 4))
+                    backoff = Backoff(math.inf, first=_FIRST_DELAY, cap=cap, jitter=0.2)
+                await backoff.wait()
                 continue
-            delay = _FIRST_DELAY
+            backoff = None
             await wait_done(conn.closed)  # stopping this loop must not close it
             self.connection_lost(conn)  # no-op if already reported
 
