@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from .backoff import Backoff
 from .errors import BackendUnavailableError
 from .records import Record, Records
-from .tasks import wait_done
+from .tasks import wait_done, wait_finished
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -120,8 +120,11 @@ class _Follower:
             await asyncio.wait((waiting, poke), return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._poke = None
-            if not waiting.done():
+            if not waiting.done():  # end the wait before the snapshot closes
                 waiting.cancel()
+                again = await wait_finished(waiting)
+                if again is not None:
+                    raise again
         if not waiting.cancelled() and waiting.done():
             waiting.result()  # (a failed wait is a failed read)
 
