@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 from typing import Any
 
@@ -133,3 +134,34 @@ async def test_a_watcher_that_stops_iterating_ends_the_follower(
     await eventually(lambda: follower.done(), 15, what="the follower task to end")
     assert groupfeed.follower_task(backend._engine, group._prefix) is None
     await settle(backend)
+
+
+async def test_a_slow_watcher_skips_to_the_last_state(
+    backend: aiolocks.Backend, other_backend: aiolocks.Backend
+) -> None:
+    if not isinstance(backend._driver, SupportsRecords):
+        pytest.skip("backend has no record store")
+    name = f"conformance/group-shared-{uuid.uuid4().hex[:10]}"
+    group = backend.group(name)
+    watch = group.watch()
+    try:
+        assert await asyncio.wait_for(anext(watch), 15) == []
+        async with contextlib.AsyncExitStack() as stack:
+            for index in range(3):  # three changes while the watcher does not iterate
+                await stack.enter_async_context(other_backend.group(name).join(f"m-{index}"))
+                await eventually(
+                    functools.partial(_read_ids, backend, group._prefix, index + 1),
+                    15,
+                    what="the follower to read the join",
+                )
+            members = await asyncio.wait_for(anext(watch), 15)
+            assert [member.id for member in members] == ["m-0", "m-1", "m-2"]
+    finally:
+        await watch.aclose()  # type: ignore[attr-defined]
+
+
+def _read_ids(backend: aiolocks.Backend, prefix: str, count: int) -> bool:
+    """The follower's last read has ``count`` members."""
+    follower = groupfeed._followers.get(backend._engine, {}).get(prefix)
+    latest = None if follower is None else follower.latest
+    return latest is not None and len(latest.records) == count
