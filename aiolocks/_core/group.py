@@ -11,13 +11,15 @@ backend's session: a member whose process dies or whose session expires
 leaves by itself, and the others' snapshots wake when the server lets it go.
 
 Loss is never silent. The driver marks our record's :class:`Entry` lost the
-moment it knows the session ended; a watcher task also reads the group and
-reports a record deleted or replaced behind our back, and the backend's
-``close()`` (which cancels that watcher) ends the membership too. Like a
-lost lock hold (``_core/hold.py``, after CPython's ``asyncio.timeout()``),
-the body of ``async with group.join()`` is then cancelled once, and its exit
-withdraws that cancellation and raises :class:`LockLostError`, unless
-somebody else also cancelled the task, whose cancellation then wins.
+moment it knows the session ended; a watcher task also follows the group
+(through the one read per backend that every follower of the group in the
+process shares, :mod:`aiolocks._core.groupfeed`) and reports a record
+deleted or replaced behind our back, and the backend's ``close()`` (which
+cancels that watcher) ends the membership too. Like a lost lock hold
+(``_core/hold.py``, after CPython's ``asyncio.timeout()``), the body of
+``async with group.join()`` is then cancelled once, and its exit withdraws
+that cancellation and raises :class:`LockLostError`, unless somebody else
+also cancelled the task, whose cancellation then wins.
 
 Cancellation never leaks a member: the join and the leave run in tasks owned
 by the backend and are awaited to their end even when the caller is
@@ -38,9 +40,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 from .errors import BackendUnavailableError, LockLostError
+from .groupfeed import subscribe
 from .jsonvalues import JSONValue, dump_json, load_json
 from .names import has_control_character
-from .records import Entry, Records, Snapshot, SupportsRecords
+from .records import Entry, Record, Records, SupportsRecords
 from .tasks import wait_finished
 
 if TYPE_CHECKING:
@@ -51,9 +54,6 @@ __all__ = ["Group", "GroupMembership", "Member", "record_store", "run_to_end"]
 logger = logging.getLogger("aiolocks")
 
 T = TypeVar("T")
-
-#: how long a member's watcher waits between two reads when nothing wakes it
-_RECHECK = 30.0
 
 
 def record_store(engine: Engine, what: str) -> Records:
@@ -224,7 +224,7 @@ class Group:
         self._engine.check_open()
         await self._engine.open()
         with await self._store.snapshot(self._prefix) as snap:
-            return self._read(snap)
+            return self._read(snap.records)
 
     async def watch(self) -> AsyncIterator[list[Member]]:
         """Yield the member list now, then again after every join and leave.
@@ -244,17 +244,19 @@ class Group:
         self._engine.check_open()
         await self._engine.open()
         seen: tuple[tuple[str, int], ...] | None = None
-        while True:
-            with await self._store.snapshot(self._prefix) as snap:
-                state = tuple(sorted((child, r.version) for child, r in snap.records.items()))
+        with subscribe(self._engine, self._store, self._prefix) as subscription:
+            while True:
+                read = await subscription.next()
+                if read.error is not None:
+                    raise read.error
+                state = read.state
                 if state != seen:
                     seen = state
-                    yield state, self._read(snap)
-                await snap.changed(None)
+                    yield state, self._read(read.records)
 
-    def _read(self, snap: Snapshot) -> list[Member]:
+    def _read(self, records: Mapping[str, Record]) -> list[Member]:
         members = []
-        for child, record in snap.records.items():
+        for child, record in records.items():
             try:
                 value = load_json(record.value)
             except ValueError:
@@ -402,24 +404,33 @@ class GroupMembership:
         task.cancel(f"aiolocks: membership of group {self._group.name!r} was lost")
 
     async def _watch_own_record(self, entry: Entry) -> None:
-        """Report our record deleted or replaced behind our back, or the backend closing."""
+        """Report our record deleted or replaced behind our back, or the backend closing.
+
+        It reads nothing itself: it follows the reads of the group shared by
+        the whole process (:mod:`aiolocks._core.groupfeed`), taking only
+        reads started after the join.
+        """
         group = self._group
+        engine = group._engine
         key_child = member_child(self._id)
-        while not entry.lost:
-            if group._engine.closed:  # (a driver may turn the close's cancellation into an error)
-                entry.mark_lost("the backend was closed")
-                return
-            try:
-                with await group._store.snapshot(group._prefix) as snap:
-                    record = snap.records.get(key_child)
-                    if record is None or record.version != entry.version:
-                        entry.mark_lost("the member record was deleted or replaced")
-                        return
-                    await snap.changed(_RECHECK)
-            except BackendUnavailableError as exc:
-                # the driver's session machinery reports a real loss
-                logger.debug("group %r: watching member %r: %s", group.name, self._id, exc)
-                await asyncio.sleep(1.0)
+        try:
+            with subscribe(engine, group._store, group._prefix) as subscription:
+                while not entry.lost:
+                    read = await subscription.next()
+                    if isinstance(read.error, BackendUnavailableError):
+                        # the driver's session machinery reports a real loss
+                        logger.debug("group %r: member %r: %s", group.name, self._id, read.error)
+                    elif read.error is not None:
+                        raise read.error
+                    else:
+                        record = read.records.get(key_child)
+                        if record is None or record.version != entry.version:
+                            entry.mark_lost("the member record was deleted or replaced")
+        except BackendUnavailableError:
+            if not engine.closed:
+                raise
+            # (the backend's close() ended the shared follower)
+            entry.mark_lost("the backend was closed")
 
     def _watcher_done(self, watcher: asyncio.Task[None]) -> None:
         """The backend's ``close()`` cancels the watcher: the membership ends with the session.
