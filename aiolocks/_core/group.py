@@ -439,9 +439,16 @@ class GroupMembership:
         before its first step never runs its coroutine.
         """
         entry = self._entry
-        closed = self._group._engine.closed
-        if watcher.cancelled() and self._state == "joined" and entry is not None and closed:
-            entry.mark_lost("the backend was closed")
+        if self._state != "joined" or entry is None:
+            return
+        if watcher.cancelled():
+            if self._group._engine.closed:
+                entry.mark_lost("the backend was closed")
+            return
+        failure = watcher.exception()
+        if failure is not None:
+            # nothing follows the member record any more: never a silent loss
+            entry.mark_lost(f"following the group failed ({failure!r})")
 
     async def __aexit__(
         self,

@@ -165,3 +165,39 @@ def _read_ids(backend: aiolocks.Backend, prefix: str, count: int) -> bool:
     follower = groupfeed._followers.get(backend._engine, {}).get(prefix)
     latest = None if follower is None else follower.latest
     return latest is not None and len(latest.records) == count
+
+
+class FailingStore(CountingStore):
+    """The driver's store, whose snapshots fail once ``fail`` is set."""
+
+    fail = False
+
+    async def snapshot(self, prefix: str) -> Snapshot:
+        if self.fail:
+            raise RuntimeError("the store broke")
+        return await super().snapshot(prefix)
+
+
+async def test_a_member_whose_group_can_no_longer_be_followed_is_lost(
+    backend: aiolocks.Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected error of the shared read ends the membership loudly, never silently."""
+    driver = backend._driver
+    if not isinstance(driver, SupportsRecords):
+        pytest.skip("backend has no record store")
+    failing = FailingStore(driver.records())
+    monkeypatch.setattr(driver, "records", lambda: failing)
+    group = backend.group(f"conformance/group-failing-{uuid.uuid4().hex[:10]}")
+    steps: list[str] = []
+    with pytest.raises(aiolocks.LockLostError, match="following the group failed"):
+        async with group.join("a") as member:
+            steps.append("joined")
+            await eventually(lambda: _idle(backend, group._prefix), 15, what="the first read")
+            failing.fail = True
+            groupfeed._followers[backend._engine][group._prefix].want_fresh()
+            await asyncio.sleep(30)
+            steps.append("body went on")
+    assert steps == ["joined"]
+    assert member.is_lost
+    failing.fail = False
+    await settle(backend)
