@@ -1,4 +1,4 @@
-"""What the record-based recipes (``once``, count-down latches, barriers) share.
+"""What the record-based recipes (groups, latches, ``once``, count-down latches, barriers) share.
 
 * :func:`store_of`: the backend's record store, or ``NotImplementedError``
   naming the backend, at construction time (no I/O);
@@ -39,7 +39,7 @@ def store_of(engine: Engine, recipe: str) -> Records:
 
 
 async def finish(
-    engine: Engine, coro: Coroutine[Any, Any, T], *, name: str
+    engine: Engine, coro: Coroutine[Any, Any, T], name: str
 ) -> tuple[asyncio.Task[T], asyncio.CancelledError | None]:
     """Run ``coro`` to its end in an owned task, whatever happens to the caller.
 

@@ -35,48 +35,25 @@ import asyncio
 import hashlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
+from .coordination import finish, store_of
 from .errors import BackendUnavailableError, LockLostError
 from .groupfeed import subscribe
 from .jsonvalues import JSONValue, dump_json, load_json
 from .names import has_control_character
-from .records import Entry, Record, Records, SupportsRecords
-from .tasks import wait_finished
+from .records import Entry, Record, Records
 
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["Group", "GroupMembership", "Member", "record_store", "run_to_end"]
+__all__ = ["Group", "GroupMembership", "Member", "check_id"]
 
 logger = logging.getLogger("aiolocks")
 
 T = TypeVar("T")
-
-
-def record_store(engine: Engine, what: str) -> Records:
-    """The backend's record store, or NotImplementedError naming the backend (no I/O)."""
-    driver = engine.driver
-    if not isinstance(driver, SupportsRecords):
-        raise NotImplementedError(
-            f"{what} needs a record store, which the backend {engine.url} does not have"
-        )
-    return driver.records()
-
-
-async def run_to_end(
-    engine: Engine, coro: Coroutine[Any, Any, T], name: str
-) -> tuple[asyncio.Task[T], asyncio.CancelledError | None]:
-    """Run ``coro`` in a task owned by the backend and wait for its end, even if cancelled.
-
-    Returns the finished task and the first cancellation delivered to the
-    caller meanwhile, which the caller re-raises once it has cleaned up.
-    """
-    task = engine.tasks.spawn(coro, name=name, log_errors=False)
-    cancelled = await wait_finished(task)
-    return task, cancelled
 
 
 def check_id(what: str, value: object) -> str:
@@ -180,7 +157,7 @@ class Group:
 
     def __init__(self, engine: Engine, name: str) -> None:
         key = engine.validate_name(name)
-        self._store = record_store(engine, f"group {name!r}")
+        self._store = store_of(engine, f"group {name!r}")
         self._engine = engine
         self._name = name
         self._prefix: Final = engine.validate_name(f"group/{key}")
@@ -357,14 +334,14 @@ class GroupMembership:
         value = dump_json(
             "member", {"id": self._id, "capabilities": self._capabilities, "nonce": nonce}
         )
-        joining, cancelled = await run_to_end(
+        joining, cancelled = await finish(
             group._engine, group._store.join(key, value), f"aiolocks-join:{key}"
         )
         error = None if joining.cancelled() else joining.exception()
         if joining.cancelled() or error is not None:
             self._state = "left"
             # The reply may have been lost after the server applied the write.
-            _, again = await run_to_end(
+            _, again = await finish(
                 group._engine, _delete_if_nonce(group._store, key, nonce), f"aiolocks-unjoin:{key}"
             )
             if cancelled is not None:
@@ -379,7 +356,7 @@ class GroupMembership:
         if cancelled is not None:
             self._state = "left"
             if entry is not None:
-                await run_to_end(
+                await finish(
                     group._engine,
                     _delete_quietly(group._store, key, entry.version),
                     f"aiolocks-unjoin:{key}",
@@ -505,7 +482,7 @@ class GroupMembership:
         group = self._group
         if entry is None or group._engine.closed:
             return None  # closing the backend ends its session and the record with it
-        _, cancelled = await run_to_end(
+        _, cancelled = await finish(
             group._engine,
             _delete_quietly(group._store, entry.key, entry.version),
             f"aiolocks-leave:{entry.key}",

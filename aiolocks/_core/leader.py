@@ -29,9 +29,10 @@ from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, final
 
+from .coordination import finish, store_of
 from .driver import Family, Mode, Request
 from .errors import BackendUnavailableError
-from .group import check_id, record_store, run_to_end
+from .group import check_id
 from .hold import Hold
 from .jsonvalues import JSONValue, dump_json, load_json
 from .participants import Participant
@@ -85,7 +86,7 @@ class LeaderLatch:
         self._store: Records | None = None
         self._record_key = ""  # latch/<name>/leader, where there is a store
         if value is not None or isinstance(engine.driver, SupportsRecords):
-            self._store = record_store(engine, f"leader latch {name!r} with a value")
+            self._store = store_of(engine, f"leader latch {name!r} with a value")
             self._record_key = engine.validate_name(f"latch/{self._key}") + "/leader"
         self._advert: Entry | None = None  # our leader record, while we lead
         self._advert_term: Hold | None = None  # the term whose record is settled
@@ -218,7 +219,7 @@ class LeaderLatch:
         hold = self._hold
         if hold is None or hold.lost:
             return
-        rewrite, cancelled = await run_to_end(
+        rewrite, cancelled = await finish(
             self._engine, self._rewrite(store, hold), f"aiolocks-proclaim:{self._key}"
         )
         if cancelled is not None:
@@ -253,7 +254,7 @@ class LeaderLatch:
 
     def _records(self, what: str) -> Records:
         if self._store is None:
-            return record_store(self._engine, f"leader latch {self._name!r}: {what}")
+            return store_of(self._engine, f"leader latch {self._name!r}: {what}")
         return self._store
 
     async def participants(self) -> list[Participant]:
@@ -326,7 +327,7 @@ class LeaderLatch:
         while not hold.lost:
             self._wake.clear()
             if self._store is not None and self._advert_term is not hold:
-                written, cancelled = await run_to_end(
+                written, cancelled = await finish(
                     self._engine,
                     self._advertise(self._store, hold),
                     f"aiolocks-advertise:{self._key}",
@@ -425,7 +426,7 @@ class LeaderLatch:
         """Delete this term's leader record (awaited to its end); the caller's cancellation."""
         if self._store is None:
             return None
-        _, cancelled = await run_to_end(
+        _, cancelled = await finish(
             self._engine, self._delete_advert(self._store), f"aiolocks-withdraw:{self._key}"
         )
         return cancelled
