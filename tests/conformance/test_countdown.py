@@ -17,7 +17,7 @@ pytestmark = pytest.mark.asyncio
 
 @pytest.fixture
 def name() -> str:
-    return f"conformance/latch-{uuid.uuid4().hex[:10]}"
+    return f"conformance/count-down-{uuid.uuid4().hex[:10]}"
 
 
 async def test_counts_down_and_wakes_every_waiter(

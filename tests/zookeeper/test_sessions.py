@@ -434,7 +434,9 @@ async def test_a_silent_connection_is_dropped_and_the_session_resumed(
     its holds (RECONNECTED, no LOST)."""
     name = f"silent/{uuid.uuid4().hex}"
     async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
-        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout=15")
+        # (session 30 s: two thirds of it to notice the silence, a third to heal
+        # and reconnect, which a loaded machine may need)
+        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout=30")
         states: list[ConnectionState] = []
         a.add_connection_listener(states.append)
         try:
@@ -443,7 +445,7 @@ async def test_a_silent_connection_is_dropped_and_the_session_resumed(
             await lock.acquire()
             proxy.stall()  # nothing forwarded; no socket closed
             await until(
-                lambda: ConnectionState.SUSPENDED in states, timeout=30, what="silence noticed"
+                lambda: ConnectionState.SUSPENDED in states, timeout=60, what="silence noticed"
             )
             proxy.heal()
             await until(lambda: states[-1] is ConnectionState.RECONNECTED, timeout=30, what="back")
