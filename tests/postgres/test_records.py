@@ -485,7 +485,14 @@ async def test_cancelling_reads_updates_and_deletes_at_each_await(
 
         done = await _cancel_at_every_await(bump)
         record = await store.read(key)
-        assert record is not None and record.value == b"%d" % max(done)
+        last = max(done)
+        assert record is not None
+        if done[last] is not None:
+            assert record.value == b"%d" % last
+        else:
+            # the last bump lost its compare-and-set: a cancelled one's statement
+            # ran on the server after its caller gave up, between its read and write
+            assert record.value in {b"%d" % n for n in range(last)}
         assert await store.delete(key)
 
         # An ephemeral record deleted by calls cancelled at each await: whichever
