@@ -49,7 +49,7 @@ from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError, LockError
 from .._core.options import check_portable_options
 from .._core.participants import Participant
-from .._core.tasks import TaskSet, wait_done
+from .._core.tasks import TaskSet, wait_done, wait_finished
 from ._errors import REFUSED, denied
 from ._errors import TRANSIENT as _TRANSIENT
 from ._sql import LeaseQueries, TableNames, advisory_key, ensure_schema, probe_session
@@ -81,11 +81,22 @@ async def _return_quietly(pool: Any, conn: Any) -> None:
     asyncpg resets a returned connection; when the server ended it (or the
     backend is closing and terminated the pool), the reset fails and asyncpg
     has already closed it and freed its slot: nothing to report.
+
+    The hand-back runs to its end even when the caller is cancelled (the
+    backend's close cancels its tasks before it terminates the pool).
+    ``Pool.release`` shields its work from cancellation, but a cancelled
+    caller detaches from it, so an error of that work would go unretrieved:
+    asyncpg 0.29 fails the reset of a connection the pool terminated
+    meanwhile with an ``AttributeError`` that the event loop then reports.
     """
+    release = asyncio.ensure_future(pool.release(conn))
+    cancelled = await wait_finished(release)
     try:
-        await pool.release(conn)
+        release.result()
     except (*_TRANSIENT, asyncpg.InterfaceError) as exc:
         logger.debug("a lease connection was gone when handed back: %r", exc)
+    if cancelled is not None:
+        raise cancelled
 
 
 async def _keep_session(_conn: Any) -> None:
