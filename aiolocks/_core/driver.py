@@ -167,6 +167,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, final, runtime_checkable
 
+from .lossflag import LossFlag
+
 if TYPE_CHECKING:
     from .admin import AdminDriver
     from .doctor import Diagnosis
@@ -258,31 +260,20 @@ class Request:
     """Per-lock driver options (``lease_time``, ``watchdog``, ``fair``), already validated."""
 
 
-class Grant:
+class Grant(LossFlag):
     """One hold as a driver sees it: a fencing token, a driver handle, a loss flag.
 
-    The driver creates it; the core listens for loss.
+    The driver creates it and calls :meth:`~.lossflag.LossFlag.mark_lost`;
+    the core listens for loss (:meth:`~.lossflag.LossFlag.add_loss_listener`).
     """
 
-    __slots__ = (
-        "_listeners",
-        "degraded",
-        "event_sink",
-        "handle",
-        "lost",
-        "lost_reason",
-        "request",
-        "token",
-        "valid_until",
-    )
+    __slots__ = ("degraded", "event_sink", "handle", "request", "token", "valid_until")
 
     def __init__(self, request: Request, token: int, handle: object = None) -> None:
+        super().__init__()
         self.request = request
         self.token = token
         self.handle = handle
-        self.lost = False
-        self.lost_reason: str | None = None
-        self._listeners: list[Callable[[Grant], None]] = []
         #: set by the core; drivers call :meth:`note_renewed` instead
         self.event_sink: Callable[[str, Grant], None] | None = None
         #: ``time.monotonic()`` after which the server may have let the hold go
@@ -319,23 +310,6 @@ class Grant:
         sink = self.event_sink
         if sink is not None:
             sink("renewed", self)
-
-    def mark_lost(self, reason: str) -> None:
-        """Record that the server no longer backs this hold; tell the core once."""
-        if self.lost:
-            return
-        self.lost = True
-        self.lost_reason = reason
-        listeners, self._listeners = self._listeners, []
-        for listener in listeners:
-            listener(self)
-
-    def add_loss_listener(self, listener: Callable[[Grant], None]) -> None:
-        """Call ``listener(grant)`` when the hold is lost (at once if it already is)."""
-        if self.lost:
-            listener(self)
-        else:
-            self._listeners.append(listener)
 
     def __repr__(self) -> str:
         state = f" lost={self.lost_reason!r}" if self.lost else ""

@@ -78,10 +78,12 @@ callers always close it (``with snapshot:``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, final, runtime_checkable
+
+from .lossflag import LossFlag
 
 __all__ = [
     "CHILD",
@@ -109,40 +111,21 @@ class Record:
     ttl: float | None = None
 
 
-class Entry:
+class Entry(LossFlag):
     """An ephemeral record this process wrote: its key, version and loss flag.
 
     The driver creates it in :meth:`Records.join`; the core keeps ``version``
     current after its own ``update`` calls and listens for loss.
     """
 
-    __slots__ = ("_listeners", "handle", "key", "lost", "lost_reason", "version")
+    __slots__ = ("handle", "key", "version")
 
     def __init__(self, key: str, version: int, handle: object = None) -> None:
+        super().__init__()
         self.key = key
         self.version = version
         #: the driver's own state for this entry (lease id, renewal record)
         self.handle = handle
-        self.lost = False
-        self.lost_reason: str | None = None
-        self._listeners: list[Callable[[Entry], None]] = []
-
-    def mark_lost(self, reason: str) -> None:
-        """The server no longer has this record (session ended): tell the core once."""
-        if self.lost:
-            return
-        self.lost = True
-        self.lost_reason = reason
-        listeners, self._listeners = self._listeners, []
-        for listener in listeners:
-            listener(self)
-
-    def add_loss_listener(self, listener: Callable[[Entry], None]) -> None:
-        """Call ``listener(entry)`` when the record is lost (at once if it already is)."""
-        if self.lost:
-            listener(self)
-        else:
-            self._listeners.append(listener)
 
     def __repr__(self) -> str:
         state = f" lost={self.lost_reason!r}" if self.lost else ""
