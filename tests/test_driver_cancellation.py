@@ -107,3 +107,36 @@ def test_backends_hold_no_cancellation_policy() -> None:
     )
     stale = sorted(ALLOWED.keys() - found.keys())
     assert stale == [], f"no longer found, remove from ALLOWED: {stale}"
+
+
+#: backend modules that start tasks of their own, and why (see "Tasks of the
+#: protocol clients" in docs/architecture.md). Everything else spawns into
+#: the engine's task set.
+OWN_TASKS: dict[str, str] = {
+    "zookeeper/_client.py": "requests over an application's aiozk client, its state watcher",
+    "zookeeper/_connection.py": "the session's connect loop",
+    "etcd/_client.py": "the gRPC client's lease keep-alive, watch stream and its writer",
+    "redis/_pubsub.py": "the pub/sub connection's reader and command writer",
+    "postgres/_lease.py": "one pool hand-back awaited through cancellation (wait_finished)",
+}
+
+
+def _starts_tasks(source: str) -> bool:
+    return any(
+        isinstance(node, ast.Call) and _callee(node) in {"create_task", "ensure_future"}
+        for node in ast.walk(ast.parse(source))
+    )
+
+
+def test_only_protocol_clients_start_their_own_tasks() -> None:
+    starting = {
+        path.relative_to(PACKAGE).as_posix()
+        for backend in BACKENDS
+        for path in (PACKAGE / backend).rglob("*.py")
+        if _starts_tasks(path.read_text(encoding="utf-8"))
+    }
+    assert starting - OWN_TASKS.keys() == set(), (
+        "a backend module starts a task of its own; spawn into the engine's task "
+        "set (or, for a protocol client's I/O loop, list it in OWN_TASKS)"
+    )
+    assert OWN_TASKS.keys() - starting == set(), "no longer starts tasks: remove from OWN_TASKS"
