@@ -22,7 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolocks
 from aiolocks.redis import RedisBackend
-from aiolocks.redis._backend import POOL_SIZE
+from aiolocks.redis._client import POOL_SIZE
 from aiolocks.testing.proxy import TcpProxy
 from aiolocks.testing.servers import RedisServer
 
