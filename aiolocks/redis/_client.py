@@ -16,7 +16,10 @@ and after ``NOSCRIPT``), ``register_script`` (only for each script's SHA1),
 a non-transactional ``pipeline`` (:class:`RedisPipeline`: ``EVALSHA`` then
 ``WAIT`` for ``min_replicas``, renewals batched, ``RPUSHX`` + ``PEXPIRE``
 for a queue join), ``pubsub`` (:class:`RedisPubSub`: ``SUBSCRIBE``,
-``UNSUBSCRIBE``, one reader) and ``aclose``. The recipe needs more in two
+``UNSUBSCRIBE``, one reader) and ``aclose``. (``_redlock.py``,
+``_watchdog.py`` and ``_access.py`` make no call of their own: Redlock goes
+through each master's ``RedisNode``, the watchdog through the renewal
+function it is given, ``_access.py`` maps errors.) The recipe needs more in two
 places, named by two extensions rather than by widening it:
 :class:`RedisClusterCommands` (a cluster client: ``initialize``, its nodes,
 the node owning a key, and ``pubsub(node=...)`` on that node) and
@@ -29,13 +32,19 @@ parameters that take the recipe's calls), so a renamed or reshaped redis-py
 method fails there, not in production. redis-py types its command methods
 for its sync and asyncio clients at once (``X | Awaitable[X]``), so
 ``mypy`` cannot prove the match; the protocols are the recipe's static view.
-Operations tools (``_admin.py``: ``SCAN``, ``EVAL``; ``_doctor*.py``: ``INFO``,
-``CONFIG GET``, ``CLUSTER INFO`` through ``execute_command``) are not the
-recipe and use the client as redis-py documents it.
+Operations tools (``_admin.py``: ``SCAN``, ``EVAL``; ``_doctor*.py``:
+``INFO``, ``CONFIG GET`` and more through ``execute_command``, the
+connection keywords) are not the recipe and use the client as redis-py
+documents it.
 
 What a client built from a URL adds over redis-py
 -------------------------------------------------
-(A client the application passes to ``RedisBackend`` is used as it is.)
+A single server's client (``redis://``, each ``redlock://`` master) gets
+all of the following. A Sentinel master's gets the same connections and
+retry, on redis-py's Sentinel pool of ``10 * POOL_SIZE`` connections (that
+pool cannot wait). A cluster client is redis-py's ``RedisCluster`` with the
+credentials and timeouts set, nothing more. A client the application passes
+to ``RedisBackend`` is used as it is.
 
 * **hiredis packs commands** (:meth:`_BoundedCommands.pack_command`):
   redis-py's asyncio client packs in Python, and uses hiredis's C packer
@@ -66,8 +75,8 @@ What a client built from a URL adds over redis-py
   resend, and redis-py's default retry backs off for seconds; Redlock
   masters get none (a dead master costs one refused connection).
 
-The figures are in ``docs/redis.md`` ("The client aiolocks builds") and
-``python -m benchmarks``.
+``docs/redis.md`` ("The client aiolocks builds") tells users the same;
+``python -m benchmarks`` measures a lock cycle with all of it.
 
 The redis-py API it relies on
 -----------------------------
@@ -82,9 +91,9 @@ Connections: ``send_packed_command``, ``read_response``, ``pack_command``,
 ``SentinelManagedConnection``/``SentinelManagedSSLConnection``,
 ``connect_check_health``, ``is_connected``, ``host``, ``port``,
 ``connection_pool.is_master`` and ``get_master_address()``
-(``connect_check_health`` is new in redis-py 5.1 or so; before it, a
-reconnect goes through ``connect()``, which already asks the sentinels, and
-the override is never called). Pool: ``ConnectionPool(connection_class=,
+(redis-py 5.0.8 has no ``connect_check_health``: there a reconnect goes
+through ``connect()``, which already asks the sentinels, and the override
+is never called). Pool: ``ConnectionPool(connection_class=,
 max_connections=, **connection_kwargs)``, ``connection_class``,
 ``connection_kwargs``, ``can_get_connection``, ``get_connection``,
 ``ensure_connection``, ``release``; gated by ``hasattr``:
@@ -104,9 +113,9 @@ and retry. The builders here hand them to redis-py: :func:`plain_client`
 to ``Redis(...)``, whose pool's keywords and (TLS) connection class our
 pool copies; :func:`sentinel_set` TLS to both the sentinels
 (``sentinel_kwargs``, with the Sentinels' own user and password) and the
-master's connections, :func:`sentinel_master` the ACL user to ``master_for``; :func:`cluster_client`
-all of them to ``RedisCluster``. Refusals are told from outages in
-``_access.py`` and ``_tls_probe.py``.
+master's connections, :func:`sentinel_master` the ACL user to
+``master_for``; :func:`cluster_client` all of them to ``RedisCluster``.
+Refusals are told from outages in ``_access.py`` and ``_tls_probe.py``.
 """
 
 from __future__ import annotations
