@@ -96,8 +96,9 @@ through ``connect()``, which already asks the sentinels, and the override
 is never called). Pool: ``ConnectionPool(connection_class=,
 max_connections=, **connection_kwargs)``, ``connection_class``,
 ``connection_kwargs``, ``can_get_connection``, ``get_connection``,
-``ensure_connection``, ``release``; gated by ``hasattr``:
-``should_reconnect`` (redis-py 7.0+) and ``re_auth`` (5.3+).
+``ensure_connection``, ``release``; asked for with ``hasattr`` on the
+connection class: ``should_reconnect`` (redis-py 7.0+) and ``re_auth``
+(5.3+).
 ``hiredis.pack_command`` is looked up with ``getattr`` (absent: redis-py
 packs). :func:`describe_client` reads ``get_nodes``,
 ``nodes_manager.startup_nodes``, ``connection_pool.connection_kwargs`` and
