@@ -1,18 +1,27 @@
-"""Public Redis backends and ``from_url``: URL parsing without I/O, client construction."""
+"""Public Redis backends and ``from_url``: URL parsing without I/O, one topology plan per scheme.
+
+The redis-py clients themselves are built by the client layer
+(:mod:`._client`), which the plans here call with the keywords they checked.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import contextlib
-import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
 from .._core.backend import Backend
 from .._core.urls import HostPort, ParsedURL, parse_bool, parse_positive_float, parse_url
+from ._client import (
+    client_kwargs,
+    cluster_client,
+    describe_client,
+    plain_client,
+    sentinel_master,
+    sentinel_set,
+)
 from ._driver import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_KEY_PREFIX,
@@ -120,334 +129,10 @@ def _check_options(options: Mapping[str, object]) -> dict[str, Any]:
     return out
 
 
-def _describe_client(client: Any) -> str:
-    """``redis://host:port/db`` (no credentials) for a user-provided client."""
-    if hasattr(client, "get_nodes"):
-        # before initialize() only the startup nodes are known
-        manager = getattr(client, "nodes_manager", None)
-        known = client.get_nodes() or list(getattr(manager, "startup_nodes", {}).values())
-        nodes = ",".join(f"{n.host}:{n.port}" for n in known)
-        return f"redis+cluster://{nodes or 'unknown'}"
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", {}) if pool is not None else {}
-    service = getattr(pool, "service_name", None)
-    if service is not None:
-        return f"redis+sentinel://{service}/{kwargs.get('db', 0)}"
-    host = kwargs.get("host", "localhost")
-    port = kwargs.get("port", 6379)
-    if "path" in kwargs:
-        return f"redis+unix://{kwargs['path']}/{kwargs.get('db', 0)}"
-    return f"redis://{HostPort(str(host), int(port))}/{kwargs.get('db', 0)}"
-
-
-def _client_kwargs(url: ParsedURL, connect_timeout: float, retries: int) -> dict[str, Any]:
-    from redis.asyncio.retry import Retry
-    from redis.backoff import ExponentialBackoff
-
-    return {
-        "username": url.username,
-        "password": url.password,
-        "socket_connect_timeout": connect_timeout,
-        # Bounds a command on a stalled server (on the connections aiolocks
-        # builds itself, the same bound is moved to ``command_timeout``).
-        "socket_timeout": connect_timeout,
-        # Every script is safe to resend (acquire.lua answers a resend with
-        # the same grant, release/renew are compare-and-act), so one quick
-        # retry is allowed; redis-py's default backs off for seconds.
-        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), retries),
-    }
-
-
 _CLUSTER_NEEDS = (
     "a Redis Cluster needs redis-py 8.0 or later (its asyncio cluster client has pub/sub "
     "from 8.0 on; waiters are woken by pub/sub)"
 )
-
-#: connections per Redis client built from a URL; more commands wait for one
-POOL_SIZE = 100
-
-
-#: a write of at most this many bytes into an empty transport buffer
-#: cannot pause the stream (asyncio's high-water mark is 64 KiB)
-_UNBLOCKED_WRITE = 16 * 1024
-
-
-def _write_size(command: Any) -> int:
-    """Bytes in ``command`` as redis-py's ``send_packed_command`` takes it."""
-    if isinstance(command, bytes | str):
-        return len(command)
-    return sum(len(part) for part in command)
-
-
-class _BoundedCommands:
-    """Mixin: a redis-py connection whose writes and reads are bounded by ``command_timeout``.
-
-    redis-py bounds them by ``socket_timeout``, but its write bound is
-    ``asyncio.wait_for``, which on Python 3.11 runs every write in a task of
-    its own (two extra tasks per lock cycle). Our connections are built with
-    ``socket_timeout=None`` instead, and this mixin puts an
-    ``asyncio.timeout`` block around redis-py's own read, and around any
-    write that could wait. The outcome is redis-py's: a stuck write or read
-    raises redis-py's ``TimeoutError``, and the connection is dropped
-    (redis-py disconnects a connection whose write or read is interrupted,
-    so a cancelled or timed out command never goes back to the pool with a
-    half-sent request or an unread reply). A read given an explicit
-    ``timeout`` (pub/sub polling) is left to redis-py. Only public redis-py
-    methods are overridden; ``socket_timeout`` is never touched again.
-
-    Which writes could wait: a write only waits when the stream's buffer
-    goes past asyncio's high-water mark (64 KiB). A command's connection
-    starts with an empty buffer: its previous reply was read, so the server
-    had received every byte, and a connection whose write or read failed or
-    was cancelled was dropped. So a write of at most ``_UNBLOCKED_WRITE``
-    bytes needs no timer, and every longer one gets one. (Pub/sub writes do
-    not read replies in between; the pub/sub hub bounds those itself.)
-
-    :meth:`pack_command` packs with hiredis's C packer (redis-py uses it only
-    for its synchronous client); arguments it does not take go through
-    redis-py's own path unchanged.
-    """
-
-    encoder: Any
-
-    def __init__(self, *, command_timeout: float | None = None, **kwargs: Any) -> None:
-        #: seconds a write or a reply may take; None: unbounded
-        self.command_timeout = command_timeout
-        super().__init__(**kwargs)
-
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        timeout = self.command_timeout
-        if timeout is None or _write_size(command) <= _UNBLOCKED_WRITE:
-            await super().send_packed_command(command, check_health)  # type: ignore[misc]
-            return
-        try:
-            async with asyncio.timeout(timeout):
-                await super().send_packed_command(command, check_health)  # type: ignore[misc]
-        except TimeoutError:
-            from redis.exceptions import TimeoutError as RedisTimeoutError
-
-            raise RedisTimeoutError("Timeout writing to socket") from None
-
-    async def read_response(
-        self, disable_decoding: bool = False, timeout: float | None = None, **kwargs: Any
-    ) -> Any:
-        limit = self.command_timeout
-        if timeout is not None or limit is None:
-            return await super().read_response(  # type: ignore[misc]
-                disable_decoding=disable_decoding, timeout=timeout, **kwargs
-            )
-        try:
-            async with asyncio.timeout(limit):
-                return await super().read_response(  # type: ignore[misc]
-                    disable_decoding=disable_decoding, **kwargs
-                )
-        except TimeoutError:
-            from redis.exceptions import TimeoutError as RedisTimeoutError
-
-            # redis-py already disconnected (unless the caller asked it not to)
-            raise RedisTimeoutError(f"Timeout reading from {self}") from None
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        """The RESP array for ``args``, packed by hiredis (redis-py packs in Python)."""
-        pack = _hiredis_pack()
-        name = args[0]
-        encoder = self.encoder
-        if (
-            pack is None
-            or type(name) is not str
-            or encoder.encoding not in ("utf-8", "utf8")
-            or encoder.encoding_errors != "strict"
-        ):
-            return super().pack_command(*args)  # type: ignore[misc,no-any-return]
-        if " " in name:  # 'SCRIPT LOAD' is two arguments, as in redis-py
-            args = (*name.split(), *args[1:])
-        try:
-            return [pack(args)]
-        except TypeError:  # bool, memoryview, ...: redis-py accepts or names the problem
-            return super().pack_command(*args)  # type: ignore[misc,no-any-return]
-
-
-@functools.cache
-def _hiredis_pack() -> Callable[[tuple[Any, ...]], bytes] | None:
-    """``hiredis.pack_command`` (str, bytes, int and float, as redis-py encodes them)."""
-    try:
-        import hiredis
-    except ImportError:
-        return None
-    pack: Callable[[tuple[Any, ...]], bytes] | None = getattr(hiredis, "pack_command", None)
-    return pack
-
-
-def _bounded_class(cls: type[Any]) -> type[Any]:
-    """``cls`` (a redis-py connection class) with :class:`_BoundedCommands` mixed in."""
-    if issubclass(cls, _BoundedCommands):
-        return cls
-    return type(f"Bounded{cls.__name__}", (_BoundedCommands, cls), {})
-
-
-@functools.cache
-def _sentinel_connection_class(tls: bool = False) -> type[Any]:
-    """redis-py's Sentinel-managed connection, asking the sentinels again on *every* connect.
-
-    redis-py asks the sentinels for the master's address only in
-    ``connect()``; a connection that dropped and is reconnected by a
-    command's own retry (``send_packed_command`` -> ``connect_check_health``)
-    goes back to the address it had (redis-py issue #3874). After a failover
-    that is the old master, and if it has come back and not yet been turned
-    into a replica, it takes writes: our holds would then live on two
-    masters. Seen in the chaos suite (seed 4242): a worker whose event loop
-    was blocked across a failover kept acquiring on the restarted old master.
-    ``tls``: built on redis-py's TLS connection (``ssl=true``).
-    """
-    from redis.asyncio.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
-
-    base = SentinelManagedSSLConnection if tls else SentinelManagedConnection
-
-    class RediscoveringSentinelConnection(_BoundedCommands, base):  # type: ignore[valid-type,misc]
-        """``SentinelManagedConnection`` that resolves the master before each socket connect."""
-
-        async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
-            if not self.is_connected and self.connection_pool.is_master:
-                self.host, self.port = await self.connection_pool.get_master_address()
-            await super().connect_check_health(*args, **kwargs)
-
-    return RediscoveringSentinelConnection
-
-
-async def _wait_for_release(pool: Any) -> None:
-    """Queue for a connection of ``pool`` (``_waiting_pool_class``'s), oldest first.
-
-    Fails as redis-py's own pool does once ``pool.wait_timeout`` passed.
-    """
-    waiter = asyncio.get_running_loop().create_future()
-    pool.waiters.append(waiter)
-    try:
-        async with asyncio.timeout(pool.wait_timeout):
-            await waiter
-    except BaseException as exc:
-        if waiter.done() and not waiter.cancelled():
-            _wake_one(pool.waiters)  # woken, but leaving: pass the turn on
-        if isinstance(exc, TimeoutError):
-            from redis.exceptions import ConnectionError as RedisConnectionError
-
-            raise RedisConnectionError("No connection available.") from None
-        raise
-    finally:
-        if not waiter.done():
-            waiter.cancel()
-        with contextlib.suppress(ValueError):
-            pool.waiters.remove(waiter)
-
-
-def _wake_one(waiters: collections.deque[asyncio.Future[None]]) -> None:
-    """Wake the oldest of ``waiters`` still waiting (a connection came back)."""
-    while waiters:
-        waiter = waiters.popleft()
-        if not waiter.done():
-            waiter.set_result(None)
-            break
-
-
-@functools.cache
-def _waiting_pool_class() -> type[Any]:
-    """redis-py's plain pool, with a cheap idle list in front and waiting instead of raising."""
-
-    import redis.asyncio
-    from redis.exceptions import MaxConnectionsError
-
-    class WaitingConnectionPool(redis.asyncio.ConnectionPool):
-        """``ConnectionPool`` that keeps its connections and waits when every one is busy.
-
-        redis-py's ``get_connection``/``release`` take the pool's lock, record
-        OpenTelemetry counters and dispatch a release event on every command,
-        which costs more than the rest of a lock's round trip on the client.
-        This pool takes a connection from redis-py's pool only to grow: a
-        connection it has handed out stays checked out of redis-py's pool for
-        good, and coming back it goes to :attr:`idle`, a plain list, from
-        where the next command takes it again. redis-py's own bookkeeping
-        stays right (it sees those connections as in use), so
-        ``disconnect()``/``aclose()``, ``set_retry()`` and marking
-        connections for reconnect reach every connection, idle or busy; and
-        what redis-py's release listener does (re-authenticate with a
-        refreshed token) is done here directly.
-
-        When every connection (``max_connections``) is busy, a command waits
-        up to ``timeout`` seconds for one to come back, oldest first, instead
-        of failing with ``MaxConnectionsError``: a burst of renewals (thousands
-        of holds) queues instead of losing holds.
-        """
-
-        def __init__(self, *, timeout: float, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            #: seconds a command waits for a connection when all are busy
-            self.wait_timeout = timeout
-            #: connections handed out before and given back, ready for reuse
-            self.idle: list[Any] = []
-            self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-            # redis-py before 7.0 has no reconnect marks, before 5.3 no re-auth
-            self.has_reconnect_marks = hasattr(self.connection_class, "should_reconnect")
-            self.has_re_auth = hasattr(self.connection_class, "re_auth")
-
-        def can_get_connection(self) -> bool:
-            """True if a connection is idle here or redis-py's pool may still make one."""
-            return bool(self.idle) or bool(super().can_get_connection())
-
-        async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-            """A connected connection; waits up to ``timeout`` while every one is busy."""
-            while True:
-                while not self.can_get_connection():
-                    await _wait_for_release(self)
-                if not self.idle:
-                    try:
-                        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
-                    except MaxConnectionsError:
-                        continue  # another task took the last one meanwhile
-                connection = self.idle.pop()
-                try:
-                    if self.has_reconnect_marks and connection.should_reconnect():
-                        await connection.disconnect()
-                    await self.ensure_connection(connection)
-                except BaseException:
-                    await self.release(connection)
-                    raise
-                return connection
-
-        async def release(self, connection: Any) -> None:
-            """Take ``connection`` back for the next command and wake the oldest waiter."""
-            self.idle.append(connection)
-            _wake_one(self.waiters)
-            if self.has_re_auth:
-                await connection.re_auth()  # what redis-py's release listener does
-
-    return WaitingConnectionPool
-
-
-def _bounded_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """Connection keywords with the ``socket_timeout`` bound moved to ``command_timeout``."""
-    out = dict(kwargs)
-    out["command_timeout"] = out.pop("socket_timeout", None)
-    out["socket_timeout"] = None
-    return out
-
-
-def _pooled(client: Any, connect_timeout: float) -> Any:
-    """``client`` rebuilt on a waiting pool of :data:`POOL_SIZE` connections.
-
-    redis-py's default asyncio pool *raises* ``MaxConnectionsError`` past its
-    limit instead of waiting: a burst of watchdog renewals (thousands of
-    holds) would then fail and their holds be lost. A blocking pool makes
-    the burst queue for a connection, bounded by ``connect_timeout``.
-    """
-    import redis.asyncio
-
-    pool = client.connection_pool
-    blocking = _waiting_pool_class()(
-        connection_class=_bounded_class(pool.connection_class),
-        max_connections=POOL_SIZE,
-        timeout=connect_timeout,
-        **_bounded_kwargs(pool.connection_kwargs),
-    )
-    return redis.asyncio.Redis.from_pool(blocking)
 
 
 def _db(url: ParsedURL, text: str) -> int:
@@ -516,7 +201,7 @@ class RedisBackend(Backend):
         node = RedisNode(
             lambda: client,
             owns_client=False,
-            describe=_describe_client(client),
+            describe=describe_client(client),
             connect_timeout=opts["connect_timeout"],
             min_replicas=opts["min_replicas"],
             cluster=cluster,
@@ -605,7 +290,7 @@ def from_url(url: str, **options: object) -> Backend:
         connect_timeout=connect_timeout,
         min_replicas=opts.get("min_replicas", 0),
         keyspace_events=opts.get("keyspace_events", "auto"),
-        kwargs=_client_kwargs(parsed, connect_timeout, retries=1),
+        kwargs=client_kwargs(parsed, connect_timeout, retries=1),
         tls=_tls_kwargs(scheme, opts),
     )
     if scheme in ("redis", "rediss"):
@@ -657,12 +342,9 @@ def _plain(plan: _Plan) -> Backend:
     host = hosts[0]
 
     def make_plain() -> Any:
-        import redis.asyncio
-
-        client = redis.asyncio.Redis(
-            host=host.host, port=host.port, db=db, **plan.tls, **plan.kwargs
+        return plain_client(
+            host, db, tls=plan.tls, kwargs=plan.kwargs, connect_timeout=plan.connect_timeout
         )
-        return _pooled(client, plan.connect_timeout)
 
     node = RedisNode(
         make_plain,
@@ -691,33 +373,18 @@ def _sentinel(plan: _Plan) -> Backend:
     closers: list[Any] = []
 
     def make_sentinel() -> Any:
-        from redis.asyncio.sentinel import Sentinel
-
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            [(h.host, h.port) for h in hosts],
-            sentinel_kwargs={
-                "socket_connect_timeout": plan.connect_timeout,
-                "socket_timeout": plan.connect_timeout,
+        sentinel = sentinel_set(
+            hosts,
+            sentinel_credentials={
                 "username": plan.opts.get("sentinel_username"),
                 "password": plan.opts.get("sentinel_password"),
-                **tls,
             },
-            **_bounded_kwargs(
-                {k: v for k, v in plan.kwargs.items() if k not in ("username", "password")}
-            ),
-            **tls,
+            tls=tls,
+            kwargs=plan.kwargs,
+            connect_timeout=plan.connect_timeout,
         )
         closers.extend(sentinel.sentinels)
-        # The sentinel pool cannot block; lift redis-py's default cap of
-        # 100 connections so a burst of renewals does not fail.
-        return sentinel.master_for(
-            service,
-            db=db,
-            username=parsed.username,
-            password=parsed.password,
-            max_connections=10 * POOL_SIZE,
-            connection_class=_sentinel_connection_class(bool(tls)),
-        )
+        return sentinel_master(sentinel, service, db, url=parsed, tls=bool(tls))
 
     async def close_sentinels() -> None:
         for client in closers:
@@ -752,16 +419,7 @@ def _cluster(plan: _Plan) -> Backend:
         raise ValueError(_CLUSTER_NEEDS)
 
     def make_cluster() -> Any:
-        from redis.asyncio.cluster import ClusterNode, RedisCluster
-
-        return RedisCluster(
-            startup_nodes=[ClusterNode(h.host, h.port) for h in hosts],
-            username=parsed.username,
-            password=parsed.password,
-            socket_connect_timeout=plan.connect_timeout,
-            socket_timeout=plan.connect_timeout,
-            **plan.tls,
-        )
+        return cluster_client(hosts, url=parsed, tls=plan.tls, connect_timeout=plan.connect_timeout)
 
     node = RedisNode(
         make_cluster,
@@ -785,16 +443,13 @@ def _redlock(plan: _Plan) -> Backend:
     nodes = []
     # Independent masters: no retries, so a dead master costs one refused
     # connection, not a backoff (Redlock needs answers well within the lease).
-    node_kwargs = _client_kwargs(parsed, plan.connect_timeout, retries=0)
+    node_kwargs = client_kwargs(parsed, plan.connect_timeout, retries=0)
     for host in hosts:
 
         def make_node(host: HostPort = host) -> Any:
-            import redis.asyncio
-
-            client = redis.asyncio.Redis(
-                host=host.host, port=host.port, db=db, **plan.tls, **node_kwargs
+            return plain_client(
+                host, db, tls=plan.tls, kwargs=node_kwargs, connect_timeout=plan.connect_timeout
             )
-            return _pooled(client, plan.connect_timeout)
 
         nodes.append(
             RedisNode(

@@ -528,7 +528,8 @@ async def _cluster_checks(client: Any) -> tuple[list[Finding], list[Server]]:
 async def diagnose_redis(driver: RedisDriver) -> Diagnosis:
     """The findings of a single-endpoint Redis driver (plain, Sentinel or Cluster)."""
     node = driver.node
-    client = node.client
+    # the doctor sends what redis-py documents (INFO, CONFIG GET, ...), not only the recipe's calls
+    client: Any = node.client
     findings: list[Finding] = []
     servers: list[Server]
     if node.cluster:
@@ -567,7 +568,8 @@ async def diagnose_redlock(driver: RedlockDriver) -> Diagnosis:
     answered: list[Server] = []
     failed: list[tuple[Server, str]] = []
     for node in driver.nodes:
-        server = Server(f"Redlock master {node.describe}", node.client.execute_command)
+        client: Any = node.client
+        server = Server(f"Redlock master {node.describe}", client.execute_command)
         try:
             findings.extend(await check_server(server, 0))
             findings.extend(await security_findings(server, node))

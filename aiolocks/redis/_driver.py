@@ -64,6 +64,7 @@ from .._core.participants import Participant
 from .._core.tasks import TaskSet
 from .._core.timeouts import LEASE_TIME_RANGE, check_seconds
 from ._access import COMMAND_ERRORS, UNREACHABLE, denied, map_error
+from ._client import RedisClusterCommands, RedisCommands, RedisServerCommands
 from ._keys import LockKeys, lock_keys
 from ._pubsub import PubSubHub, Wake
 from ._scripts import Scripts, source
@@ -326,7 +327,17 @@ class RedisAttempt(Attempt):
 
 
 class RedisNode:
-    """One Redis endpoint (a server, a Sentinel master, a cluster): client, scripts, pub/sub."""
+    """One Redis endpoint (a server, a Sentinel master, a cluster): client, scripts, pub/sub.
+
+    ``make_client`` builds a redis-py client (typed ``Any``: redis-py's
+    command types cannot be matched to the protocols statically, see
+    :mod:`._client`). The recipe uses :attr:`client` through
+    :class:`~._client.RedisCommands` only; a cluster's client also through
+    :class:`~._client.RedisClusterCommands` (its slot map: ``open()`` and
+    the keyspace watches), a single server's through
+    :class:`~._client.RedisServerCommands` (the ``db`` of its keyspace
+    channels).
+    """
 
     def __init__(
         self,
@@ -347,7 +358,8 @@ class RedisNode:
         self.connect_timeout = connect_timeout
         self.min_replicas = min_replicas
         self.cluster = cluster
-        self.client: Any = None
+        #: the client, built by ``open()`` (None before)
+        self.client: RedisCommands | None = None
         self.scripts: Scripts | None = None
         self.hub: PubSubHub | None = None
         #: ``auto``: turn keyspace notifications on (CONFIG); ``listen``: use
@@ -392,12 +404,13 @@ class RedisNode:
             self.hub = PubSubHub(
                 self.client.pubsub, describe=self.describe, timeout=self.connect_timeout
             )
-        assert self.scripts is not None
+        client, scripts = self.client, self.scripts
+        assert scripts is not None
         try:
             async with asyncio.timeout(self.connect_timeout):
                 if self.cluster:
-                    await self.client.initialize()
-                await self.scripts.load(self.client)
+                    await cast(RedisClusterCommands, client).initialize()
+                await scripts.load(client)
         except TimeoutError as exc:
             # redis-py may have retried a refusal until the deadline (Sentinel discovery)
             refused = denied(exc, self.describe)
@@ -460,7 +473,7 @@ class RedisNode:
         """
         if self.cluster or self.loss_events is False or self.client is None:
             return None
-        db = self.client.connection_pool.connection_kwargs.get("db", 0)
+        db = cast(RedisServerCommands, self.client).connection_pool.connection_kwargs.get("db", 0)
         return f"__keyspace@{db}__:{key}"
 
     def keyspace_watch(self, key: str) -> tuple[PubSubHub, str] | None:
@@ -477,8 +490,9 @@ class RedisNode:
         if not self.cluster:
             channel = self.keyspace_channel(key)
             return None if channel is None else (self.hub, channel)
+        client = cast(RedisClusterCommands, self.client)
         try:
-            owner = self.client.get_node_from_key(key)
+            owner = client.get_node_from_key(key)
         except (RedisError, LookupError, AttributeError):
             return None  # no slot map yet: renewal timing
         if owner is None:
@@ -486,7 +500,7 @@ class RedisNode:
         hub = self._keyspace_hubs.get(owner.name)
         if hub is None:
             hub = self._keyspace_hubs[owner.name] = PubSubHub(
-                functools.partial(self.client.pubsub, node=owner),
+                functools.partial(client.pubsub, node=owner),
                 describe=f"{self.describe} node {owner.name}",
                 timeout=self.connect_timeout,
             )
@@ -511,7 +525,7 @@ class RedisNode:
         try:
             changed = False
             if self.cluster:
-                for node in self.client.get_nodes():
+                for node in cast(RedisClusterCommands, self.client).get_nodes():
                     changed = await self._enable_on(target_nodes=node) or changed
             else:
                 changed = await self._enable_on()
@@ -536,13 +550,15 @@ class RedisNode:
 
     async def _enable_on(self, **target: Any) -> bool:
         """Add the missing flags on one server; True if it had to be changed."""
-        current = await self.client.config_get("notify-keyspace-events", **target)
+        client = self.client
+        assert client is not None  # only after open()
+        current = await client.config_get("notify-keyspace-events", **target)
         flags = _text(next(iter(current.values()), "")) if current else ""
         have = set(flags.replace("A", "g$lshzxetd"))
         missing = [c for c in LOSS_EVENT_FLAGS if c not in have]
         if missing:
             wanted = flags + "".join(missing)
-            await self.client.config_set("notify-keyspace-events", wanted, **target)
+            await client.config_set("notify-keyspace-events", wanted, **target)
             logger.warning(
                 "aiolocks changed notify-keyspace-events on the Redis server %s from %r to %r "
                 "with CONFIG SET (keyspace_events=auto); configure it on the server and "
@@ -562,14 +578,16 @@ class RedisNode:
         run, so sending it again is safe for every script. (redis-py's
         ``Script`` objects do the same, at a few more steps per call.)
         """
+        client = self.client
         assert self.scripts is not None
+        assert client is not None
         sha = getattr(self.scripts, script).sha
         with self._on_the_wire():
             try:
-                return await self.client.evalsha(sha, len(keys), *keys, *args)
+                return await client.evalsha(sha, len(keys), *keys, *args)
             except NoScriptError:
-                await self.client.script_load(source(script))
-                return await self.client.evalsha(sha, len(keys), *keys, *args)
+                await client.script_load(source(script))
+                return await client.evalsha(sha, len(keys), *keys, *args)
 
     @contextlib.contextmanager
     def _on_the_wire(self) -> Iterator[None]:
@@ -584,14 +602,16 @@ class RedisNode:
 
     async def try_acquire(self, keys: LockKeys, args: Sequence[object]) -> tuple[list[Any], int]:
         """Run ``acquire.lua`` (and ``WAIT`` when ``min_replicas``); returns (reply, acked)."""
+        client = self.client
         assert self.scripts is not None
+        assert client is not None
         if not self.min_replicas:
             return list(await self.evalsha("acquire", keys.acquire_keys, args)), 0
         # WAIT counts the writes of *this connection*, so it must follow the
         # script on the same one: a non-transactional pipeline. NOSCRIPT means
         # the script did not run, so loading it and sending again is safe.
         for first in (True, False):
-            pipe = self.client.pipeline(transaction=False)
+            pipe = client.pipeline(transaction=False)
             acquire_keys = keys.acquire_keys
             pipe.evalsha(self.scripts.acquire.sha, len(acquire_keys), *acquire_keys, *args)
             # stay well inside the socket timeout (= connect_timeout)
@@ -602,7 +622,7 @@ class RedisNode:
             except NoScriptError:
                 if not first:
                     raise
-                await self.client.script_load(source("acquire"))
+                await client.script_load(source("acquire"))
                 continue
             break
         return list(reply), int(acked)
@@ -670,7 +690,9 @@ class RedisNode:
         behind can only end in a release or a lapse (the waiter's bounded
         wait covers a lapse). See ``scripts/queue.lua`` for its deadline.
         """
-        pipe = self.client.pipeline(transaction=False)
+        client = self.client
+        assert client is not None  # only after open()
+        pipe = client.pipeline(transaction=False)
         pipe.rpushx(keys.queue, member)
         pipe.pexpire(keys.queue, int(QUEUE_TIMEOUT * 1000))
         with self._on_the_wire():
@@ -699,7 +721,9 @@ class RedisNode:
         per-command errors come back as values. On a cluster the holds live
         on different nodes: one call each, concurrently.
         """
+        client = self.client
         assert self.scripts is not None
+        assert client is not None
         holds: list[RedisHold] = [r.payload for r in renewals]
         if len(holds) == 1:
             hold = holds[0]
@@ -711,14 +735,14 @@ class RedisNode:
         else:
             sha = self.scripts.renew.sha
             for first in (True, False):
-                pipe = self.client.pipeline(transaction=False)
+                pipe = client.pipeline(transaction=False)
                 for hold in holds:
                     pipe.evalsha(sha, 1, hold.keys.holders, int(hold.lease * 1000), hold.field)
                 replies = await pipe.execute(raise_on_error=False)
                 if first and any(isinstance(r, NoScriptError) for r in replies):
                     # Flushed or restarted: load it and send again (renewing
                     # twice only moves an expiry to the same place).
-                    await self.client.script_load(source("renew"))
+                    await client.script_load(source("renew"))
                     continue
                 break
         return [
@@ -1321,8 +1345,10 @@ class RedisDriver:
 
     async def _handed_over_unheard(self, a: RedisAttempt) -> bool:
         """Our field exists: a release handed us the lock before we listened."""
+        client = self.node.client
+        assert client is not None  # an attempt runs only after open()
         try:
-            value = await self.node.client.hget(a.keys.holders, a.fields[0])
+            value = await client.hget(a.keys.holders, a.fields[0])
         except (RedisError, OSError):
             return True  # look with a try (it has the retries and the error mapping)
         if value is None:
@@ -1580,11 +1606,13 @@ class RedisDriver:
         On a cluster, a hold whose key has moved to another master since it
         subscribed (slot migration, failover) then listens on the new owner.
         """
+        client = self.node.client
+        assert client is not None  # a hold exists only after open()
         try:
             while not hold.released:
                 hold.recheck = False
                 try:
-                    value = await self.node.client.hget(hold.keys.holders, hold.field)
+                    value = await client.hget(hold.keys.holders, hold.field)
                 except TRANSIENT:
                     return  # the connection is down: renewal timing decides
                 except RedisError as exc:  # WRONGTYPE: the key was overwritten

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
-from typing import Any, final
+from typing import final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -32,6 +32,7 @@ from .._core.backoff import Backoff
 from .._core.errors import BackendUnavailableError
 from .._core.tasks import wait_done
 from ._access import denied
+from ._client import RedisPubSub
 
 __all__ = ["WATCH_LINGER", "PubSubHub", "Wake"]
 
@@ -195,13 +196,15 @@ class _Channel:
 
 @final
 class PubSubHub:
-    """Per-channel waiters over a single ``PubSub`` connection."""
+    """Per-channel waiters over a single ``PubSub`` connection (:class:`~._client.RedisPubSub`)."""
 
-    def __init__(self, make_pubsub: Callable[[], Any], *, describe: str, timeout: float) -> None:
+    def __init__(
+        self, make_pubsub: Callable[[], RedisPubSub], *, describe: str, timeout: float
+    ) -> None:
         self._make_pubsub = make_pubsub
         self._describe = describe
         self._timeout = timeout
-        self._pubsub: Any = None
+        self._pubsub: RedisPubSub | None = None
         self._channels: dict[str, _Channel] = {}
         # SUBSCRIBEs sent per channel and not yet confirmed: a confirmation only
         # makes a channel ready once every SUBSCRIBE sent for it is answered,
@@ -412,8 +415,10 @@ class PubSubHub:
         """Turn messages into rings; the only reader of the connection."""
         backoff: Backoff | None = None  # while the connection fails
         while not self._closed:
+            pubsub = self._pubsub
+            assert pubsub is not None  # the reader starts once the connection is made
             try:
-                message = await self._pubsub.get_message(timeout=None)
+                message = await pubsub.get_message(timeout=None)
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 # Messages may have been lost: every waiter looks again (its
                 # try reports the error or the lock state). redis-py

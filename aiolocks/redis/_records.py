@@ -490,6 +490,7 @@ class RedisRecords:
     async def _check(self, member: _Member) -> None:
         """Read the record's owner; lost when the key is gone or another session's."""
         client = self._node.client
+        assert client is not None  # a record is watched only after open()
         try:
             while member.on_stop is not None:
                 member.recheck = False

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, final
+from typing import final
+
+from ._client import RedisCommands, RedisScript
 
 __all__ = ["SCRIPT_NAMES", "Scripts", "source"]
 
@@ -38,20 +40,20 @@ def source(name: str) -> str:
 class Scripts:
     """The scripts registered on one client (``redis.asyncio`` Redis or RedisCluster)."""
 
-    acquire: Any
-    release: Any
-    renew: Any
-    inspect: Any
-    pass_on: Any
+    acquire: RedisScript
+    release: RedisScript
+    renew: RedisScript
+    inspect: RedisScript
+    pass_on: RedisScript
     #: the record store (``_records.py``): one script, one branch per operation
-    records: Any
+    records: RedisScript
 
     @classmethod
-    def register(cls, client: Any) -> Scripts:
+    def register(cls, client: RedisCommands) -> Scripts:
         """Register every script on ``client`` (no I/O)."""
         return cls(*(client.register_script(source(name)) for name in SCRIPT_NAMES))
 
-    async def load(self, client: Any) -> None:
+    async def load(self, client: RedisCommands) -> None:
         """``SCRIPT LOAD`` each script (on every primary for a cluster client)."""
         for name in SCRIPT_NAMES:
             await client.script_load(source(name))

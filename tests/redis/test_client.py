@@ -1,17 +1,23 @@
-"""The redis-py client aiolocks builds from a URL: its connections and its pool.
+"""The Redis client layer (``aiolocks/redis/_client.py``): the redis-py client aiolocks
+builds from a URL, its connections and its pool, and the narrow interface the recipe uses.
 
-Both trade redis-py's generic paths for cheaper ones (hiredis packing, no
-task per write, an idle list in front of redis-py's pool), through redis-py's
-public methods only. These tests pin that nothing else changes: replies,
-bounds on stalled writes, waiting for a connection, redis-py's own pool
-operations, and a cancelled command never handing a half-used connection on.
+The connections and the pool trade redis-py's generic paths for cheaper ones
+(hiredis packing, no task per write, an idle list in front of redis-py's
+pool), through redis-py's public methods only. These tests pin that nothing
+else changes: replies, bounds on stalled writes, waiting for a connection,
+redis-py's own pool operations, and a cancelled command never handing a
+half-used connection on. The last tests check that redis-py's clients (plain,
+Sentinel, Cluster, Redlock's, and one passed in) have every call of the
+recipe's protocols, taking the arguments the recipe passes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import inspect
 import time
+import typing
 from typing import Any
 
 import pytest
@@ -22,7 +28,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolocks
 from aiolocks.redis import RedisBackend
-from aiolocks.redis._backend import POOL_SIZE
+from aiolocks.redis._client import (
+    POOL_SIZE,
+    RedisClusterCommands,
+    RedisCommands,
+    RedisPipeline,
+    RedisPubSub,
+    RedisScript,
+    RedisServerCommands,
+)
 from aiolocks.testing.proxy import TcpProxy
 from aiolocks.testing.servers import RedisServer
 
@@ -227,3 +241,156 @@ async def test_a_cancelled_command_never_returns_its_connection_half_used(
         # stream sends what it had buffered; redis-py 5.0 closes, it does not abort)
         assert await client.get("k") in ((b"second", big) if where == "write" else (b"second",))
         assert len(client.connection_pool.idle) == 1
+
+
+# -- the narrow interface: redis-py's clients have every call the recipe makes ----------
+
+#: each call the recipe makes, as it makes it: protocol -> method -> (args, kwargs)
+RECIPE_CALLS: dict[type, dict[str, tuple[tuple[Any, ...], dict[str, Any]]]] = {
+    RedisCommands: {
+        "evalsha": (("0" * 40, 1, "k", "arg", 1), {}),
+        "script_load": (("return 1",), {}),
+        "register_script": (("return 1",), {}),
+        "hget": (("k", "field"), {}),
+        "config_get": (("notify-keyspace-events",), {}),
+        "config_set": (("notify-keyspace-events", "Kghxe"), {}),
+        "pipeline": ((), {"transaction": False}),
+        "pubsub": ((), {}),
+        "aclose": ((), {}),
+    },
+    RedisClusterCommands: {
+        "initialize": ((), {}),
+        "get_nodes": ((), {}),
+        "get_node_from_key": (("k",), {}),
+    },
+    RedisServerCommands: {"connection_pool": ((), {})},
+    RedisPipeline: {
+        "evalsha": (("0" * 40, 1, "k", 30000, "field"), {}),
+        "execute_command": (("WAIT", 1, 100), {}),
+        "rpushx": (("k", "member"), {}),
+        "pexpire": (("k", 1000), {}),
+        "execute": ((), {"raise_on_error": False}),
+    },
+    RedisPubSub: {
+        "subscribe": (("channel",), {}),
+        "unsubscribe": (("channel",), {}),
+        "get_message": ((), {"timeout": None}),
+        "aclose": ((), {}),
+    },
+    RedisScript: {"sha": ((), {})},
+}
+
+
+def _own_members(protocol: type) -> set[str]:
+    """The names ``protocol`` itself declares (methods, properties, attributes)."""
+    names = {name for name in vars(protocol) if not name.startswith("_")}
+    return names | set(getattr(protocol, "__annotations__", {}))
+
+
+async def test_the_table_names_every_member_of_every_protocol() -> None:
+    """A method added to a protocol must be added to the check below, as the
+    protocol allows it to be called."""
+    for protocol, calls in RECIPE_CALLS.items():
+        assert set(calls) == _own_members(protocol), protocol.__name__
+        for name, (args, kwargs) in calls.items():
+            declared = inspect.getattr_static(protocol, name, None)
+            if callable(declared):
+                inspect.signature(declared).bind(protocol, *args, **kwargs)
+
+
+async def _check_protocol(obj: Any, protocol: type) -> None:
+    """``obj`` has each member of ``protocol``; each method takes the recipe's call, and
+    those the protocol says are awaited return an awaitable (closed unsent: no I/O)."""
+    for name, (args, kwargs) in RECIPE_CALLS[protocol].items():
+        what = f"{type(obj).__name__}.{name} ({protocol.__name__})"
+        assert hasattr(obj, name), f"redis-py has no {what}"
+        declared = inspect.getattr_static(protocol, name, None)
+        if not callable(declared):  # an attribute or a property
+            continue
+        method = getattr(obj, name)
+        try:
+            inspect.signature(method).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise AssertionError(f"{what} does not take {args}, {kwargs}: {exc}") from None
+        returns = typing.get_type_hints(declared).get("return")
+        if typing.get_origin(returns) is not collections.abc.Awaitable:
+            continue
+        result = method(*args, **kwargs)
+        assert inspect.isawaitable(result), f"{what} returned {result!r}, not an awaitable"
+        if inspect.iscoroutine(result):
+            result.close()  # never sent
+
+
+async def _check_client(client: Any, extension: type) -> None:
+    await _check_protocol(client, RedisCommands)
+    await _check_protocol(client, extension)
+    script = client.register_script("return 1")
+    await _check_protocol(script, RedisScript)
+    assert isinstance(script.sha, str) and len(script.sha) == 40
+    await _check_protocol(client.pipeline(transaction=False), RedisPipeline)
+    pubsub = client.pubsub()
+    try:
+        await _check_protocol(pubsub, RedisPubSub)
+    finally:
+        await pubsub.aclose()
+    if extension is RedisServerCommands:
+        assert isinstance(client.connection_pool.connection_kwargs.get("db", 0), int)
+    else:
+        owner = client.get_node_from_key("k")
+        assert owner in client.get_nodes()
+        pubsub = client.pubsub(node=owner)
+        try:
+            await _check_protocol(pubsub, RedisPubSub)
+        finally:
+            await pubsub.aclose()
+
+
+CLUSTER_PUBSUB = hasattr(redis.asyncio.RedisCluster, "pubsub")
+
+
+@pytest.mark.parametrize(
+    "topology",
+    [
+        "plain",
+        "sentinel",
+        pytest.param(
+            "cluster",
+            marks=pytest.mark.skipif(
+                not CLUSTER_PUBSUB,
+                reason="redis-py before 8.0 has no pub/sub on its asyncio cluster client",
+            ),
+        ),
+        "redlock",
+    ],
+)
+async def test_the_clients_aiolocks_builds_have_the_recipes_interface(
+    request: pytest.FixtureRequest, topology: str
+) -> None:
+    """Every call of :class:`RedisCommands` (and its pipeline, pub/sub and script
+    objects) exists on redis-py's clients, plain, Sentinel, Cluster and Redlock's,
+    and takes the arguments the recipe passes: a redis-py that renamed or
+    reshaped one fails here."""
+    if topology == "plain":
+        url = request.getfixturevalue("redis_server").url
+    elif topology == "sentinel":
+        url = request.getfixturevalue("redis_sentinel").url
+    elif topology == "cluster":
+        url = request.getfixturevalue("redis_cluster").url
+    else:
+        servers = list(request.getfixturevalue("redis_servers5"))[:3]
+        url = "redlock://" + ",".join(f"{s.host}:{s.port}" for s in servers)
+    async with aiolocks.connect(url) as backend:
+        driver: Any = backend._driver
+        nodes = driver.nodes if topology == "redlock" else [driver.node]
+        extension = RedisClusterCommands if topology == "cluster" else RedisServerCommands
+        for node in nodes:
+            await _check_client(node.client, extension)
+
+
+async def test_a_client_passed_in_has_the_recipes_interface(redis_server: RedisServer) -> None:
+    """``RedisBackend(client)`` runs the recipe on the application's own redis-py client."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        await _check_client(client, RedisServerCommands)
+    finally:
+        await client.aclose()
