@@ -72,6 +72,35 @@ async def command_calls(client: redis.asyncio.Redis) -> dict[str, int]:
     return calls
 
 
+async def listening_for_grants(raw: redis.asyncio.Redis, *backends: aiolocks.Backend) -> None:
+    """Wait until each backend listens for grants: the server has its grant
+    channel subscribed, and each of its queued waiters waits on its doorbell,
+    not rung (it took the look a confirmed subscription asks for)."""
+    channels = [backend._driver.grant_channel for backend in backends]
+
+    def parked(backend: aiolocks.Backend) -> bool:
+        driver = backend._driver
+        assert driver.node.hub is not None
+        waiting = list(driver._queued.values())
+        return (
+            driver.node.hub.is_confirmed(driver.grant_channel)
+            and bool(waiting)
+            and all(
+                a.listening
+                and a.wake is not None
+                and a.wake._future is not None  # in its wait
+                and not a.wake.is_set()
+                for a in waiting
+            )
+        )
+
+    async def check() -> bool:
+        subscribed = all(n == 1 for _, n in await raw.pubsub_numsub(*channels))
+        return subscribed and all(parked(backend) for backend in backends)
+
+    await eventually(check, what=f"{len(channels)} process(es) listening for grants")
+
+
 class Alone:
     """Tasks taking one mutex: checks that only one is inside at a time and
     records the fencing tokens in the order the holds began."""

@@ -16,7 +16,7 @@ import redis.asyncio
 import aiolocks
 
 from ..polling import eventually
-from .conftest import Alone, command_calls
+from .conftest import Alone, command_calls, listening_for_grants
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
@@ -42,35 +42,6 @@ async def _queued(raw: redis.asyncio.Redis, prefix: str, name: str, n: int) -> N
         return int(await raw.llen(f"{_key(prefix, name)}:queue")) == n
 
     await eventually(check, what=f"{n} waiter(s) in the queue")
-
-
-async def _listening(raw: redis.asyncio.Redis, *backends: aiolocks.Backend) -> None:
-    """Wait until each backend listens for grants: the server has its grant
-    channel subscribed, and each of its queued waiters waits on its doorbell,
-    not rung (it took the look a confirmed subscription asks for)."""
-    channels = [backend._driver.grant_channel for backend in backends]
-
-    def parked(backend: aiolocks.Backend) -> bool:
-        driver = backend._driver
-        assert driver.node.hub is not None
-        waiting = list(driver._queued.values())
-        return (
-            driver.node.hub.is_confirmed(driver.grant_channel)
-            and bool(waiting)
-            and all(
-                a.listening
-                and a.wake is not None
-                and a.wake._future is not None  # in its wait
-                and not a.wake.is_set()
-                for a in waiting
-            )
-        )
-
-    async def check() -> bool:
-        subscribed = all(n == 1 for _, n in await raw.pubsub_numsub(*channels))
-        return subscribed and all(parked(backend) for backend in backends)
-
-    await eventually(check, what=f"{len(channels)} process(es) listening for grants")
 
 
 @pytest.mark.parametrize("yields", [0, 1, 3])
@@ -145,7 +116,7 @@ async def test_grant_message_lost_with_the_pubsub_connection_is_found(
         await holder.acquire()
         waiting = asyncio.create_task(_take(two.mutex(name), one, name))
         await _queued(raw, prefix, name, 1)
-        await _listening(raw, two)
+        await listening_for_grants(raw, two)
         assert await raw.client_kill_filter(_type="pubsub") >= 1
         await holder.release()
         assert await waiting > 0
@@ -182,7 +153,7 @@ async def test_queued_waiters_take_the_lock_without_trying_again(
         for i in range(waiters):
             tasks.append(asyncio.create_task(waiter(i)))
             await _queued(raw, prefix, name, i + 1)
-        await _listening(raw, *backends[1:])
+        await listening_for_grants(raw, *backends[1:])
         await raw.config_resetstat()
         await holder.release()
         await asyncio.gather(*tasks)

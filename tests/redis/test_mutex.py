@@ -15,7 +15,7 @@ from aiolocks.redis import RedisBackend
 from aiolocks.testing.servers import RedisServer
 
 from ..polling import eventually
-from .conftest import command_calls
+from .conftest import command_calls, listening_for_grants
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
@@ -84,9 +84,10 @@ async def test_handoff_wakes_waiter_by_pubsub_without_polling(
                 return len(await raw.pubsub_channels("aiolocks:grant:*")) == 1
 
             await eventually(subscribed, what="the waiter to subscribe")
-            await asyncio.sleep(0.2)  # settled: queued, its process listening
+            await listening_for_grants(raw, two)  # settled: queued, its process listening
             await raw.config_resetstat()
-            await asyncio.sleep(1.0)  # a polling waiter would show up in the stats now
+            # the passage of time is the point: a polling waiter would show up in the stats now
+            await asyncio.sleep(1.0)
             assert not got.is_set()
             assert "evalsha" not in await command_calls(raw)
             await raw.config_resetstat()
