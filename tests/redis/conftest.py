@@ -74,8 +74,9 @@ async def command_calls(client: redis.asyncio.Redis) -> dict[str, int]:
 
 async def listening_for_grants(raw: redis.asyncio.Redis, *backends: aiolocks.Backend) -> None:
     """Wait until each backend listens for grants: the server has its grant
-    channel subscribed, and each of its queued waiters waits on its doorbell,
-    not rung (it took the look a confirmed subscription asks for)."""
+    channel subscribed, and each of its waiters waits on its doorbell, not
+    rung (it took the look a confirmed subscription asks for): those in the
+    lock's queue listening on that channel, the others in the process."""
     channels = [backend._driver.grant_channel for backend in backends]
 
     def parked(backend: aiolocks.Backend) -> bool:
@@ -86,7 +87,7 @@ async def listening_for_grants(raw: redis.asyncio.Redis, *backends: aiolocks.Bac
             driver.node.hub.is_confirmed(driver.grant_channel)
             and bool(waiting)
             and all(
-                a.listening
+                (a.listening or a.local)
                 and a.wake is not None
                 and a.wake._future is not None  # in its wait
                 and not a.wake.is_set()

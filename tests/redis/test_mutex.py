@@ -244,10 +244,11 @@ async def test_cancellation_at_every_point_leaves_nothing(
         # cancel while waiting on pub/sub, with a real wait in between
         await holder.acquire()
         waiting = asyncio.create_task(lock.acquire())
-        await asyncio.sleep(0.05)
+        await listening_for_grants(raw, backend)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
+        assert await raw.llen(f"{key}:queue") == 0  # it left the queue
         await holder.release()
         # no hold; the hash lapses with the tombstones cancelled scripts left
         assert await hold_fields(raw, key) == []
@@ -485,7 +486,7 @@ async def test_unlock_wakes_one_local_waiter_not_the_herd(
                 )
 
             await eventually(all_waiting, what="every waiter to wait")
-            await asyncio.sleep(0.1)
+            await listening_for_grants(raw, many)
             await raw.config_resetstat()
             await holder.release()
             await asyncio.gather(*tasks)
