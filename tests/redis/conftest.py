@@ -102,6 +102,45 @@ async def listening_for_grants(raw: redis.asyncio.Redis, *backends: aiolocks.Bac
     await eventually(check, what=f"{len(channels)} process(es) listening for grants")
 
 
+async def hold_expiries(raw: redis.asyncio.Redis, key: str) -> tuple[int, dict[str, int]]:
+    """The server's clock and each hold's expiry in the holders hash ``key``
+    (ms, from a field's ``<expiry>|...`` value), read in one transaction;
+    ``raw`` decodes replies (as the ``raw`` fixture does)."""
+    async with raw.pipeline(transaction=True) as pipe:
+        pipe.time()
+        pipe.hgetall(key)
+        (seconds, micros), fields = await pipe.execute()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    holds = {
+        field: int(value.partition("|")[0])
+        for field, value in fields.items()
+        if field != "#" and not field.startswith("!")
+    }
+    return now, holds
+
+
+async def renewed_past_expiry(raw: redis.asyncio.Redis, key: str, holds: int) -> None:
+    """Wait until each of the ``holds`` holds in ``key`` is still live on the
+    server after the expiry it has now: the watchdog renewed it.
+
+    The passage of time is the point here (a lease outliving the expiry it
+    had), so this waits for the server's clock to pass it, and checks the
+    holds' expiries then, rather than trusting a sleep.
+    """
+    _, first = await hold_expiries(raw, key)
+    assert len(first) == holds, first
+
+    async def outlived() -> bool:
+        now, current = await hold_expiries(raw, key)
+        return current.keys() == first.keys() and all(
+            first[field] < now < current[field] for field in first
+        )
+
+    await eventually(
+        outlived, 10, what=f"the holds of {key} to outlive their expiry", interval=0.05
+    )
+
+
 class Alone:
     """Tasks taking one mutex: checks that only one is inside at a time and
     records the fencing tokens in the order the holds began."""

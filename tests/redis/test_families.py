@@ -11,47 +11,9 @@ import aiolocks
 from aiolocks.testing.servers import RedisSentinelSet, RedisServer
 
 from ..polling import eventually
-from .conftest import command_calls
+from .conftest import command_calls, renewed_past_expiry
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
-
-
-async def _expiries(raw: redis.asyncio.Redis, key: str) -> tuple[int, dict[str, int]]:
-    """The server's clock and each hold's expiry in the holders hash ``key``
-    (ms, from a field's ``<expiry>|...`` value), read in one transaction."""
-    async with raw.pipeline(transaction=True) as pipe:
-        pipe.time()
-        pipe.hgetall(key)
-        (seconds, micros), fields = await pipe.execute()
-    now = int(seconds) * 1000 + int(micros) // 1000
-    holds = {
-        field: int(value.partition("|")[0])
-        for field, value in fields.items()
-        if field != "#" and not field.startswith("!")
-    }
-    return now, holds
-
-
-async def _renewed_past_first_expiry(raw: redis.asyncio.Redis, key: str, holds: int) -> None:
-    """Wait until each of the ``holds`` holds in ``key`` is still live on the
-    server after the expiry it was granted with: the watchdog renewed it.
-
-    The passage of time is the point here (a lease outliving its first
-    expiry), so this waits for the server's clock to pass it, and checks the
-    holds' expiries then, rather than trusting a sleep.
-    """
-    _, first = await _expiries(raw, key)
-    assert len(first) == holds, first
-
-    async def outlived() -> bool:
-        now, current = await _expiries(raw, key)
-        return current.keys() == first.keys() and all(
-            first[field] < now < current[field] for field in first
-        )
-
-    await eventually(
-        outlived, 10, what=f"the holds of {key} to outlive their first expiry", interval=0.05
-    )
 
 
 async def test_semaphore_leases_have_ids_expiries_and_distinct_tokens(
@@ -67,7 +29,7 @@ async def test_semaphore_leases_have_ids_expiries_and_distinct_tokens(
         assert len(parts) == 3 and all(p.is_holder and p.ttl for p in parts)
         assert await other.semaphore("sem/x", 3).acquire(timeout=0) is None
         # the watchdog renews each lease past its 1 s
-        await _renewed_past_first_expiry(raw, f"{prefix}{{semaphore:sem/x}}", 3)
+        await renewed_past_expiry(raw, f"{prefix}{{semaphore:sem/x}}", 3)
         assert not any(lease.is_lost for lease in leases)
         # three holds and the fence counter
         assert len(await raw.hkeys(f"{prefix}{{semaphore:sem/x}}")) == 4
@@ -153,7 +115,7 @@ async def test_leader_latch_hands_over_when_the_leader_closes(
 
             await eventually(b_queued, what="b to wait in the latch's queue")
             # a's lease is renewed past its 1 s; b, waiting all along, never pre-empts
-            await _renewed_past_first_expiry(raw, key, 1)
+            await renewed_past_expiry(raw, key, 1)
             assert await b_queued()
             assert a.has_leadership and not b.has_leadership
             leader = await b.leader()

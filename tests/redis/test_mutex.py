@@ -15,7 +15,7 @@ from aiolocks.redis import RedisBackend
 from aiolocks.testing.servers import RedisServer
 
 from ..polling import eventually
-from .conftest import command_calls, listening_for_grants
+from .conftest import command_calls, listening_for_grants, renewed_past_expiry
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
@@ -118,7 +118,8 @@ async def test_watchdog_keeps_a_short_lease_held(
         lock = backend.mutex("wd/keep")
         async with lock:
             for _ in range(5):
-                await asyncio.sleep(1.0)
+                # the hold outlives the expiry it had, five times over
+                await renewed_past_expiry(raw, holders_key(prefix, "wd/keep"), 1)
                 assert await other.mutex("wd/keep").acquire(timeout=0) is False
                 ttl = await raw.pttl(holders_key(prefix, "wd/keep"))
                 assert 0 < ttl <= 1000
