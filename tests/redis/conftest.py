@@ -72,6 +72,75 @@ async def command_calls(client: redis.asyncio.Redis) -> dict[str, int]:
     return calls
 
 
+async def listening_for_grants(raw: redis.asyncio.Redis, *backends: aiolocks.Backend) -> None:
+    """Wait until each backend listens for grants: the server has its grant
+    channel subscribed, and each of its waiters waits on its doorbell, not
+    rung (it took the look a confirmed subscription asks for): those in the
+    lock's queue listening on that channel, the others in the process."""
+    channels = [backend._driver.grant_channel for backend in backends]
+
+    def parked(backend: aiolocks.Backend) -> bool:
+        driver = backend._driver
+        assert driver.node.hub is not None
+        waiting = list(driver._queued.values())
+        return (
+            driver.node.hub.is_confirmed(driver.grant_channel)
+            and bool(waiting)
+            and all(
+                (a.listening or a.local)
+                and a.wake is not None
+                and a.wake._future is not None  # in its wait
+                and not a.wake.is_set()
+                for a in waiting
+            )
+        )
+
+    async def check() -> bool:
+        subscribed = all(n == 1 for _, n in await raw.pubsub_numsub(*channels))
+        return subscribed and all(parked(backend) for backend in backends)
+
+    await eventually(check, what=f"{len(channels)} process(es) listening for grants")
+
+
+async def hold_expiries(raw: redis.asyncio.Redis, key: str) -> tuple[int, dict[str, int]]:
+    """The server's clock and each hold's expiry in the holders hash ``key``
+    (ms, from a field's ``<expiry>|...`` value), read in one transaction;
+    ``raw`` decodes replies (as the ``raw`` fixture does)."""
+    async with raw.pipeline(transaction=True) as pipe:
+        pipe.time()
+        pipe.hgetall(key)
+        (seconds, micros), fields = await pipe.execute()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    holds = {
+        field: int(value.partition("|")[0])
+        for field, value in fields.items()
+        if field != "#" and not field.startswith("!")
+    }
+    return now, holds
+
+
+async def renewed_past_expiry(raw: redis.asyncio.Redis, key: str, holds: int) -> None:
+    """Wait until each of the ``holds`` holds in ``key`` is still live on the
+    server after the expiry it has now: the watchdog renewed it.
+
+    The passage of time is the point here (a lease outliving the expiry it
+    had), so this waits for the server's clock to pass it, and checks the
+    holds' expiries then, rather than trusting a sleep.
+    """
+    _, first = await hold_expiries(raw, key)
+    assert len(first) == holds, first
+
+    async def outlived() -> bool:
+        now, current = await hold_expiries(raw, key)
+        return current.keys() == first.keys() and all(
+            first[field] < now < current[field] for field in first
+        )
+
+    await eventually(
+        outlived, 10, what=f"the holds of {key} to outlive their expiry", interval=0.05
+    )
+
+
 class Alone:
     """Tasks taking one mutex: checks that only one is inside at a time and
     records the fencing tokens in the order the holds began."""

@@ -7,6 +7,7 @@ import logging
 import sys
 
 import pytest
+import redis.asyncio
 from prometheus_client import CollectorRegistry
 
 import aiolocks
@@ -16,6 +17,18 @@ from aiolocks.testing.servers import RedisServer
 from ..polling import eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
+
+
+async def _waits_for_a_hold_here(backend: aiolocks.Backend, tasks: int = 1) -> None:
+    """Wait until ``tasks`` acquires of ``backend`` wait for a conflicting hold
+    of this process (a server hold before degrading, a degraded one before
+    asking the server): the engine parks them until such a hold ends."""
+    await eventually(
+        lambda: len(backend._engine._release_waiters) == tasks,
+        30,
+        what=f"{tasks} acquire(s) to wait for a hold of this process",
+        interval=0.02,
+    )
 
 
 async def test_default_raise_when_the_server_is_stopped(redis_restartable: RedisServer) -> None:
@@ -119,13 +132,12 @@ async def test_local_fallback_excludes_tasks_of_this_process_and_recovers(
 
         # the server answers again: new acquires use it
         await asyncio.to_thread(redis_restartable.start)
-        async with asyncio.timeout(30):
-            while True:
-                async with lock:
-                    degraded: bool = lock.is_degraded
-                if not degraded:
-                    break
-                await asyncio.sleep(0.2)
+
+        async def served_by_the_server() -> bool:
+            async with lock:
+                return not lock.is_degraded
+
+        await eventually(served_by_the_server, 30, what="a hold from the server", interval=0.2)
         participants = await lock.participants()
         assert participants == []
 
@@ -152,10 +164,18 @@ async def test_degraded_hold_stays_local_and_excludes_server_holds_here(
             await mine.release()
 
         other = asyncio.create_task(server_holder())
-        await asyncio.sleep(0.5)
-        assert lock.is_degraded and lock.fencing_token == token
         # ... and a task of this process asking the server waits for it
+        await _waits_for_a_hold_here(backend)
+        assert lock.is_degraded and lock.fencing_token == token
         assert not other.done() and seen == []
+        raw = redis.asyncio.Redis.from_url(url, decode_responses=True)
+        try:
+            # no hold on the server: at most the tombstone ("!<field>") the
+            # clean-up of the unanswered first try left, and the fence counter
+            fields = await raw.hkeys("aiolocks:{mutex:dg/stay}")
+            assert [f for f in fields if not str(f).startswith(("!", "#"))] == [], fields
+        finally:
+            await raw.aclose()
         await lock.release()
         async with asyncio.timeout(30):
             await other
@@ -216,6 +236,22 @@ async def test_no_split_brain_promise_two_processes_both_hold(
         await a.release()
 
 
+async def _queued_and_listening(url: str, backend: aiolocks.Backend) -> None:
+    """Wait until the server has the waiter of ``backend`` in the queue of
+    ``dg/wait`` and its process's grant channel subscribed: it waits there."""
+    raw = redis.asyncio.Redis.from_url(url, decode_responses=True)
+    channel = backend._driver.grant_channel
+
+    async def waiting() -> bool:
+        queued = await raw.llen("aiolocks:{mutex:dg/wait}:queue")
+        return bool(queued == 1 and await raw.pubsub_numsub(channel) == [(channel, 1)])
+
+    try:
+        await eventually(waiting, 30, what="the waiter to wait in the lock's queue")
+    finally:
+        await raw.aclose()
+
+
 async def test_waiter_falls_back_when_the_server_goes_away_mid_wait(
     redis_restartable: RedisServer,
 ) -> None:
@@ -246,7 +282,7 @@ async def test_waiter_falls_back_when_the_server_goes_away_mid_wait(
             holder_task = asyncio.create_task(hold())
             waiter_task = asyncio.create_task(wait())
             await holding.wait()
-            await asyncio.sleep(0.2)  # the waiter is queued on the server
+            await _queued_and_listening(url, two)
             assert not waiter_task.done()
             await asyncio.to_thread(redis_restartable.stop)
             await asyncio.gather(holder_task, waiter_task)
@@ -272,7 +308,7 @@ async def test_cancelled_degraded_waiters_leave_nothing_behind(
 
         # waits for the server hold of this backend (no overlap in the process): cancel it there
         early = asyncio.create_task(take())
-        await asyncio.sleep(2)
+        await _waits_for_a_hold_here(backend)
         assert not early.done()
         early.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -281,12 +317,12 @@ async def test_cancelled_degraded_waiters_leave_nothing_behind(
             await server_hold.release()  # the server is down: the release says so, hold gone
         assert not server_hold.is_owned_by_current_task()
 
-        # one degraded holder, one degraded waiter in the local queue: cancel the waiter
+        # one degraded holder, one task of this process waiting for it: cancel the waiter
         release = asyncio.Event()
         first = asyncio.create_task(take(release))
         await eventually(lambda: backend._holds, 30, what="the degraded hold", interval=0.05)
         queued = asyncio.create_task(take())
-        await asyncio.sleep(2)
+        await _waits_for_a_hold_here(backend)
         assert not queued.done()
         queued.cancel()
         with pytest.raises(asyncio.CancelledError):

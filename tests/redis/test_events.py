@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 import aiolocks
 from aiolocks.testing import RedisServer
+
+from ..polling import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -18,7 +18,10 @@ async def test_watchdog_renewals_are_events(redis_server: RedisServer) -> None:
         backend.add_event_hook(events.append)
         lock = backend.mutex("ev/renew", lease_time=0.3)
         async with lock:
-            await asyncio.sleep(0.5)
+            # held past its 0.3 s lease: renewed (twice) by the watchdog
+            await eventually(
+                lambda: sum(e.kind == "renewed" for e in events) >= 2, what="two renewals"
+            )
         renewals = [e for e in events if e.kind == "renewed"]
         assert len(renewals) >= 2
         assert all(e.fencing_token == events[0].fencing_token for e in renewals)

@@ -11,7 +11,7 @@ import aiolocks
 from aiolocks.testing.servers import RedisSentinelSet, RedisServer
 
 from ..polling import eventually
-from .conftest import command_calls
+from .conftest import command_calls, renewed_past_expiry
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
@@ -28,7 +28,8 @@ async def test_semaphore_leases_have_ids_expiries_and_distinct_tokens(
         parts = await sem.participants()
         assert len(parts) == 3 and all(p.is_holder and p.ttl for p in parts)
         assert await other.semaphore("sem/x", 3).acquire(timeout=0) is None
-        await asyncio.sleep(1.5)  # the watchdog renews each lease past its 1 s
+        # the watchdog renews each lease past its 1 s
+        await renewed_past_expiry(raw, f"{prefix}{{semaphore:sem/x}}", 3)
         assert not any(lease.is_lost for lease in leases)
         # three holds and the fence counter
         assert len(await raw.hkeys(f"{prefix}{{semaphore:sem/x}}")) == 4
@@ -54,13 +55,21 @@ async def test_acquire_many_is_all_or_nothing(url: str, raw: redis.asyncio.Redis
             await lease.release()
 
 
-async def test_semaphore_waiter_is_woken_by_a_release(url: str) -> None:
+async def test_semaphore_waiter_is_woken_by_a_release(
+    url: str, raw: redis.asyncio.Redis, prefix: str
+) -> None:
     async with aiolocks.connect(url) as backend, aiolocks.connect(url) as other:
         sem = backend.semaphore("sem/wake", 1)
         lease = await sem.acquire()
         assert lease is not None
+        channel = f"{prefix}{{semaphore:sem/wake}}"  # a release publishes there
+        assert await raw.pubsub_numsub(channel) == [(channel, 0)]
         waiter = asyncio.create_task(other.semaphore("sem/wake", 1).acquire(timeout=20))
-        await asyncio.sleep(0.1)
+
+        async def listening() -> bool:
+            return bool(await raw.pubsub_numsub(channel) == [(channel, 1)])
+
+        await eventually(listening, what="the waiter to listen for releases")
         assert not waiter.done()
         await lease.release()
         async with asyncio.timeout(5):  # well within the 30 s lease: woken, not timed out
@@ -87,20 +96,35 @@ async def test_rwlock_readers_share_writers_exclude_and_downgrade(url: str) -> N
                 await rw.write.acquire()
 
 
-async def test_leader_latch_hands_over_when_the_leader_closes(url: str) -> None:
-    async with aiolocks.connect(url, lease_time=1) as one, aiolocks.connect(url) as two:
-        a = one.leader_latch("lead/x", participant_id="a")
-        b = two.leader_latch("lead/x", participant_id="b")
-        await a.start()
-        assert await a.wait_for_leadership(timeout=5)
-        await b.start()
-        await asyncio.sleep(1.5)  # a's lease is renewed; b never pre-empts
-        assert a.has_leadership and not b.has_leadership
-        leader = await b.leader()
-        assert leader is not None and leader.id == "a"
-        await a.close()
-        assert await b.wait_for_leadership(timeout=5)
-        await b.close()
+async def test_leader_latch_hands_over_when_the_leader_closes(
+    url: str, redis_server: RedisServer, prefix: str
+) -> None:
+    # not the ``raw`` fixture: the latch's records outlive it (their own TTL)
+    raw = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        async with aiolocks.connect(url, lease_time=1) as one, aiolocks.connect(url) as two:
+            a = one.leader_latch("lead/x", participant_id="a")
+            b = two.leader_latch("lead/x", participant_id="b")
+            await a.start()
+            assert await a.wait_for_leadership(timeout=5)
+            await b.start()
+            key = f"{prefix}{{leader:lead/x}}"
+
+            async def b_queued() -> bool:
+                return bool(await raw.llen(f"{key}:queue") == 1)
+
+            await eventually(b_queued, what="b to wait in the latch's queue")
+            # a's lease is renewed past its 1 s; b, waiting all along, never pre-empts
+            await renewed_past_expiry(raw, key, 1)
+            assert await b_queued()
+            assert a.has_leadership and not b.has_leadership
+            leader = await b.leader()
+            assert leader is not None and leader.id == "a"
+            await a.close()
+            assert await b.wait_for_leadership(timeout=5)
+            await b.close()
+    finally:
+        await raw.aclose()
 
 
 async def test_per_lock_lease_time_is_used(url: str, raw: redis.asyncio.Redis, prefix: str) -> None:
@@ -160,8 +184,9 @@ async def test_freed_leases_wake_only_as_many_local_waiters(
                 # the holder's acquire, two tries per waiter (before and after subscribing)
                 return int((await command_calls(raw)).get("evalsha", 0)) >= 1 + 2 * 10
 
+            # each has subscribed (confirmed) before its second try: every
+            # release from now on reaches every waiter
             await eventually(all_waiting, what="every waiter to wait")
-            await asyncio.sleep(0.1)
             await raw.config_resetstat()
             for lease in held:
                 await lease.release()
@@ -215,8 +240,9 @@ async def test_rwlock_release_wakes_the_readers_and_one_writer_not_the_herd(
                 # the holder's acquire, two tries per waiter (before and after subscribing)
                 return int((await command_calls(raw)).get("evalsha", 0)) >= 1 + 2 * 12
 
+            # each has subscribed (confirmed) before its second try: every
+            # release from now on reaches every waiter
             await eventually(all_waiting, what="every waiter to wait")
-            await asyncio.sleep(0.1)
             await raw.config_resetstat()
             await holder.write.release()
             await asyncio.gather(*tasks)

@@ -16,7 +16,7 @@ import redis.asyncio
 import aiolocks
 
 from ..polling import eventually
-from .conftest import Alone, command_calls
+from .conftest import Alone, command_calls, listening_for_grants
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
@@ -59,6 +59,7 @@ async def test_waiter_cancelled_while_the_grant_is_in_flight_gives_it_back(
     ):
         holder = one.mutex(name, fair=fair)
         await holder.acquire()
+
         async def b() -> None:
             async with two.mutex(name, fair=fair):
                 pass
@@ -115,7 +116,7 @@ async def test_grant_message_lost_with_the_pubsub_connection_is_found(
         await holder.acquire()
         waiting = asyncio.create_task(_take(two.mutex(name), one, name))
         await _queued(raw, prefix, name, 1)
-        await asyncio.sleep(0.1)  # listening
+        await listening_for_grants(raw, two)
         assert await raw.client_kill_filter(_type="pubsub") >= 1
         await holder.release()
         assert await waiting > 0
@@ -152,7 +153,7 @@ async def test_queued_waiters_take_the_lock_without_trying_again(
         for i in range(waiters):
             tasks.append(asyncio.create_task(waiter(i)))
             await _queued(raw, prefix, name, i + 1)
-        await asyncio.sleep(0.2)  # every process listening
+        await listening_for_grants(raw, *backends[1:])
         await raw.config_resetstat()
         await holder.release()
         await asyncio.gather(*tasks)

@@ -15,7 +15,7 @@ from aiolocks.redis import RedisBackend
 from aiolocks.testing.servers import RedisServer
 
 from ..polling import eventually
-from .conftest import command_calls
+from .conftest import command_calls, listening_for_grants, renewed_past_expiry
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
@@ -84,9 +84,10 @@ async def test_handoff_wakes_waiter_by_pubsub_without_polling(
                 return len(await raw.pubsub_channels("aiolocks:grant:*")) == 1
 
             await eventually(subscribed, what="the waiter to subscribe")
-            await asyncio.sleep(0.2)  # settled: queued, its process listening
+            await listening_for_grants(raw, two)  # settled: queued, its process listening
             await raw.config_resetstat()
-            await asyncio.sleep(1.0)  # a polling waiter would show up in the stats now
+            # the passage of time is the point: a polling waiter would show up in the stats now
+            await asyncio.sleep(1.0)
             assert not got.is_set()
             assert "evalsha" not in await command_calls(raw)
             await raw.config_resetstat()
@@ -117,7 +118,8 @@ async def test_watchdog_keeps_a_short_lease_held(
         lock = backend.mutex("wd/keep")
         async with lock:
             for _ in range(5):
-                await asyncio.sleep(1.0)
+                # the hold outlives the expiry it had, five times over
+                await renewed_past_expiry(raw, holders_key(prefix, "wd/keep"), 1)
                 assert await other.mutex("wd/keep").acquire(timeout=0) is False
                 ttl = await raw.pttl(holders_key(prefix, "wd/keep"))
                 assert 0 < ttl <= 1000
@@ -243,10 +245,11 @@ async def test_cancellation_at_every_point_leaves_nothing(
         # cancel while waiting on pub/sub, with a real wait in between
         await holder.acquire()
         waiting = asyncio.create_task(lock.acquire())
-        await asyncio.sleep(0.05)
+        await listening_for_grants(raw, backend)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
+        assert await raw.llen(f"{key}:queue") == 0  # it left the queue
         await holder.release()
         # no hold; the hash lapses with the tombstones cancelled scripts left
         assert await hold_fields(raw, key) == []
@@ -484,7 +487,7 @@ async def test_unlock_wakes_one_local_waiter_not_the_herd(
                 )
 
             await eventually(all_waiting, what="every waiter to wait")
-            await asyncio.sleep(0.1)
+            await listening_for_grants(raw, many)
             await raw.config_resetstat()
             await holder.release()
             await asyncio.gather(*tasks)

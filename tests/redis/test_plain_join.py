@@ -234,7 +234,11 @@ async def test_a_plain_join_cancelled_on_the_wire_is_never_kept(
         field = sent[0].partition("|")[0]
         until = int(await raw.hget(key, f"!{field}") or 0)  # the tombstone's end, server ms
         if tombstone == "lapsed":
-            await asyncio.sleep(0.3)
+
+            async def lapsed() -> bool:
+                return until < await _server_ms(raw)
+
+            await eventually(lapsed, what="the tombstone to lapse")
         assert (until > await _server_ms(raw)) is (tombstone == "live")
         leave.set()
         await asyncio.wait_for(asyncio.gather(b_task, c_task), 10)

@@ -17,6 +17,9 @@ import aiolocks
 from aiolocks.testing.proxy import TcpProxy
 from aiolocks.testing.servers import RedisCluster, RedisSentinelSet, RedisServerGroup
 
+from ..polling import eventually
+from .conftest import assert_no_keys
+
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
 
@@ -144,7 +147,11 @@ async def test_cluster_locks_on_names_in_different_slots(redis_cluster: RedisClu
                 assert [p.is_holder for p in parts] == [True]
                 # a waiter on another connection is woken by the release
                 waiter = asyncio.create_task(_take_and_release(rival))
-                await asyncio.sleep(0.1)
+
+                async def queued(rival: aiolocks.Mutex = rival) -> bool:
+                    return [p.is_holder for p in await rival.participants()] == [True, False]
+
+                await eventually(queued, what="the waiter in the lock's queue")
                 assert not waiter.done()
             async with asyncio.timeout(10):
                 assert await waiter
@@ -183,6 +190,34 @@ async def _proxies(group: RedisServerGroup) -> AsyncIterator[list[TcpProxy]]:
             await p.stop()
 
 
+async def _renewed_on_every_master(group: RedisServerGroup, key: str) -> None:
+    """Wait until the hold in ``key`` has been renewed on every master: its
+    expiry (a field's ``<expiry ms>|...``) moved past the one first seen."""
+    clients = [
+        redis.asyncio.Redis(host=s.host, port=s.port, decode_responses=True) for s in group
+    ]
+
+    async def expiries() -> list[int]:
+        found = []
+        for client in clients:
+            fields = await client.hgetall(key)
+            holds = [str(v) for f, v in fields.items() if str(f)[0] not in "#!"]
+            assert len(holds) == 1, fields
+            found.append(int(holds[0].partition("|")[0]))
+        return found
+
+    try:
+        first = await expiries()
+
+        async def renewed() -> bool:
+            return all(now > then for now, then in zip(await expiries(), first, strict=True))
+
+        await eventually(renewed, 10, what="a renewal on every master", interval=0.05)
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
 def _down(proxy: TcpProxy) -> None:
     proxy.refuse()
     proxy.cut()
@@ -201,7 +236,7 @@ async def test_redlock_over_five_masters(redis_servers5: RedisServerGroup) -> No
             async with lock:
                 assert lock.fencing_token is not None
                 assert await rival.acquire(timeout=0) is False
-                await asyncio.sleep(1.0)  # renewed on every master past 2/3 of the lease
+                await _renewed_on_every_master(redis_servers5, f"{prefix}{{mutex:redlock/x}}")
                 assert not lock.is_lost
             assert await rival.acquire(timeout=1)
             await rival.release()
@@ -228,11 +263,8 @@ async def test_redlock_over_five_masters(redis_servers5: RedisServerGroup) -> No
     for server in redis_servers5:
         raw = redis.asyncio.Redis(host=server.host, port=server.port)
         try:
-            for _ in range(50):  # abandoned attempts lapse with their 2 s lease
-                if not await raw.keys(f"{prefix}*"):
-                    break
-                await asyncio.sleep(0.1)
-            assert await raw.keys(f"{prefix}*") == []
+            # abandoned attempts lapse with their 2 s lease
+            await assert_no_keys(raw, prefix, within=5)
         finally:
             await raw.aclose()
 

@@ -13,6 +13,8 @@ import aiolocks
 from aiolocks.redis import RedisBackend
 from aiolocks.redis._watchdog import Renewal, RenewResult
 
+from ..polling import eventually
+
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
 N = 40
@@ -49,7 +51,8 @@ async def test_holds_due_together_are_renewed_in_one_round_trip(
 ) -> None:
     async with aiolocks.connect(url, lease_time=LEASE) as backend:
         sizes, locks = await _hold_many(backend, "wd-batch")
-        await asyncio.sleep(LEASE * 3)  # about 9 renewals per hold
+        # held through renewal rounds well past the first lease (about 5 per hold)
+        await eventually(lambda: sum(sizes) >= N * 5, 30, what=f"{N * 5} renewals")
         assert not any(lock.is_lost for lock in locks)
         # every key still carries a live lease
         for i in range(N):
@@ -70,8 +73,14 @@ async def test_one_hold_deleted_behind_our_back_is_lost_alone(
 ) -> None:
     async with aiolocks.connect(url, lease_time=LEASE) as backend:
         sizes, locks = await _hold_many(backend, "wd-one")
+        deleted_at = len(sizes)
         await raw.delete(f"{prefix}{{semaphore-mutex:wd-one/7}}")
-        await asyncio.sleep(LEASE)  # a renewal round or two
+        # the loss is seen, and every other hold was renewed since (a round or two)
+        await eventually(
+            lambda: locks[7].is_lost and sum(sizes[deleted_at:]) >= N - 1,
+            30,
+            what="the lost hold seen and a renewal round of the others",
+        )
         assert locks[7].is_lost
         assert [i for i, lock in enumerate(locks) if lock.is_lost] == [7]
         assert max(sizes) > 1, sizes
@@ -88,8 +97,12 @@ async def test_renewals_survive_a_script_flush(
 ) -> None:
     async with aiolocks.connect(url, lease_time=LEASE) as backend:
         sizes, locks = await _hold_many(backend, "wd-flush")
+        flushed_at = len(sizes)
         await raw.script_flush()
-        await asyncio.sleep(LEASE * 2)
+        # two renewal rounds after the flush (the first one finds no script)
+        await eventually(
+            lambda: sum(sizes[flushed_at:]) >= 2 * N, 30, what="two renewal rounds after the flush"
+        )
         assert not any(lock.is_lost for lock in locks)
         assert max(sizes) > 1, sizes
         for lock in locks:
