@@ -146,16 +146,10 @@ async def test_least_privilege_user_keeps_records(secure_etcd: EtcdServer) -> No
             assert not waiter.done()
             await _root_delete(secure_etcd, f"{group}/member")  # behind the backend's back
             await asyncio.wait_for(waiter, 10)
-        await _until(lambda: entry.lost)
+        await eventually(lambda: entry.lost, what="the entry reported lost", interval=0.02)
         assert await store.delete(f"{group}/once")
         theirs = other._driver.records()
         assert await theirs.read(f"{group}/once") is None
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(10):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 @pytest.mark.asyncio

@@ -25,6 +25,7 @@ from aiolocks.postgres._sql import (
 )
 from aiolocks.testing import PostgresServer
 
+from ..polling import eventually
 from .conftest import Connect
 
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
@@ -35,11 +36,7 @@ Q = AdvisoryQueries.build(NAMES)
 
 async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
     """Wait for server-side state (a queued waiter...) before the next step; no timing asserted."""
-    for _ in range(2000):
-        if await check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never saw: {what}")
+    await eventually(check, 20, what=what)
 
 
 async def _waiting(observer: asyncpg.Connection, pid: int) -> bool:

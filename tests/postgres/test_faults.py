@@ -10,6 +10,7 @@ import pytest
 from aiolocks.postgres._sql import AdvisoryQueries, TableNames, advisory_key, held_advisory_locks
 from aiolocks.testing import PostgresServer, TcpProxy
 
+from ..polling import eventually
 from .conftest import Connect
 
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
@@ -31,11 +32,7 @@ async def _free(observer: asyncpg.Connection, key: int) -> bool:
 
 
 async def _until_free(observer: asyncpg.Connection, key: int) -> None:
-    for _ in range(3000):
-        if await _free(observer, key):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the lock was never freed")
+    await eventually(lambda: _free(observer, key), 30, what="the lock freed on the server")
 
 
 async def test_cut_connection_is_noticed_and_the_server_frees_the_lock(
