@@ -289,7 +289,9 @@ class Supersession:
     older_token: int
     newer_token: int
     fault: str
-    """The kind of the last fault before ``newer`` began (``""``: before any fault)."""
+    """The kind of the fault it is put down to (``""``: before any fault)."""
+    fault_started: float
+    """When that fault began (``time.monotonic()``; 0: none)."""
     told: bool
     """Whether the older holder's section ended with ``LockLostError``."""
     rejected: bool
@@ -357,6 +359,7 @@ def _pair(
         older_token=older.token or 0,
         newer_token=newer.token or 0,
         fault=fault.kind if fault is not None else "",
+        fault_started=fault.started if fault is not None else 0.0,
         told=told,
         rejected=older.rejected,
         told_after=after,
@@ -386,19 +389,23 @@ class RedlockRun:
     run: ClusterRun
     masters: int
     found: list[Supersession] = field(default_factory=list)
+    told_at_release: int = 0
+    """Sections told of their loss by their release (their field gone on a majority of
+    masters, their watchdog not due yet), overlapped or not."""
 
     def by_kind(self, kinds: Sequence[str]) -> list[Supersession]:
         """The supersessions that followed a fault of one of ``kinds``."""
         return [s for s in self.found if s.fault in kinds]
 
     def text(self) -> str:
-        """``kind n (told t, refused r, fault->told median/max)`` per fault kind."""
+        """``kind n after k of m faults (told t, refused r, windows)`` per fault kind."""
         parts = []
         counts = Counter(fault.kind for fault in self.run.faults)
         for kind in sorted(counts):
             found = self.by_kind([kind])
+            bit = len({s.fault_started for s in found})
             part = (
-                f"{kind} {len(found)} after {counts[kind]} faults "
+                f"{kind} {len(found)} after {bit} of {counts[kind]} faults "
                 f"(told {sum(s.told for s in found)}, "
                 f"stale write refused {sum(s.rejected for s in found)}"
             )
@@ -419,13 +426,17 @@ class RedlockRun:
 
     def summary(self) -> str:
         """The cluster runner's summary plus the supersessions."""
-        return f"{self.run.summary()}; SUPERSESSIONS {len(self.found)}: {self.text()}"
+        return (
+            f"{self.run.summary()}; SUPERSESSIONS {len(self.found)}: {self.text()}; "
+            f"losses told at release {self.told_at_release}"
+        )
 
     def as_json(self) -> dict[str, Any]:
         """Every figure, the supersessions included."""
         data = self.run.as_json()
         data["masters"] = self.masters
         data["supersessions"] = [s.__dict__ for s in self.found]
+        data["told_at_release"] = self.told_at_release
         return data
 
 
@@ -534,4 +545,7 @@ async def _finish(
     report.problems.extend(f"left on a master: {item}" for item in leftovers[:20])
     result = RedlockRun(run, len(masters.servers))
     result.found = supersessions(register, run.faults)
+    result.told_at_release = sum(
+        rec.outcome == "lost" and _how(rec) == "release" for rec in register.records
+    )
     return result
