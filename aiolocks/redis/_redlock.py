@@ -245,7 +245,10 @@ class RedlockDriver:
         async def one(index: int, node: RedisNode) -> None:
             tombstone = a.send_lost[index]
             if timeout is None:
-                done = await self._clean_node(node, a.keys, a.field, a.lease, tombstone=tombstone)
+                removed = await self._clean_node(
+                    node, a.keys, a.field, a.lease, tombstone=tombstone
+                )
+                done = removed is not None
             else:
                 try:
                     async with asyncio.timeout(timeout):
@@ -274,11 +277,12 @@ class RedlockDriver:
 
     async def _clean_node(
         self, node: RedisNode, keys: LockKeys, field: str, lease: float, *, tombstone: bool
-    ) -> bool:
+    ) -> int | None:
         """``release.lua`` for ``field`` on one master, retried within :meth:`cleanup_bound`.
 
-        True when the master answered; False when it did not in time (or
-        refused), so the field there, if any, lapses with the lease.
+        How many fields the master removed (0: ours was not there any more);
+        ``None`` when it did not answer in time (or refused), so the field
+        there, if any, lapses with the lease.
         """
         tombstone_ms = min(int(lease * 1000), TOMBSTONE_MS) if tombstone else 0
         give_up = time.monotonic() + self.cleanup_bound(lease)
@@ -286,8 +290,7 @@ class RedlockDriver:
         while True:
             try:
                 async with asyncio.timeout(max(0.0, give_up - time.monotonic())):
-                    await node.release(keys, "", [field], tombstone_ms)
-                return True
+                    return await node.release(keys, "", [field], tombstone_ms)
             except (TimeoutError, *TRANSIENT) as exc:
                 if await backoff.wait():
                     continue
@@ -298,10 +301,10 @@ class RedlockDriver:
                     keys.holders,
                     str(exc) or type(exc).__name__,
                 )
-                return False
+                return None
             except RedisError as exc:
                 logger.warning("cleaning up %s on %s failed: %s", keys.holders, node.describe, exc)
-                return False
+                return None
 
     async def wait_for_change(self, attempt: Attempt, bound: float | None) -> None:
         """Subscribe on every master that answered (then return), later wait for an unlock."""
@@ -395,7 +398,12 @@ class RedlockDriver:
         """``release.lua`` on every master (a lost reply may hide a grant anywhere).
 
         Each master is tried within :meth:`cleanup_bound`; one that does not
-        answer keeps our field only until the lease runs out.
+        answer keeps our field only until the lease runs out. ``False`` (the
+        hold was lost) when our field was gone on more masters than a quorum
+        can spare, the rule of the watchdog's renewal: a master's clock that
+        jumped forward, or a restart without persistence, expired it there,
+        so another client may have held the lock meanwhile even though the
+        watchdog had not noticed yet.
         """
         hold = grant.handle
         if not isinstance(hold, RedisHold):
@@ -406,14 +414,15 @@ class RedlockDriver:
             return True  # released when the backend closed; no I/O on closed clients
         # Each master within a short bound: a dead one must not hold the
         # release up (its copy lapses with the lease).
-        await gather_keeping_cancel(
+        answers = await gather_keeping_cancel(
             [
                 self._clean_node(node, hold.keys, hold.field, hold.lease, tombstone=False)
                 for node in self.nodes
             ],
             return_exceptions=True,
         )
-        return True
+        gone = sum(1 for removed in answers if removed == 0)
+        return gone <= len(self.nodes) - self.quorum
 
     def admin(self) -> RedisAdmin:
         """Listing and force-release (``aiolocks list``/``break``) on every master."""
