@@ -210,12 +210,14 @@ async def _wait_answered(
     baseline = task.cancelling() if task is not None else 0
     while True:
         with await records.snapshot(prefix) as snapshot:
+            # (checked after each read, before the wait: a cancellation
+            # swallowed while reading would otherwise wait out ``timeout``)
+            if task is not None and task.cancelling() > baseline:
+                await cancelled_again()
             left = deadline - time.monotonic()
             if lease_id not in snapshot.records or left <= 0:
                 break
             await snapshot.changed(left)
-        if task is not None and task.cancelling() > baseline:
-            await cancelled_again()
     if not await _held(engine, key, lease_id):
         return True
     raise LockTimeoutError(
