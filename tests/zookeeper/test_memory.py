@@ -1,4 +1,4 @@
-"""Memory per waiting task on ZooKeeper: 2,000 tasks queued on one mutex, tracemalloc.
+"""Memory per waiting task on ZooKeeper: 1,000 tasks queued on one mutex, tracemalloc.
 
 Counts every allocation made while the waiters queue up, their tasks and
 coroutine frames included (``benchmarks._memory``), and reports it. The
@@ -13,7 +13,7 @@ from benchmarks._memory import memory_per_waiter
 
 pytestmark = [pytest.mark.zookeeper, pytest.mark.asyncio, pytest.mark.slow]
 
-WAITERS = 2000
+WAITERS = 1000
 BOUND_KIB = 5.0
 
 
