@@ -70,8 +70,10 @@ from ._process import (
     ServerNotInstalledError,
     ServerNotManagedError,
     ServerStartError,
+    _check_host,
     _Ensemble,
     _find_binary,
+    _hosts_for,
     _join_hosts,
     _Launcher,
     _make_dir,
@@ -414,7 +416,9 @@ class ZooKeeperServer(_ZooKeeperProcess):
 
     Settings: ``tickTime=200`` ms, sessions between ``min_session_timeout``
     (400 ms) and ``max_session_timeout`` (60 s), empty container nodes reaped
-    every 500 ms, four-letter words :data:`ZOOKEEPER_FOUR_LETTER_WORDS`.
+    every 500 ms, four-letter words :data:`ZOOKEEPER_FOUR_LETTER_WORDS`. It
+    listens on ``host`` (``clientPortAddress``; default ``127.0.0.1``, an
+    IPv4 literal such as ``127.0.0.21`` otherwise).
     ``stop()`` then ``start()`` keeps port and data, so sessions survive a
     restart that is shorter than their timeout.
 
@@ -436,6 +440,7 @@ class ZooKeeperServer(_ZooKeeperProcess):
         base_dir: Path | None = None,
         startup_timeout: float = 30.0,
         tls: TlsFiles | None = None,
+        host: str = LOCALHOST,
     ) -> None:
         """See the class doc; ``tls``: also serve TLS on :attr:`tls_port`.
 
@@ -444,7 +449,7 @@ class ZooKeeperServer(_ZooKeeperProcess):
         certificate (``ssl.clientAuth=want``: one signed by another authority
         is refused, none at all is accepted).
         """
-        self.tls_port = free_port() if tls is not None else 0
+        self.tls_port = free_port(_check_host(host)) if tls is not None else 0
         extra = dict(extra_config or {})
         if tls is not None:
             extra.update(_zookeeper_tls_config(tls, self.tls_port))
@@ -458,6 +463,7 @@ class ZooKeeperServer(_ZooKeeperProcess):
             container_check_interval=container_check_interval,
             extra_config=extra,
             jvm_options=jvm_options,
+            host=host,
         )
 
     @classmethod
@@ -527,6 +533,7 @@ class ZooKeeperEnsembleMember(_ZooKeeperProcess):
         jvm_options: Sequence[str],
         base_dir: Path,
         startup_timeout: float,
+        host: str = LOCALHOST,
     ) -> None:
         super().__init__(
             port=port,
@@ -538,6 +545,7 @@ class ZooKeeperEnsembleMember(_ZooKeeperProcess):
             container_check_interval=container_check_interval,
             extra_config=extra_config,
             jvm_options=jvm_options,
+            host=host,
         )
         self.server_id: Final = server_id
         """The ``myid`` of this member (1-based)."""
@@ -554,7 +562,7 @@ class ZooKeeperEnsembleMember(_ZooKeeperProcess):
         lines = super()._config_lines(data_dir)
         route = self._ensemble.peer_route
         for member in self._ensemble.members:
-            host, quorum, election = LOCALHOST, member.quorum_port, member.election_port
+            host, quorum, election = member.host, member.quorum_port, member.election_port
             if route is not None and member is not self:
                 # how *this* member reaches that one (e.g. through a fault proxy)
                 host, quorum = route(self.server_id, member.server_id, member.quorum_port)
@@ -593,6 +601,12 @@ class ZooKeeperEnsemble(_Ensemble[ZooKeeperEnsembleMember]):
     :class:`~aiolocks.testing.TcpProxy` per ordered pair of members there and
     a partition between members is a proxy rule. It is called at every
     (re)start of a member and must answer the same each time.
+
+    ``host`` is the address the members bind to (client port, and the quorum
+    and election ports they list for themselves in ``server.N``): one IPv4
+    literal for all (default ``127.0.0.1``) or one per member, in server-id
+    order, e.g. ``["127.0.0.21", "127.0.0.22", "127.0.0.23"]``: each member
+    on its own loopback address, as on separate machines.
     """
 
     _title = "ZooKeeper ensemble"
@@ -611,9 +625,11 @@ class ZooKeeperEnsemble(_Ensemble[ZooKeeperEnsembleMember]):
         base_dir: Path | None = None,
         startup_timeout: float = 60.0,
         peer_route: Callable[[int, int, int], tuple[str, int]] | None = None,
+        host: str | Sequence[str] = LOCALHOST,
     ) -> None:
         if size < 1:
             raise ValueError(f"an ensemble needs at least one server, not {size}")
+        self._hosts = _hosts_for(host, size, "member")
         self.peer_route: Final = peer_route
         """How members reach each other (``None``: directly); see the class docstring."""
         super().__init__(size, base_dir=base_dir, startup_timeout=startup_timeout)
@@ -662,17 +678,18 @@ class ZooKeeperEnsemble(_Ensemble[ZooKeeperEnsembleMember]):
         return [
             ZooKeeperEnsembleMember(
                 server_id,
-                port=free_port(),
-                quorum_port=free_port(),
-                election_port=free_port(),
+                port=free_port(host),
+                quorum_port=free_port(host),
+                election_port=free_port(host),
                 ensemble=self,
                 extra_config=self._extra_config,
                 jvm_options=self._jvm_options,
                 base_dir=directory,
                 startup_timeout=self._startup_timeout,
+                host=host,
                 **self._settings,
             )
-            for server_id in range(1, self._size + 1)
+            for server_id, host in enumerate(self._hosts, start=1)
         ]
 
     def _member_state(self, member: ZooKeeperEnsembleMember) -> bool | None:
@@ -762,6 +779,10 @@ class RedisServer(_RedisProcess):
     Runs ``redis-server --port P --bind 127.0.0.1 --save "" --appendonly no
     --dir <tmp> --logfile <tmp>/redis.log --daemonize no`` plus ``extra_args``
     (e.g. ``("--replicaof", "127.0.0.1", "6379")``). A restart loses all data.
+    With ``host="127.0.0.21"`` (an IPv4 literal) it binds that address
+    instead and, as a replica, announces it to its primary
+    (``--replica-announce-ip``): the primary would otherwise see the
+    connection's source address, ``127.0.0.1``.
 
     :raises ServerNotInstalledError: from ``start()`` when ``redis-server`` is missing.
     :raises ServerStartError: from ``start()`` when it does not answer ``PING``.
@@ -779,8 +800,9 @@ class RedisServer(_RedisProcess):
         password: str | None = None,
         acl_users: Sequence[str] = (),
         tls: TlsFiles | None = None,
+        host: str = LOCALHOST,
     ) -> None:
-        """See the class docstring; the security options:
+        """See the class docstring (``host``: the address it binds); the security options:
 
         :param password: ``requirepass``: the ``default`` user's password
             (``command()`` and the start-up probe use it)
@@ -788,14 +810,14 @@ class RedisServer(_RedisProcess):
         :param tls: also listen with TLS on :attr:`tls_port`, with these
             certificates; clients must present a certificate of the same CA
         """
-        super().__init__(port=port, base_dir=base_dir, startup_timeout=startup_timeout)
+        super().__init__(port=port, base_dir=base_dir, startup_timeout=startup_timeout, host=host)
         self._extra_args = list(extra_args)
         self._external_url: str | None = None
         self._password = password
         self._acl_users = list(acl_users)
         self._tls_files = tls
         #: the TLS port (0: no TLS)
-        self.tls_port = free_port() if tls is not None else 0
+        self.tls_port = free_port(self._host) if tls is not None else 0
 
     @classmethod
     def external(cls, url: str) -> RedisServer:
@@ -860,7 +882,10 @@ class RedisServer(_RedisProcess):
         return args
 
     def _base_args(self) -> list[str]:
+        # on its own address: a primary must learn it (not the source address 127.0.0.1)
+        announce = ["--replica-announce-ip", self._host] if self._host != LOCALHOST else []
         return [
+            *announce,
             "--port",
             str(self._port),
             "--bind",
@@ -911,11 +936,12 @@ class RedisSentinel(_RedisProcess):
         password: str | None = None,
         auth_pass: str | None = None,
         tls: TlsFiles | None = None,
+        host: str = LOCALHOST,
     ) -> None:
-        super().__init__(port=None, base_dir=base_dir, startup_timeout=startup_timeout)
+        super().__init__(port=None, base_dir=base_dir, startup_timeout=startup_timeout, host=host)
         self._tls_files = tls
         #: the TLS port (0: no TLS); with TLS, the port it announces and monitors by
-        self.tls_port = free_port() if tls is not None else 0
+        self.tls_port = free_port(self._host) if tls is not None else 0
         #: the sentinels' own password (requirepass; they use it between them too)
         self._password = password
         #: the data servers' password
@@ -942,6 +968,8 @@ class RedisSentinel(_RedisProcess):
             f"dir {directory}",
             "logfile sentinel.log",
             f"sentinel myid {self.run_id}",
+            # on its own address: its peers must learn it, not the source address
+            *([f"sentinel announce-ip {self._host}"] if self._host != LOCALHOST else []),
             *self._tls_lines(),
             f"sentinel monitor {name} {self._master.host} {_served_port(self._master)}"
             f" {self._quorum}",
@@ -1021,6 +1049,12 @@ class RedisSentinelSet(_Launcher):
     name the TLS ports; add the ``ssl=true&ssl_ca_certs=...`` options to the
     URL. The plain ports stay open for the launcher's own probes
     (``command()`` speaks plain RESP only).
+
+    ``host`` is the address the processes bind to: one IPv4 literal for all
+    (default ``127.0.0.1``) or one per process, in the order master,
+    replica, then each sentinel (``2 + sentinels`` addresses). A process on
+    an address other than ``127.0.0.1`` announces it (``replica-announce-ip``,
+    ``sentinel announce-ip``), so what the sentinels report names it.
     """
 
     def __init__(
@@ -1036,10 +1070,13 @@ class RedisSentinelSet(_Launcher):
         password: str | None = None,
         sentinel_password: str | None = None,
         tls: TlsFiles | None = None,
+        host: str | Sequence[str] = LOCALHOST,
     ) -> None:
         """See the class docstring; ``password`` is the master's and the replica's
         (``requirepass``/``masterauth``), ``sentinel_password`` the sentinels' own,
-        ``tls`` the certificates of every process (clients must present one of its CA)."""
+        ``tls`` the certificates of every process (clients must present one of its CA),
+        ``host`` the address of each process."""
+        self._hosts = _hosts_for(host, 2 + sentinels, "process (master, replica, sentinels)")
         self._password = password
         self._tls = tls
         self._sentinel_password = sentinel_password
@@ -1145,6 +1182,7 @@ class RedisSentinelSet(_Launcher):
                 password=auth,
                 extra_args=common,
                 tls=self._tls,
+                host=self._hosts[0],
             )
             self._master = master
             master.start()
@@ -1154,6 +1192,7 @@ class RedisSentinelSet(_Launcher):
                 startup_timeout=self._startup_timeout,
                 password=auth,
                 tls=self._tls,
+                host=self._hosts[1],
             )
             self._replica = replica
             replica.start()
@@ -1174,8 +1213,9 @@ class RedisSentinelSet(_Launcher):
                     password=self._sentinel_password,
                     auth_pass=auth,
                     tls=self._tls,
+                    host=host,
                 )
-                for _ in range(self._count)
+                for host in self._hosts[2:]
             ]
             for sentinel in self._sentinels:
                 sentinel._peers = [peer for peer in self._sentinels if peer is not sentinel]
@@ -1260,6 +1300,12 @@ class RedisCluster(_Launcher):
     (``--tls-cluster yes``); they announce their TLS ports, which
     :attr:`url` and :attr:`addresses` name (add the ``ssl=true&...``
     options). The plain ports stay open for the launcher's own probes.
+
+    ``host`` is the address the nodes bind to: one IPv4 literal for all
+    (default ``127.0.0.1``) or one per node, in the order of :attr:`nodes`.
+    A node on an address other than ``127.0.0.1`` announces it
+    (``--cluster-announce-ip``, ``--replica-announce-ip``): its peers would
+    otherwise record the connection's source address, ``127.0.0.1``.
     """
 
     def __init__(
@@ -1271,13 +1317,15 @@ class RedisCluster(_Launcher):
         base_dir: Path | None = None,
         startup_timeout: float = 30.0,
         tls: TlsFiles | None = None,
+        host: str | Sequence[str] = LOCALHOST,
     ) -> None:
         """See the class docstring; ``tls``: the nodes' certificates (clients
-        must present one of the same CA)."""
+        must present one of the same CA); ``host``: the nodes' addresses."""
         if masters < 1:
             raise ValueError(f"a cluster needs at least one master, not {masters}")
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, not {replicas}")
+        self._hosts = _hosts_for(host, masters * (1 + replicas), "node")
         self._count = masters
         self._replicas = replicas
         self._tls = tls
@@ -1335,7 +1383,7 @@ class RedisCluster(_Launcher):
         self._dir = _make_dir("cluster", self._base_dir)
         # The cluster bus gets its own free port (not port + 10000, which
         # might be taken or above 65535); MEET must then name it.
-        bus_ports = [free_port() for _ in range(self._count * (1 + self._replicas))]
+        bus_ports = [free_port(host) for host in self._hosts]
         try:
             self._nodes = [
                 RedisServer(
@@ -1353,12 +1401,14 @@ class RedisCluster(_Launcher):
                             if self._tls
                             else ()
                         ),
+                        *(("--cluster-announce-ip", host) if host != LOCALHOST else ()),
                     ),
                     base_dir=self._dir,
                     startup_timeout=self._startup_timeout,
                     tls=self._tls,
+                    host=host,
                 )
-                for bus_port in bus_ports
+                for bus_port, host in zip(bus_ports, self._hosts, strict=True)
             ]
             for node in self._nodes:
                 node.start(wait=False)

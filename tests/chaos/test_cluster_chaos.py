@@ -33,7 +33,7 @@ from aiolocks.testing import (
     TcpProxy,
     etcd_flavors,
 )
-from aiolocks.testing.servers import LOCALHOST, ZooKeeperEnsemble
+from aiolocks.testing.servers import ZooKeeperEnsemble
 
 from .checker import redis_leftovers, zk_leftovers
 from .cluster import (
@@ -117,7 +117,8 @@ def check(run: ClusterRun) -> None:
 async def proxies_for(addresses: Sequence[tuple[str, int]]) -> AsyncIterator[list[list[TcpProxy]]]:
     """For each worker, one proxy per member: ``groups[worker][member]``.
 
-    The proxies to member ``i`` listen on its own loopback address, ``127.0.0.<10 + i>``.
+    The proxies to member ``i`` listen on ``127.0.0.<10 + i>`` (the member itself binds
+    its own address, ``127.0.0.<20 + i>``: :func:`member_host`).
     """
     async with contextlib.AsyncExitStack() as stack:
         groups = [
@@ -140,7 +141,8 @@ class PeerMesh:
 
     Given to :class:`ZooKeeperEnsemble` as ``peer_route``: member ``a``
     dials port ``p`` of member ``b`` through ``proxies[(a, b, p)]``, which
-    listens on ``127.0.0.<10 + b>``: each member's own loopback address. The
+    listens on ``127.0.0.<10 + b>`` (the address of ``b``'s proxies) and
+    forwards to ``b`` on its own address, ``127.0.0.<20 + b>``. The
     launcher calls :meth:`route` from the thread that starts the members;
     the proxies run on the test's event loop.
     """
@@ -158,7 +160,8 @@ class PeerMesh:
         return proxy.host, proxy.port
 
     async def _open(self, key: tuple[int, int, int]) -> None:
-        proxy = TcpProxy(LOCALHOST, key[2], listen_host=member_address(key[1] - 1))
+        target = key[1] - 1
+        proxy = TcpProxy(member_host(target), key[2], listen_host=member_address(target))
         self.proxies[key] = await proxy.start()
 
     def crossing(self, side: set[int]) -> list[TcpProxy]:
@@ -177,8 +180,8 @@ class PeerMesh:
 class InboundMesh:
     """One :class:`TcpProxy` in front of each etcd member's peer port (``peer_route``).
 
-    A member advertises its proxy, on its own loopback address
-    ``127.0.0.<10 + i>``, so every peer dials it there. Stalling a member's
+    A member (on its own address, ``127.0.0.<20 + i>``) advertises its
+    proxy, on ``127.0.0.<10 + i>``, so every peer dials it there. Stalling a member's
     proxy cuts it off from what its peers send (a one-way partition: what it
     sends goes through the other members' proxies; raft needs both ways, so
     the majority elects another leader and the member hears nothing back).
@@ -198,7 +201,8 @@ class InboundMesh:
 
     async def _open(self, name: str, port: int) -> None:
         self.order.append(name)
-        proxy = TcpProxy(LOCALHOST, port, listen_host=member_address(len(self.order) - 1))
+        index = len(self.order) - 1
+        proxy = TcpProxy(member_host(index), port, listen_host=member_address(index))
         self.proxies[name] = await proxy.start()
 
     def inbound(self, names: list[str]) -> list[TcpProxy]:
@@ -211,8 +215,18 @@ class InboundMesh:
 
 
 def member_address(index: int) -> str:
-    """The loopback address that stands for member ``index`` (0-based): ``127.0.0.<10 + i>``."""
+    """Where the proxies to member ``index`` (0-based) listen: ``127.0.0.<10 + i>``."""
     return f"127.0.0.{10 + index}"
+
+
+def member_host(index: int) -> str:
+    """The loopback address member ``index`` (0-based) itself binds: ``127.0.0.<20 + i>``."""
+    return f"127.0.0.{20 + index}"
+
+
+def member_hosts(count: int) -> list[str]:
+    """The own addresses of ``count`` members (``host=`` of the launchers)."""
+    return [member_host(index) for index in range(count)]
 
 
 class ZooKeeperTopology(ClusterTopology):
@@ -271,7 +285,7 @@ class ZooKeeperTopology(ClusterTopology):
 async def meshed_ensemble() -> AsyncIterator[tuple[ZooKeeperEnsemble, PeerMesh]]:
     """A private 3-member ensemble whose members talk through a :class:`PeerMesh`."""
     mesh = PeerMesh(asyncio.get_running_loop())
-    ensemble = ZooKeeperEnsemble(3, peer_route=mesh.route)
+    ensemble = ZooKeeperEnsemble(3, peer_route=mesh.route, host=member_hosts(3))
     try:
         try:
             await asyncio.to_thread(ensemble.start)
@@ -373,7 +387,10 @@ async def meshed_etcd(flavor: str) -> AsyncIterator[tuple[EtcdCluster, InboundMe
         pytest.skip(f"etcd {ETCD_VERSIONS[flavor]} ({flavor}) is not installed here")
     mesh = InboundMesh(asyncio.get_running_loop())
     cluster = EtcdCluster(
-        3, flavor="debian" if flavor == "debian" else "wheel", peer_route=mesh.route
+        3,
+        flavor="debian" if flavor == "debian" else "wheel",
+        peer_route=mesh.route,
+        host=member_hosts(3),
     )
     try:
         try:
@@ -411,6 +428,8 @@ async def test_etcd_cluster_cluster_faults(flavor: str, tmp_path: Path) -> None:
 
 #: the Redis lease (s)
 REDIS_LEASE = 2.0
+#: the Sentinels' own addresses (the data servers are members 0-2)
+SENTINEL_HOSTS = ["127.0.0.30", "127.0.0.31", "127.0.0.32"]
 
 
 def _role(server: RedisServer) -> str:
@@ -513,12 +532,15 @@ def own_sentinel_set() -> Iterator[tuple[RedisSentinelSet, RedisServer]]:
     Shared by the two runs (with and without ``min_replicas``): each ends
     on a healed set (one primary, both replicas in sync), whichever is primary.
     """
-    sentinels = RedisSentinelSet()
+    # data servers on 127.0.0.20-22, the Sentinels on 127.0.0.30-32
+    sentinels = RedisSentinelSet(host=member_hosts(2) + SENTINEL_HOSTS)
     extra: RedisServer | None = None
     try:
         sentinels.start()
         master = sentinels.master
-        extra = RedisServer(extra_args=("--replicaof", master.host, str(master.port)))
+        extra = RedisServer(
+            extra_args=("--replicaof", master.host, str(master.port)), host=member_host(2)
+        )
         extra.start()
         _wait_second_replica(sentinels)
     except Exception as exc:  # pragma: no cover - depends on the machine
@@ -619,8 +641,8 @@ class PostgresTopology(ClusterTopology):
 @pytest.fixture
 def own_postgres_pair() -> Iterator[list[PostgresServer]]:
     """A primary and its streaming standby, for this test only."""
-    primary = PostgresServer()
-    standby = PostgresServer(standby_of=primary)
+    primary = PostgresServer(host=member_host(0))
+    standby = PostgresServer(standby_of=primary, host=member_host(1))
     try:
         primary.start()
         standby.start()
@@ -760,7 +782,7 @@ class RedisClusterTopology(ClusterTopology):
 @pytest.fixture
 def own_redis_cluster() -> Iterator[RedisCluster]:
     """Three masters with one replica each, for this test only."""
-    cluster = RedisCluster(3, replicas=1)
+    cluster = RedisCluster(3, replicas=1, host=member_hosts(6))
     try:
         cluster.start()
     except Exception as exc:  # pragma: no cover - depends on the machine
