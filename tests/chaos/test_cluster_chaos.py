@@ -55,9 +55,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800 if chaos_long() else 30
 
 #: The default run (CI) takes one run per kind of topology; these variants of
 #: a kind run with ``AIOLOCKS_CHAOS_ALL=1`` or the long schedule
-#: (``AIOLOCKS_CHAOS_LONG=1``): etcd 3.4 (3.5 runs by default) and Sentinel with
-#: ``min_replicas=1`` (without runs by default). Together they would add about
-#: 90 s to the suite, which must stay within its CI budget.
+#: (``AIOLOCKS_CHAOS_LONG=1``): etcd 3.4 (3.5 runs by default), Sentinel with
+#: ``min_replicas=1`` (without runs by default), 5-member ZooKeeper and etcd 3.5
+#: ensembles (3 members run by default) and PostgreSQL in ``mode=lease``
+#: (advisory runs by default). Together they would add about 3 minutes to
+#: the suite, which must stay within its CI budget.
 _ALL = chaos_long() or os.environ.get("AIOLOCKS_CHAOS_ALL", "").strip().lower() in (
     "1",
     "yes",
@@ -66,9 +68,10 @@ _ALL = chaos_long() or os.environ.get("AIOLOCKS_CHAOS_ALL", "").strip().lower() 
 
 
 def _variant(value: object, what: str) -> object:
-    """A parameter that runs only in the full set (see ``_ALL``)."""
+    """A parameter (a tuple: one per argument name) that runs only in the full set (``_ALL``)."""
+    values = value if isinstance(value, tuple) else (value,)
     return pytest.param(
-        value,
+        *values,
         marks=pytest.mark.skipif(
             not _ALL, reason=f"{what}: runs with AIOLOCKS_CHAOS_ALL=1 or AIOLOCKS_CHAOS_LONG=1"
         ),
@@ -230,7 +233,7 @@ def member_hosts(count: int) -> list[str]:
 
 
 class ZooKeeperTopology(ClusterTopology):
-    """A 3-member ensemble whose members reach each other through :class:`PeerMesh`.
+    """An ensemble (3 or 5 members) whose members reach each other through :class:`PeerMesh`.
 
     Isolating the leader cuts it from its peers and from every client (an
     election follows on the majority side); a client with a minority reaches
@@ -238,7 +241,6 @@ class ZooKeeperTopology(ClusterTopology):
     SIGKILL and a new election.
     """
 
-    label = "zookeeper-3"
     session = SESSION
 
     def __init__(
@@ -246,6 +248,7 @@ class ZooKeeperTopology(ClusterTopology):
     ) -> None:
         members: Sequence[MemberProcess] = ensemble.members
         super().__init__(members, groups)
+        self.label = f"zookeeper-{len(members)}"
         self.ensemble = ensemble
         self.mesh = mesh
         self.chroot = f"/chaos-{uuid.uuid4().hex[:8]}"
@@ -282,10 +285,10 @@ class ZooKeeperTopology(ClusterTopology):
 
 
 @contextlib.asynccontextmanager
-async def meshed_ensemble() -> AsyncIterator[tuple[ZooKeeperEnsemble, PeerMesh]]:
-    """A private 3-member ensemble whose members talk through a :class:`PeerMesh`."""
+async def meshed_ensemble(size: int) -> AsyncIterator[tuple[ZooKeeperEnsemble, PeerMesh]]:
+    """A private ensemble whose members talk through a :class:`PeerMesh`."""
     mesh = PeerMesh(asyncio.get_running_loop())
-    ensemble = ZooKeeperEnsemble(3, peer_route=mesh.route, host=member_hosts(3))
+    ensemble = ZooKeeperEnsemble(size, peer_route=mesh.route, host=member_hosts(size))
     try:
         try:
             await asyncio.to_thread(ensemble.start)
@@ -300,9 +303,10 @@ async def meshed_ensemble() -> AsyncIterator[tuple[ZooKeeperEnsemble, PeerMesh]]
 
 @pytest.mark.zookeeper
 @pytest.mark.asyncio
-async def test_zookeeper_ensemble_cluster_faults(tmp_path: Path) -> None:
+@pytest.mark.parametrize("size", [3, _variant(5, "5-member ZooKeeper ensemble")])
+async def test_zookeeper_ensemble_cluster_faults(size: int, tmp_path: Path) -> None:
     """Leader isolation, minority client, kill -9, SIGSTOP past the session, leader failover."""
-    async with meshed_ensemble() as (ensemble, mesh):
+    async with meshed_ensemble(size) as (ensemble, mesh):
         addresses = [(m.host, m.port) for m in ensemble.members]
         async with proxies_for(addresses) as groups:
             topology = ZooKeeperTopology(ensemble, groups, mesh)
@@ -317,7 +321,7 @@ ETCD_VERSIONS = {"debian": "3.4", "wheel": "3.5"}
 
 
 class EtcdTopology(ClusterTopology):
-    """A 3-member etcd cluster; failover = the leader's SIGKILL and a new election."""
+    """An etcd cluster (3 or 5 members); failover = the leader's SIGKILL and a new election."""
 
     session = SESSION
 
@@ -333,7 +337,7 @@ class EtcdTopology(ClusterTopology):
         self.cluster = cluster
         self.admin = admin
         self.mesh = mesh
-        self.label = f"etcd-{ETCD_VERSIONS[cluster.flavor]}-3"
+        self.label = f"etcd-{ETCD_VERSIONS[cluster.flavor]}-{len(members)}"
         self.prefix = f"chaos-{uuid.uuid4().hex[:8]}"
         self.leases_before: set[int] = set()
 
@@ -381,16 +385,16 @@ class EtcdTopology(ClusterTopology):
 
 
 @contextlib.asynccontextmanager
-async def meshed_etcd(flavor: str) -> AsyncIterator[tuple[EtcdCluster, InboundMesh]]:
-    """A private 3-member cluster of one etcd build, members behind an :class:`InboundMesh`."""
+async def meshed_etcd(flavor: str, size: int) -> AsyncIterator[tuple[EtcdCluster, InboundMesh]]:
+    """A private cluster of one etcd build, members behind an :class:`InboundMesh`."""
     if flavor not in etcd_flavors():
         pytest.skip(f"etcd {ETCD_VERSIONS[flavor]} ({flavor}) is not installed here")
     mesh = InboundMesh(asyncio.get_running_loop())
     cluster = EtcdCluster(
-        3,
+        size,
         flavor="debian" if flavor == "debian" else "wheel",
         peer_route=mesh.route,
-        host=member_hosts(3),
+        host=member_hosts(size),
     )
     try:
         try:
@@ -406,10 +410,18 @@ async def meshed_etcd(flavor: str) -> AsyncIterator[tuple[EtcdCluster, InboundMe
 
 @pytest.mark.etcd
 @pytest.mark.asyncio
-@pytest.mark.parametrize("flavor", [_variant("debian", "etcd 3.4"), "wheel"])
-async def test_etcd_cluster_cluster_faults(flavor: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flavor", "size"),
+    [
+        _variant(("debian", 3), "etcd 3.4"),
+        ("wheel", 3),
+        _variant(("wheel", 5), "5-member etcd 3.5 cluster"),
+    ],
+    ids=["debian-3", "wheel-3", "wheel-5"],
+)
+async def test_etcd_cluster_cluster_faults(flavor: str, size: int, tmp_path: Path) -> None:
     """Leader isolation, minority client, kill -9, SIGSTOP past the lease, leader failover."""
-    async with meshed_etcd(flavor) as (cluster, mesh):
+    async with meshed_etcd(flavor, size) as (cluster, mesh):
         addresses = []
         for member in cluster.members:
             host, _, port = member.endpoint.rpartition(":")
@@ -583,6 +595,8 @@ async def test_redis_sentinel_cluster_faults(
 
 #: advisory mode: a hold is declared lost within heartbeat + 1 s of its session's end
 PG_HEARTBEAT = 1.0
+#: lease mode: the lease row's lifetime (s)
+PG_LEASE = 2.0
 
 
 class PostgresTopology(ClusterTopology):
@@ -593,22 +607,35 @@ class PostgresTopology(ClusterTopology):
     the primary stalls every worker's proxy and isolating a client stalls
     one. Failover: kill -9 of the primary, ``pg_ctl promote`` of the
     standby, the address moved to it, the old primary rebuilt as the new
-    standby (``pg_basebackup``).
+    standby (``pg_basebackup``). The locks are advisory locks (heartbeat
+    1 s; the default run) or, with ``mode="lease"``, lease rows of 2 s,
+    which reach the standby by asynchronous replication.
     """
 
-    session = PG_HEARTBEAT + 1
-
-    def __init__(self, servers: list[PostgresServer], vip: Vip, proxies: list[TcpProxy]) -> None:
+    def __init__(
+        self,
+        servers: list[PostgresServer],
+        vip: Vip,
+        proxies: list[TcpProxy],
+        mode: str = "advisory",
+    ) -> None:
         super().__init__(servers, [[proxy, proxy] for proxy in proxies])
         self.servers = servers
         self.vip = vip
         self.primary = 0
-        self.label = "postgres-primary+standby"
+        self.mode = mode
+        if mode == "lease":
+            self.session = PG_LEASE
+            self.label = "postgres-primary+standby-lease"
+            self.timing = f"mode=lease&lease_time={PG_LEASE:g}"
+        else:
+            self.session = PG_HEARTBEAT + 1
+            self.label = "postgres-primary+standby"
+            self.timing = f"heartbeat={PG_HEARTBEAT:g}"
 
     def urls(self) -> list[str]:
         return [
-            f"postgresql://postgres@{group[0].netloc}/postgres"
-            f"?heartbeat={PG_HEARTBEAT:g}&connect_timeout=5"
+            f"postgresql://postgres@{group[0].netloc}/postgres?{self.timing}&connect_timeout=5"
             for group in self.groups
         ]
 
@@ -659,8 +686,9 @@ def own_postgres_pair() -> Iterator[list[PostgresServer]]:
 
 @pytest.mark.postgres
 @pytest.mark.asyncio
+@pytest.mark.parametrize("mode", ["advisory", _variant("lease", "PostgreSQL mode=lease")])
 async def test_postgres_standby_cluster_faults(
-    own_postgres_pair: list[PostgresServer], tmp_path: Path
+    own_postgres_pair: list[PostgresServer], tmp_path: Path, mode: str
 ) -> None:
     """Primary isolation, client isolation, kill -9, SIGSTOP, pg_ctl promote failover."""
     primary = own_postgres_pair[0]
@@ -673,7 +701,8 @@ async def test_postgres_standby_cluster_faults(
         Vip(primary.host, primary.port) as vip,
         proxies_for([("127.0.0.1", vip.port)]) as groups,
     ):
-        topology = PostgresTopology(own_postgres_pair, vip, [group[0] for group in groups])
+        proxies = [group[0] for group in groups]
+        topology = PostgresTopology(own_postgres_pair, vip, proxies, mode)
         await topology.wait_healthy()
         run = await run_cluster(topology, tmp_path)
     check(run)
