@@ -59,7 +59,7 @@ import secrets
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import ClassVar, Final, Self, TypeAlias, final
+from typing import Any, ClassVar, Final, Self, TypeAlias, final
 from urllib.parse import unquote, urlsplit
 
 from ._process import (
@@ -782,7 +782,10 @@ class RedisServer(_RedisProcess):
     With ``host="127.0.0.21"`` (an IPv4 literal) it binds that address
     instead and, as a replica, announces it to its primary
     (``--replica-announce-ip``): the primary would otherwise see the
-    connection's source address, ``127.0.0.1``.
+    connection's source address, ``127.0.0.1``. With ``announce=(ip, port)``
+    it announces that address instead (``--replica-announce-ip/-port``): the
+    address of a :class:`~aiolocks.testing.TcpProxy` in front of it, which
+    its primary, the Sentinels and so the clients then use.
 
     :raises ServerNotInstalledError: from ``start()`` when ``redis-server`` is missing.
     :raises ServerStartError: from ``start()`` when it does not answer ``PING``.
@@ -801,8 +804,10 @@ class RedisServer(_RedisProcess):
         acl_users: Sequence[str] = (),
         tls: TlsFiles | None = None,
         host: str = LOCALHOST,
+        announce: tuple[str, int] | None = None,
     ) -> None:
-        """See the class docstring (``host``: the address it binds); the security options:
+        """See the class docstring (``host``: the address it binds, ``announce``: the
+        address it tells others, default its own); the security options:
 
         :param password: ``requirepass``: the ``default`` user's password
             (``command()`` and the start-up probe use it)
@@ -811,6 +816,12 @@ class RedisServer(_RedisProcess):
             certificates; clients must present a certificate of the same CA
         """
         super().__init__(port=port, base_dir=base_dir, startup_timeout=startup_timeout, host=host)
+        if announce is not None:
+            ip, announced_port = announce
+            if not isinstance(announced_port, int) or not 0 < announced_port < 65536:
+                raise ValueError(f"announce: the port must be 1-65535, not {announced_port!r}")
+            announce = (_check_host(ip), announced_port)
+        self._announce = announce
         self._extra_args = list(extra_args)
         self._external_url: str | None = None
         self._password = password
@@ -857,6 +868,14 @@ class RedisServer(_RedisProcess):
         """``(host, port)``."""
         return (self._host, self._port)
 
+    @property
+    def announced(self) -> tuple[str, int]:
+        """Where others reach it: ``announce=`` if given, else its host and served port.
+
+        The served port is the TLS port when it serves TLS, else :attr:`port`.
+        """
+        return self._announce or (self._host, _served_port(self))
+
     def _command(self) -> list[str]:
         binary = _find_binary("AIOLOCKS_REDIS_SERVER", "redis-server", "redis-server")
         return [binary, *self._base_args(), *self._security_args(), *self._extra_args]
@@ -884,6 +903,9 @@ class RedisServer(_RedisProcess):
     def _base_args(self) -> list[str]:
         # on its own address: a primary must learn it (not the source address 127.0.0.1)
         announce = ["--replica-announce-ip", self._host] if self._host != LOCALHOST else []
+        if self._announce is not None:
+            ip, port = self._announce
+            announce = ["--replica-announce-ip", ip, "--replica-announce-port", str(port)]
         return [
             *announce,
             "--port",
@@ -971,8 +993,7 @@ class RedisSentinel(_RedisProcess):
             # on its own address: its peers must learn it, not the source address
             *([f"sentinel announce-ip {self._host}"] if self._host != LOCALHOST else []),
             *self._tls_lines(),
-            f"sentinel monitor {name} {self._master.host} {_served_port(self._master)}"
-            f" {self._quorum}",
+            "sentinel monitor {} {} {} {}".format(name, *self._master.announced, self._quorum),
             f"sentinel down-after-milliseconds {name} {self._down_after_ms}",
             f"sentinel failover-timeout {name} {self._failover_timeout_ms}",
             f"sentinel parallel-syncs {name} 1",
@@ -985,7 +1006,7 @@ class RedisSentinel(_RedisProcess):
         # sentinel itself writes on CONFIG REWRITE): otherwise discovery
         # waits for INFO and hello rounds, several seconds.
         lines.extend(
-            f"sentinel known-replica {name} {replica.host} {_served_port(replica)}"
+            "sentinel known-replica {} {} {}".format(name, *replica.announced)
             for replica in self._known_replicas
         )
         lines.extend(
@@ -1055,6 +1076,14 @@ class RedisSentinelSet(_Launcher):
     replica, then each sentinel (``2 + sentinels`` addresses). A process on
     an address other than ``127.0.0.1`` announces it (``replica-announce-ip``,
     ``sentinel announce-ip``), so what the sentinels report names it.
+
+    ``route(index, host, port)`` -> ``(host, port)``, when given, says where
+    the sentinels, the replica and the clients reach data server ``index``
+    (0: the first master, 1: the first replica), e.g. a
+    :class:`~aiolocks.testing.TcpProxy` in front of it: the data servers
+    announce that address, the sentinels monitor it and report it, so every
+    path to a data server is a proxy rule. It is called once per data server,
+    before that server starts.
     """
 
     def __init__(
@@ -1071,12 +1100,16 @@ class RedisSentinelSet(_Launcher):
         sentinel_password: str | None = None,
         tls: TlsFiles | None = None,
         host: str | Sequence[str] = LOCALHOST,
+        route: Callable[[int, str, int], tuple[str, int]] | None = None,
     ) -> None:
         """See the class docstring; ``password`` is the master's and the replica's
         (``requirepass``/``masterauth``), ``sentinel_password`` the sentinels' own,
         ``tls`` the certificates of every process (clients must present one of its CA),
-        ``host`` the address of each process."""
+        ``host`` the address of each process, ``route`` how the data servers are reached."""
         self._hosts = _hosts_for(host, 2 + sentinels, "process (master, replica, sentinels)")
+        if route is not None and tls is not None:
+            raise ValueError("route and tls cannot be combined (the route names a plain port)")
+        self._route = route
         self._password = password
         self._tls = tls
         self._sentinel_password = sentinel_password
@@ -1182,17 +1215,17 @@ class RedisSentinelSet(_Launcher):
                 password=auth,
                 extra_args=common,
                 tls=self._tls,
-                host=self._hosts[0],
+                **self._placed(0),
             )
             self._master = master
             master.start()
             replica = RedisServer(
-                extra_args=("--replicaof", master.host, str(_served_port(master)), *common),
+                extra_args=("--replicaof", *map(str, master.announced), *common),
                 base_dir=self._dir,
                 startup_timeout=self._startup_timeout,
                 password=auth,
                 tls=self._tls,
-                host=self._hosts[1],
+                **self._placed(1),
             )
             self._replica = replica
             replica.start()
@@ -1230,12 +1263,20 @@ class RedisSentinelSet(_Launcher):
             raise
         return self
 
+    def _placed(self, index: int) -> dict[str, Any]:
+        """``host``, and with a route ``port`` and ``announce``, of data server ``index``."""
+        host = self._hosts[index]
+        if self._route is None:
+            return {"host": host}
+        port = free_port(host)
+        return {"host": host, "port": port, "announce": self._route(index, host, port)}
+
     def _settled(self) -> bool:
         master = self._master
         assert master is not None
         for sentinel in self._sentinels:
             state = sentinel.master_state()
-            if state.get("port") != str(_served_port(master)) or state.get("flags") != "master":
+            if state.get("port") != str(master.announced[1]) or state.get("flags") != "master":
                 return False
             if int(str(state.get("num-slaves", 0))) < 1:
                 return False
@@ -1255,7 +1296,7 @@ class RedisSentinelSet(_Launcher):
         """
         old_master, new_master = self._require_started()
         old_master.kill()
-        expected = (new_master.host, _served_port(new_master))
+        expected = new_master.announced
 
         def failed_over() -> bool:
             if any(s.master_address() != expected for s in self._sentinels if s.running):

@@ -33,7 +33,7 @@ from aiolocks.testing import (
     TcpProxy,
     etcd_flavors,
 )
-from aiolocks.testing.servers import ZooKeeperEnsemble
+from aiolocks.testing.servers import ZooKeeperEnsemble, free_port
 
 from .checker import redis_leftovers, zk_leftovers
 from .cluster import (
@@ -466,16 +466,26 @@ class SentinelTopology(ClusterTopology):
     session = REDIS_LEASE
     can_restart_all = False  # no persistence: a restart of all is a wipe
 
-    def __init__(self, sentinels: RedisSentinelSet, extra: RedisServer, min_replicas: int) -> None:
+    def __init__(
+        self,
+        sentinels: RedisSentinelSet,
+        extra: RedisServer,
+        min_replicas: int,
+        proxies: Sequence[TcpProxy] = (),
+    ) -> None:
         members: list[RedisServer] = [sentinels.master, sentinels.replica, extra]
-        super().__init__(members, [])
+        # routed: every path to data server i (clients, Sentinels, replication) is proxies[i]
+        super().__init__(members, [list(proxies)] * WORKERS if proxies else [])
         self.servers = members
         self.sentinels = sentinels
         self.min_replicas = min_replicas
-        self.label = f"redis-sentinel-1+2{'-wait' if min_replicas else ''}"
+        routed = "-routed" if proxies else ""
+        self.label = f"redis-sentinel-1+2{'-wait' if min_replicas else ''}{routed}"
         self.prefix = f"chaos-{uuid.uuid4().hex[:8]}:"
 
     def kinds(self) -> tuple[str, ...]:
+        if self.groups:  # one proxy per server, shared by every client: no client partition
+            return ("isolate_leader", "kill_member", "pause_member", "failover")
         return ("kill_member", "pause_member", "failover")
 
     def urls(self) -> list[str]:
@@ -491,7 +501,7 @@ class SentinelTopology(ClusterTopology):
             except Exception:
                 continue
             for index, server in enumerate(self.servers):
-                if address == (server.host, server.port) and server.running:
+                if address == server.announced and server.running:
                     return None if index in self.paused else index
         return None
 
@@ -524,7 +534,7 @@ class SentinelTopology(ClusterTopology):
                 info = server.info("replication", timeout=1.0)
                 if info.get("role") != "slave" or info.get("master_link_status") != "up":
                     return False
-                if int(info.get("master_port", 0)) != self.servers[primary].port:
+                if int(info.get("master_port", 0)) != self.servers[primary].announced[1]:
                     return False
         return True
 
@@ -588,6 +598,80 @@ async def test_redis_sentinel_cluster_faults(
     sentinels, extra = own_sentinel_set
     topology = SentinelTopology(sentinels, extra, min_replicas)
     run = await run_cluster(topology, tmp_path)
+    check_unsafe(run)
+
+
+class ServerRoutes:
+    """One :class:`TcpProxy` in front of each Redis data server (``route`` of the Sentinel set).
+
+    Data server ``i`` (on ``127.0.0.<20 + i>``) announces its proxy, on
+    ``127.0.0.<10 + i>``: the Sentinels monitor it there, replicas dial their
+    primary there, and the Sentinels send the clients there. Stalling it cuts
+    the server from everyone at once (clients, Sentinels, replication).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.proxies: list[TcpProxy] = []
+
+    def route(self, index: int, host: str, port: int) -> tuple[str, int]:
+        future = asyncio.run_coroutine_threadsafe(self.open(index, host, port), self.loop)
+        return future.result(timeout=30)
+
+    async def open(self, index: int, host: str, port: int) -> tuple[str, int]:
+        proxy = await TcpProxy(host, port, listen_host=member_address(index)).start()
+        self.proxies.append(proxy)
+        return proxy.address
+
+    async def close(self) -> None:
+        for proxy in self.proxies:
+            await proxy.stop()
+
+
+@contextlib.asynccontextmanager
+async def routed_sentinel_set() -> AsyncIterator[
+    tuple[RedisSentinelSet, RedisServer, ServerRoutes]
+]:
+    """A primary, two replicas and three Sentinels; every path to a data server is a proxy."""
+    routes = ServerRoutes(asyncio.get_running_loop())
+    sentinels = RedisSentinelSet(host=member_hosts(2) + SENTINEL_HOSTS, route=routes.route)
+    extra: RedisServer | None = None
+    try:
+        try:
+            await asyncio.to_thread(sentinels.start)
+            port = free_port(member_host(2))
+            announce = await routes.open(2, member_host(2), port)
+            master = sentinels.master.announced
+            extra = RedisServer(
+                extra_args=("--replicaof", master[0], str(master[1])),
+                host=member_host(2),
+                port=port,
+                announce=announce,
+            )
+            await asyncio.to_thread(extra.start)
+            await asyncio.to_thread(_wait_second_replica, sentinels)
+        except Exception as exc:  # pragma: no cover - depends on the machine
+            pytest.skip(f"cannot start a routed Redis Sentinel set here: {exc}")
+        yield sentinels, extra, routes
+    finally:
+        # Cleanup path: every process and every proxy goes, whatever happened.
+        await asyncio.to_thread(sentinels.close)
+        if extra is not None:
+            await asyncio.to_thread(extra.close)
+        await routes.close()
+
+
+@pytest.mark.redis
+@pytest.mark.asyncio
+@pytest.mark.skipif(not _ALL, reason="routed Sentinel: runs with AIOLOCKS_CHAOS_ALL=1 or _LONG=1")
+async def test_redis_sentinel_partitions(tmp_path: Path) -> None:
+    """The primary cut from clients, Sentinels and replicas at once; kill -9, SIGSTOP, failover."""
+    async with routed_sentinel_set() as (sentinels, extra, routes):
+        topology = SentinelTopology(sentinels, extra, 0, routes.proxies)
+        await topology.wait_healthy()
+        run = await run_cluster(topology, tmp_path)
+        # every data server was reached through its proxy only
+        assert all(proxy.connections_total > 0 for proxy in routes.proxies), routes.proxies
     check_unsafe(run)
 
 

@@ -151,3 +151,33 @@ def test_postgres_standby_on_its_own_address() -> None:
         assert primary.url.startswith("postgresql://postgres@127.0.0.58:")
         for server in (primary, standby):
             assert _refused("127.0.0.1", server.port)
+
+
+@pytest.mark.parametrize(
+    "announce", [("localhost", 7000), ("127.0.0.10", 0), ("127.0.0.10", 70000), ("127.0.0.10", "1")]
+)
+def test_redis_announce_is_checked(announce: tuple[str, int]) -> None:
+    """``announce=(ip, port)``: an IPv4 literal and a TCP port, refused before any start."""
+    with pytest.raises(ValueError, match=r"IPv4 address literal|port must be 1-65535"):
+        RedisServer(announce=announce)
+
+
+@pytest.mark.redis
+def test_sentinel_set_route_is_what_everyone_is_told() -> None:
+    """With ``route``, the servers announce the routed address and the sentinels report it."""
+    asked: list[tuple[int, str, int]] = []
+
+    def route(index: int, host: str, port: int) -> tuple[str, int]:
+        asked.append((index, host, port))
+        return host, port  # direct: the set must form as usual
+
+    hosts = _addresses(60, 5)
+    with RedisSentinelSet(host=hosts, route=route) as sentinels:
+        master, replica = sentinels.master, sentinels.replica
+        assert asked == [(0, hosts[0], master.port), (1, hosts[1], replica.port)]
+        assert master.announced == (hosts[0], master.port)
+        assert master.info("replication")["slave0"].startswith(
+            f"ip={hosts[1]},port={replica.port},"
+        )
+        for sentinel in sentinels.sentinels:
+            assert sentinel.master_address() == master.announced
