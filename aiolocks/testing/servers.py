@@ -1347,6 +1347,15 @@ class RedisCluster(_Launcher):
     A node on an address other than ``127.0.0.1`` announces it
     (``--cluster-announce-ip``, ``--replica-announce-ip``): its peers would
     otherwise record the connection's source address, ``127.0.0.1``.
+
+    ``route(index, host, port)`` -> ``(host, port)``, when given, says where
+    node ``index`` is reached at its client ``port`` and at its cluster bus
+    port (it is called for each, before the node starts; both answers must
+    name the same address, since a node announces one): e.g. two
+    :class:`~aiolocks.testing.TcpProxy` in front of it. The node announces
+    them (``--cluster-announce-ip/-port/-bus-port``), so clients, replicas
+    and the other nodes all reach it through them; :attr:`addresses` names
+    them. Not with ``tls``.
     """
 
     def __init__(
@@ -1359,9 +1368,15 @@ class RedisCluster(_Launcher):
         startup_timeout: float = 30.0,
         tls: TlsFiles | None = None,
         host: str | Sequence[str] = LOCALHOST,
+        route: Callable[[int, str, int], tuple[str, int]] | None = None,
     ) -> None:
         """See the class docstring; ``tls``: the nodes' certificates (clients
-        must present one of the same CA); ``host``: the nodes' addresses."""
+        must present one of the same CA); ``host``: the nodes' addresses;
+        ``route``: where each node is reached."""
+        if route is not None and tls is not None:
+            raise ValueError("route and tls cannot be combined (the route names a plain port)")
+        self._route = route
+        self._bus_ports: list[int] = []
         if masters < 1:
             raise ValueError(f"a cluster needs at least one master, not {masters}")
         if replicas < 0:
@@ -1400,7 +1415,7 @@ class RedisCluster(_Launcher):
         """``[(host, port), ...]`` of the nodes."""
         if self._external_url is not None:
             return _split_hosts(self._external_url, "redis+cluster")
-        return [(node.host, _served_port(node)) for node in self._nodes]
+        return [node.announced for node in self._nodes]
 
     @property
     def url(self) -> str:
@@ -1422,35 +1437,9 @@ class RedisCluster(_Launcher):
             self._wait_ok()
             return self
         self._dir = _make_dir("cluster", self._base_dir)
-        # The cluster bus gets its own free port (not port + 10000, which
-        # might be taken or above 65535); MEET must then name it.
-        bus_ports = [free_port(host) for host in self._hosts]
+        self._bus_ports = []
         try:
-            self._nodes = [
-                RedisServer(
-                    extra_args=(
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        str(self._node_timeout_ms),
-                        "--cluster-port",
-                        str(bus_port),
-                        *(
-                            ("--tls-cluster", "yes", "--tls-replication", "yes")
-                            if self._tls
-                            else ()
-                        ),
-                        *(("--cluster-announce-ip", host) if host != LOCALHOST else ()),
-                    ),
-                    base_dir=self._dir,
-                    startup_timeout=self._startup_timeout,
-                    tls=self._tls,
-                    host=host,
-                )
-                for bus_port, host in zip(bus_ports, self._hosts, strict=True)
-            ]
+            self._nodes = [self._make_node(index, host) for index, host in enumerate(self._hosts)]
             for node in self._nodes:
                 node.start(wait=False)
             for node in self._nodes:
@@ -1462,14 +1451,54 @@ class RedisCluster(_Launcher):
                 node.command("CLUSTER", "SET-CONFIG-EPOCH", index + 1)
                 node.command("CLUSTER", "ADDSLOTS", *range(bounds[index], bounds[index + 1]))
             first = self._nodes[0]
-            for node, bus_port in zip(self._nodes[1:], bus_ports[1:], strict=True):
-                first.command("CLUSTER", "MEET", node.host, _served_port(node), bus_port)
+            for node, bus_port in zip(self._nodes[1:], self._bus_ports[1:], strict=True):
+                first.command("CLUSTER", "MEET", *node.announced, bus_port)
             self._attach_replicas()
             self._wait_ok()
         except BaseException:
             self.close()
             raise
         return self
+
+    def _make_node(self, index: int, host: str) -> RedisServer:
+        """Node ``index`` (not started); its bus port, as peers reach it, goes to ``_bus_ports``."""
+        assert self._dir is not None
+        # The cluster bus gets its own free port (not port + 10000, which
+        # might be taken or above 65535); MEET must then name it.
+        bus_port = free_port(host)
+        args = [
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(self._node_timeout_ms),
+            "--cluster-port", str(bus_port),
+        ]  # fmt: skip
+        if self._tls:
+            args += ["--tls-cluster", "yes", "--tls-replication", "yes"]
+        common: dict[str, Any] = {
+            "base_dir": self._dir,
+            "startup_timeout": self._startup_timeout,
+            "tls": self._tls,
+            "host": host,
+        }
+        if self._route is None:
+            if host != LOCALHOST:
+                args += ["--cluster-announce-ip", host]
+            self._bus_ports.append(bus_port)
+            return RedisServer(extra_args=args, **common)
+        port = free_port(host)
+        ip, announced_port = self._route(index, host, port)
+        bus_ip, announced_bus = self._route(index, host, bus_port)
+        if bus_ip != ip:
+            raise ValueError(
+                f"route: node {index}'s ports must be on one address, not {ip} and {bus_ip}"
+            )
+        args += [
+            "--cluster-announce-ip", ip,
+            "--cluster-announce-port", str(announced_port),
+            "--cluster-announce-bus-port", str(announced_bus),
+        ]  # fmt: skip
+        self._bus_ports.append(announced_bus)
+        return RedisServer(extra_args=args, port=port, announce=(ip, announced_port), **common)
 
     def _attach_replicas(self) -> None:
         """``CLUSTER REPLICATE`` each replica to its master, once it knows that master."""

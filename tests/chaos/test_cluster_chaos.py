@@ -807,17 +807,25 @@ class RedisClusterTopology(ClusterTopology):
 
     session = REDIS_LEASE
     can_restart_all = False  # no persistence: a restart of all is a wipe
-    label = "redis-cluster-3+3"
 
-    def __init__(self, cluster: RedisCluster) -> None:
+    def __init__(self, cluster: RedisCluster, routes: NodeRoutes | None = None) -> None:
         nodes: list[RedisServer] = list(cluster.nodes)
-        super().__init__(nodes, [])
+        # routed: every client reaches node i through routes.client[i] (shared)
+        super().__init__(nodes, [list(routes.client)] * WORKERS if routes else [])
         self.nodes = nodes
         self.cluster = cluster
+        self.routes = routes
+        self.label = "redis-cluster-3+3" + ("-routed" if routes else "")
         self.prefix = f"chaos-{uuid.uuid4().hex[:8]}:"
 
     def kinds(self) -> tuple[str, ...]:
+        if self.routes:  # one proxy per node, shared by every client: no client partition
+            return ("isolate_leader", "kill_member", "pause_member", "failover")
         return ("kill_member", "pause_member", "failover")
+
+    def peer_links(self, side: set[int]) -> list[TcpProxy]:
+        """The cluster bus proxies in front of the nodes in ``side`` (what their peers send)."""
+        return [self.routes.bus[index] for index in sorted(side)] if self.routes else []
 
     def urls(self) -> list[str]:
         options = f"key_prefix={self.prefix}&lease_time={self.session:g}&connect_timeout=8"
@@ -890,6 +898,62 @@ class RedisClusterTopology(ClusterTopology):
             url = self.nodes[index].url
             found += await redis_leftovers(url, self.prefix, within=self.session + 5)
         return found
+
+
+class NodeRoutes:
+    """Two :class:`TcpProxy` in front of each Redis Cluster node (``route`` of the launcher).
+
+    Node ``i`` (on ``127.0.0.<20 + i>``) announces proxies on
+    ``127.0.0.<10 + i>``: one to its client port (clients and replicas dial
+    it), one to its cluster bus port (the other nodes dial it). Stalling both
+    cuts the node from its clients, its replicas and what its peers send.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.client: list[TcpProxy] = []
+        self.bus: list[TcpProxy] = []
+
+    def route(self, index: int, host: str, port: int) -> tuple[str, int]:
+        future = asyncio.run_coroutine_threadsafe(self._open(index, host, port), self.loop)
+        return future.result(timeout=30)
+
+    async def _open(self, index: int, host: str, port: int) -> tuple[str, int]:
+        proxy = await TcpProxy(host, port, listen_host=member_address(index)).start()
+        # the launcher asks for the client port first, then the bus port
+        (self.client if len(self.client) == index else self.bus).append(proxy)
+        return proxy.address
+
+    async def close(self) -> None:
+        for proxy in self.client + self.bus:
+            await proxy.stop()
+
+
+@pytest.mark.redis
+@pytest.mark.asyncio
+@pytest.mark.skipif(
+    not _ALL, reason="routed Redis Cluster: runs with AIOLOCKS_CHAOS_ALL=1 or _LONG=1"
+)
+async def test_redis_cluster_partitions(tmp_path: Path) -> None:
+    """A master cut from clients, replica and peers; kill -9, SIGSTOP, replica promotion."""
+    routes = NodeRoutes(asyncio.get_running_loop())
+    cluster = RedisCluster(3, replicas=1, host=member_hosts(6), route=routes.route)
+    try:
+        try:
+            await asyncio.to_thread(cluster.start)
+        except Exception as exc:  # pragma: no cover - depends on the machine
+            pytest.skip(f"cannot start a routed Redis Cluster here: {exc}")
+        topology = RedisClusterTopology(cluster, routes)
+        await topology.wait_healthy()
+        run = await run_cluster(topology, tmp_path)
+        # the nodes met through their bus proxies, the clients reached the masters through theirs
+        reached = routes.bus + routes.client[:3]
+        assert all(proxy.connections_total > 0 for proxy in reached), reached
+    finally:
+        # Cleanup path: every node and every proxy goes, whatever happened.
+        await asyncio.to_thread(cluster.close)
+        await routes.close()
+    check_unsafe(run)
 
 
 @pytest.fixture

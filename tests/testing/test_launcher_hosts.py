@@ -181,3 +181,31 @@ def test_sentinel_set_route_is_what_everyone_is_told() -> None:
         )
         for sentinel in sentinels.sentinels:
             assert sentinel.master_address() == master.announced
+
+
+def test_redis_cluster_route_names_one_address_per_node() -> None:
+    """A node announces one address: its client and bus routes must agree on it."""
+    answers = iter(["127.0.0.10", "127.0.0.11"])
+
+    def route(index: int, host: str, port: int) -> tuple[str, int]:
+        return next(answers), port
+
+    expected = r"must be on one address, not 127\.0\.0\.10 and 127\.0\.0\.11"
+    with pytest.raises(ValueError, match=expected):
+        RedisCluster(1, route=route).start()
+
+
+@pytest.mark.redis
+def test_redis_cluster_route_is_what_everyone_is_told() -> None:
+    """With ``route``, each node is asked for its client and bus port and announces the answers."""
+    asked: list[tuple[int, str]] = []
+
+    def route(index: int, host: str, port: int) -> tuple[str, int]:
+        asked.append((index, host))
+        return host, port  # direct: the cluster must form as usual
+
+    hosts = _addresses(65, 3)
+    with RedisCluster(3, host=hosts, route=route) as cluster:
+        assert asked == [(i, host) for i, host in enumerate(hosts) for _ in range(2)]
+        assert cluster.addresses == [node.announced for node in cluster.nodes]
+        assert cluster.addresses == [(h, n.port) for h, n in zip(hosts, cluster.nodes, strict=True)]
