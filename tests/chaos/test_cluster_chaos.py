@@ -906,7 +906,10 @@ class NodeRoutes:
     Node ``i`` (on ``127.0.0.<20 + i>``) announces proxies on
     ``127.0.0.<10 + i>``: one to its client port (clients and replicas dial
     it), one to its cluster bus port (the other nodes dial it). Stalling both
-    cuts the node from its clients, its replicas and what its peers send.
+    cuts the node from its clients, its replicas and what its peers send; its
+    own gossip still reaches them (it dials *their* bus proxies, which every
+    node shares), so they keep counting it alive and do not fail it over: a
+    partition of the primary from its clients, not from its cluster.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -935,7 +938,7 @@ class NodeRoutes:
     not _ALL, reason="routed Redis Cluster: runs with AIOLOCKS_CHAOS_ALL=1 or _LONG=1"
 )
 async def test_redis_cluster_partitions(tmp_path: Path) -> None:
-    """A master cut from clients, replica and peers; kill -9, SIGSTOP, replica promotion."""
+    """A master cut from its clients and replica; kill -9, SIGSTOP, replica promotion."""
     routes = NodeRoutes(asyncio.get_running_loop())
     cluster = RedisCluster(3, replicas=1, host=member_hosts(6), route=routes.route)
     try:
