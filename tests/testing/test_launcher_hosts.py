@@ -209,3 +209,22 @@ def test_redis_cluster_route_is_what_everyone_is_told() -> None:
         assert asked == [(i, host) for i, host in enumerate(hosts) for _ in range(2)]
         assert cluster.addresses == [node.announced for node in cluster.nodes]
         assert cluster.addresses == [(h, n.port) for h, n in zip(hosts, cluster.nodes, strict=True)]
+
+
+@pytest.mark.zookeeper
+@pytest.mark.etcd
+@pytest.mark.redis
+def test_single_servers_on_their_own_addresses() -> None:
+    """ZooKeeper, etcd and Redis alone: serving on ``host``, nothing on ``127.0.0.1``."""
+    with (
+        ZooKeeperServer(host="127.0.0.68") as zookeeper,
+        EtcdServer(host="127.0.0.69") as etcd,
+        RedisServer(host="127.0.0.70") as redis,
+    ):
+        assert zookeeper.hosts == f"127.0.0.68:{zookeeper.port}"
+        assert zookeeper.mode() == "standalone"
+        assert etcd.url == f"etcd://127.0.0.69:{etcd.port}" and etcd.health()
+        assert redis.url == f"redis://127.0.0.70:{redis.port}" and redis.ping()
+        assert redis.announced == ("127.0.0.70", redis.port)
+        for port in (zookeeper.port, etcd.port, etcd.peer_port, redis.port):
+            assert _refused("127.0.0.1", port)
