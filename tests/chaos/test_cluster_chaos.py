@@ -57,9 +57,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800 if chaos_long() else 30
 #: a kind run with ``AIOLOCKS_CHAOS_ALL=1`` or the long schedule
 #: (``AIOLOCKS_CHAOS_LONG=1``): etcd 3.4 (3.5 runs by default), Sentinel with
 #: ``min_replicas=1`` (without runs by default), 5-member ZooKeeper and etcd 3.5
-#: ensembles (3 members run by default) and PostgreSQL in ``mode=lease``
-#: (advisory runs by default). Together they would add about 3 minutes to
-#: the suite, which must stay within its CI budget.
+#: ensembles (3 members run by default), PostgreSQL in ``mode=lease``
+#: (advisory runs by default) and the routed Sentinel set and Redis Cluster
+#: (every path to a data server through a proxy; ``*_partitions``). Together
+#: they would add about 5 minutes to the suite, which must stay within its
+#: CI budget.
 _ALL = chaos_long() or os.environ.get("AIOLOCKS_CHAOS_ALL", "").strip().lower() in (
     "1",
     "yes",
