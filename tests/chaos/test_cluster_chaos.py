@@ -33,7 +33,7 @@ from aiolocks.testing import (
     TcpProxy,
     etcd_flavors,
 )
-from aiolocks.testing.servers import ZooKeeperEnsemble, free_port
+from aiolocks.testing.servers import ServerError, ZooKeeperEnsemble, free_port
 
 from .checker import redis_leftovers, zk_leftovers
 from .cluster import (
@@ -453,6 +453,18 @@ def _role(server: RedisServer) -> str:
         return "down"
 
 
+def _replication(server: RedisServer) -> dict[str, str]:
+    """``INFO replication``; nothing while the server is down or frozen, or drops the probe.
+
+    A Sentinel that reconfigures a server ends its clients (``CLIENT KILL
+    TYPE normal``), this probe's connection included.
+    """
+    try:
+        return server.info("replication", timeout=1.0)
+    except (OSError, ServerError):
+        return {}
+
+
 class SentinelTopology(ClusterTopology):
     """A primary, two replicas (asynchronous replication) and three Sentinels.
 
@@ -533,7 +545,7 @@ class SentinelTopology(ClusterTopology):
             return False
         for index, server in enumerate(self.servers):
             if index != primary:
-                info = server.info("replication", timeout=1.0)
+                info = _replication(server)
                 if info.get("role") != "slave" or info.get("master_link_status") != "up":
                     return False
                 if int(info.get("master_port", 0)) != self.servers[primary].announced[1]:
