@@ -44,6 +44,7 @@ from ._process import (
     ServerError,
     ServerNotInstalledError,
     _Ensemble,
+    _hosts_for,
     _make_dir,
     _read_all,
     _ServerProcess,
@@ -187,7 +188,9 @@ class _EtcdProcess(_ServerProcess):
         """The member name (``--name``)."""
         self.flavor: Final[EtcdFlavor] = flavor
         """Which etcd build runs this member."""
-        self._peer_port = peer_port if peer_port is not None else (free_port() if managed else 0)
+        if peer_port is None:
+            peer_port = free_port(host) if managed else 0
+        self._peer_port = peer_port
         self._heartbeat_interval = heartbeat_interval
         self._election_timeout = election_timeout
         self._extra_args = list(extra_args)
@@ -416,6 +419,9 @@ class EtcdServer(_EtcdProcess):
             etcd.stop()     # same ports and data on the next start()
             etcd.start()
 
+    It listens and advertises on ``host`` (client and peer URLs; default
+    ``127.0.0.1``, an IPv4 literal such as ``127.0.0.21`` otherwise).
+
     :raises ServerNotInstalledError: from ``start()`` when the binary is missing.
     :raises ServerStartError: from ``start()`` when it does not get ready.
     """
@@ -432,6 +438,7 @@ class EtcdServer(_EtcdProcess):
         base_dir: Path | None = None,
         startup_timeout: float = 30.0,
         tls: TlsFiles | None = None,
+        host: str = LOCALHOST,
     ) -> None:
         if tls is not None:
             extra_args = [
@@ -451,11 +458,12 @@ class EtcdServer(_EtcdProcess):
             extra_args=extra_args,
             base_dir=base_dir,
             startup_timeout=startup_timeout,
+            host=host,
         )
         self._external_endpoints: tuple[str, ...] = ()
         self._tls_port = 0
         if tls is not None:
-            self._tls_port = free_port()
+            self._tls_port = free_port(self._host)
             self._more_client_urls.append(f"https://{self._host}:{self._tls_port}")
 
     @property
@@ -528,6 +536,7 @@ class EtcdMember(_EtcdProcess):
         extra_args: Sequence[str],
         base_dir: Path,
         startup_timeout: float,
+        host: str = LOCALHOST,
     ) -> None:
         super().__init__(
             name=name,
@@ -539,6 +548,7 @@ class EtcdMember(_EtcdProcess):
             extra_args=extra_args,
             base_dir=base_dir,
             startup_timeout=startup_timeout,
+            host=host,
         )
         self._cluster = cluster
         self._cluster_token = cluster._token
@@ -575,6 +585,11 @@ class EtcdCluster(_Ensemble[EtcdMember]):
     stalling it cuts the member off from what its peers send. The address is
     stored in the cluster at bootstrap: the route must answer the same at
     every restart.
+
+    ``host`` is the address the members listen on and advertise (client and
+    peer URLs): one IPv4 literal for all (default ``127.0.0.1``) or one per
+    member, in the order of :attr:`members`, e.g. ``["127.0.0.21",
+    "127.0.0.22", "127.0.0.23"]``: each member on its own loopback address.
     """
 
     _title = "etcd cluster"
@@ -591,9 +606,11 @@ class EtcdCluster(_Ensemble[EtcdMember]):
         base_dir: Path | None = None,
         startup_timeout: float = 60.0,
         peer_route: Callable[[str, int], tuple[str, int]] | None = None,
+        host: str | Sequence[str] = LOCALHOST,
     ) -> None:
         if size < 1:
             raise ValueError(f"an etcd cluster needs at least one member, not {size}")
+        self._hosts = _hosts_for(host, size, "member")
         self.peer_route: Final = peer_route
         """Where members dial each other (``None``: directly); see the class docstring."""
         super().__init__(size, base_dir=base_dir, startup_timeout=startup_timeout)
@@ -644,8 +661,9 @@ class EtcdCluster(_Ensemble[EtcdMember]):
                 extra_args=self._extra_args,
                 base_dir=directory,
                 startup_timeout=self._startup_timeout,
+                host=host,
             )
-            for index in range(1, self._size + 1)
+            for index, host in enumerate(self._hosts, start=1)
         ]
 
     def _live(self, member: EtcdMember) -> bool:

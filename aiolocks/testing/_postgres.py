@@ -69,6 +69,7 @@ from urllib.parse import unquote, urlsplit
 
 from ._process import (
     INSTALL_HINT,
+    LOCALHOST,
     ServerCommandError,
     ServerError,
     ServerNotInstalledError,
@@ -476,6 +477,12 @@ class PostgresServer(_PgProcess):
     primary (``pg_ctl promote``); :meth:`rebuild_as_standby` wipes a server's
     data and makes it a standby of another (the old primary after a failover).
 
+    ``host`` is the address it listens on (``listen_addresses``; default
+    ``127.0.0.1``, an IPv4 literal such as ``127.0.0.21`` otherwise). A
+    standby's ``primary_conninfo`` names its primary's :attr:`host`. Clients
+    on the same machine still come from ``127.0.0.1`` (the kernel's source
+    address on loopback), which the ``trust`` rules of ``initdb`` admit.
+
     :raises ServerNotInstalledError: from ``start()`` when PostgreSQL is missing.
     :raises ServerStartError: from ``start()`` when it does not accept a login in time.
     """
@@ -490,8 +497,9 @@ class PostgresServer(_PgProcess):
         base_dir: Path | None = None,
         startup_timeout: float = 60.0,
         standby_of: PostgresServer | None = None,
+        host: str = LOCALHOST,
     ) -> None:
-        super().__init__(port=port, base_dir=base_dir, startup_timeout=startup_timeout)
+        super().__init__(port=port, base_dir=base_dir, startup_timeout=startup_timeout, host=host)
         self._settings = dict(settings or {})
         self._standby_of = standby_of
 

@@ -6,7 +6,8 @@ recipe, implemented once here:
 
 1. Pick a free port *below* the kernel's ephemeral range (so that a client
    socket can never grab it while a server is stopped for a restart test), and
-   check that it binds on 127.0.0.1 (:func:`free_port`).
+   check that it binds on the server's address, 127.0.0.1 unless the
+   launcher was given another (``host=``) (:func:`free_port`).
 2. Make a private temporary folder, write the configuration there
    (``_prepare``) and start the binary (``_command``) in its own process group
    with stdout/stderr captured to a log file in that folder, optionally as
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ipaddress
 import os
 import pwd
 import random
@@ -61,8 +63,38 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Final, Generic, Self, TypeVar
 
-#: The address every managed server binds to.
+#: The address every managed server binds to unless given another (``host=``).
 LOCALHOST: Final = "127.0.0.1"
+
+
+def _check_host(host: object) -> str:
+    """``host`` if it is an IPv4 address literal (``"127.0.0.21"``), else :class:`ValueError`.
+
+    Launchers take addresses, not names: a server binds to it, advertises it
+    to its peers and writes it into their configurations, where a name could
+    resolve differently. On Linux every ``127.x.y.z`` is on the loopback
+    interface without any setup, so each member of a cluster can have its own.
+    """
+    if not isinstance(host, str):
+        raise ValueError(f"host must be an IPv4 address literal such as '127.0.0.21', not {host!r}")
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        raise ValueError(
+            f"host must be an IPv4 address literal such as '127.0.0.21', not {host!r}"
+        ) from None
+    return host
+
+
+def _hosts_for(host: str | Sequence[str], count: int, what: str) -> list[str]:
+    """One checked address per process: ``host`` for all, or a sequence of ``count`` of them."""
+    if isinstance(host, str) or not isinstance(host, Sequence):
+        return [_check_host(host)] * count
+    hosts = [_check_host(item) for item in host]
+    if len(hosts) != count:
+        raise ValueError(f"host: expected one address per {what} ({count}), got {len(hosts)}")
+    return hosts
+
 
 _POLL_INTERVAL: Final = 0.05
 _LOG_TAIL_LINES: Final = 40
@@ -428,9 +460,9 @@ class _ServerProcess(_Launcher):
         managed: bool = True,
         host: str = LOCALHOST,
     ) -> None:
-        self._host = host
+        self._host = _check_host(host) if managed else host
         self._port_auto = port is None and managed
-        self._port = port if port is not None else (free_port() if managed else 0)
+        self._port = port if port is not None else (free_port(host) if managed else 0)
         self._base_dir = base_dir
         self._dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -471,7 +503,7 @@ class _ServerProcess(_Launcher):
 
     @property
     def host(self) -> str:
-        """The address the server listens on (always ``127.0.0.1`` when managed)."""
+        """The address the server listens on (``127.0.0.1`` unless the launcher got ``host=``)."""
         return self._host
 
     @property

@@ -59,7 +59,7 @@ import secrets
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import ClassVar, Final, Self, TypeAlias, final
+from typing import Any, ClassVar, Final, Self, TypeAlias, final
 from urllib.parse import unquote, urlsplit
 
 from ._process import (
@@ -70,8 +70,10 @@ from ._process import (
     ServerNotInstalledError,
     ServerNotManagedError,
     ServerStartError,
+    _check_host,
     _Ensemble,
     _find_binary,
+    _hosts_for,
     _join_hosts,
     _Launcher,
     _make_dir,
@@ -414,7 +416,9 @@ class ZooKeeperServer(_ZooKeeperProcess):
 
     Settings: ``tickTime=200`` ms, sessions between ``min_session_timeout``
     (400 ms) and ``max_session_timeout`` (60 s), empty container nodes reaped
-    every 500 ms, four-letter words :data:`ZOOKEEPER_FOUR_LETTER_WORDS`.
+    every 500 ms, four-letter words :data:`ZOOKEEPER_FOUR_LETTER_WORDS`. It
+    listens on ``host`` (``clientPortAddress``; default ``127.0.0.1``, an
+    IPv4 literal such as ``127.0.0.21`` otherwise).
     ``stop()`` then ``start()`` keeps port and data, so sessions survive a
     restart that is shorter than their timeout.
 
@@ -436,6 +440,7 @@ class ZooKeeperServer(_ZooKeeperProcess):
         base_dir: Path | None = None,
         startup_timeout: float = 30.0,
         tls: TlsFiles | None = None,
+        host: str = LOCALHOST,
     ) -> None:
         """See the class doc; ``tls``: also serve TLS on :attr:`tls_port`.
 
@@ -444,7 +449,7 @@ class ZooKeeperServer(_ZooKeeperProcess):
         certificate (``ssl.clientAuth=want``: one signed by another authority
         is refused, none at all is accepted).
         """
-        self.tls_port = free_port() if tls is not None else 0
+        self.tls_port = free_port(_check_host(host)) if tls is not None else 0
         extra = dict(extra_config or {})
         if tls is not None:
             extra.update(_zookeeper_tls_config(tls, self.tls_port))
@@ -458,6 +463,7 @@ class ZooKeeperServer(_ZooKeeperProcess):
             container_check_interval=container_check_interval,
             extra_config=extra,
             jvm_options=jvm_options,
+            host=host,
         )
 
     @classmethod
@@ -527,6 +533,7 @@ class ZooKeeperEnsembleMember(_ZooKeeperProcess):
         jvm_options: Sequence[str],
         base_dir: Path,
         startup_timeout: float,
+        host: str = LOCALHOST,
     ) -> None:
         super().__init__(
             port=port,
@@ -538,6 +545,7 @@ class ZooKeeperEnsembleMember(_ZooKeeperProcess):
             container_check_interval=container_check_interval,
             extra_config=extra_config,
             jvm_options=jvm_options,
+            host=host,
         )
         self.server_id: Final = server_id
         """The ``myid`` of this member (1-based)."""
@@ -554,7 +562,7 @@ class ZooKeeperEnsembleMember(_ZooKeeperProcess):
         lines = super()._config_lines(data_dir)
         route = self._ensemble.peer_route
         for member in self._ensemble.members:
-            host, quorum, election = LOCALHOST, member.quorum_port, member.election_port
+            host, quorum, election = member.host, member.quorum_port, member.election_port
             if route is not None and member is not self:
                 # how *this* member reaches that one (e.g. through a fault proxy)
                 host, quorum = route(self.server_id, member.server_id, member.quorum_port)
@@ -593,6 +601,12 @@ class ZooKeeperEnsemble(_Ensemble[ZooKeeperEnsembleMember]):
     :class:`~aiolocks.testing.TcpProxy` per ordered pair of members there and
     a partition between members is a proxy rule. It is called at every
     (re)start of a member and must answer the same each time.
+
+    ``host`` is the address the members bind to (client port, and the quorum
+    and election ports they list for themselves in ``server.N``): one IPv4
+    literal for all (default ``127.0.0.1``) or one per member, in server-id
+    order, e.g. ``["127.0.0.21", "127.0.0.22", "127.0.0.23"]``: each member
+    on its own loopback address, as on separate machines.
     """
 
     _title = "ZooKeeper ensemble"
@@ -611,9 +625,11 @@ class ZooKeeperEnsemble(_Ensemble[ZooKeeperEnsembleMember]):
         base_dir: Path | None = None,
         startup_timeout: float = 60.0,
         peer_route: Callable[[int, int, int], tuple[str, int]] | None = None,
+        host: str | Sequence[str] = LOCALHOST,
     ) -> None:
         if size < 1:
             raise ValueError(f"an ensemble needs at least one server, not {size}")
+        self._hosts = _hosts_for(host, size, "member")
         self.peer_route: Final = peer_route
         """How members reach each other (``None``: directly); see the class docstring."""
         super().__init__(size, base_dir=base_dir, startup_timeout=startup_timeout)
@@ -662,17 +678,18 @@ class ZooKeeperEnsemble(_Ensemble[ZooKeeperEnsembleMember]):
         return [
             ZooKeeperEnsembleMember(
                 server_id,
-                port=free_port(),
-                quorum_port=free_port(),
-                election_port=free_port(),
+                port=free_port(host),
+                quorum_port=free_port(host),
+                election_port=free_port(host),
                 ensemble=self,
                 extra_config=self._extra_config,
                 jvm_options=self._jvm_options,
                 base_dir=directory,
                 startup_timeout=self._startup_timeout,
+                host=host,
                 **self._settings,
             )
-            for server_id in range(1, self._size + 1)
+            for server_id, host in enumerate(self._hosts, start=1)
         ]
 
     def _member_state(self, member: ZooKeeperEnsembleMember) -> bool | None:
@@ -762,6 +779,13 @@ class RedisServer(_RedisProcess):
     Runs ``redis-server --port P --bind 127.0.0.1 --save "" --appendonly no
     --dir <tmp> --logfile <tmp>/redis.log --daemonize no`` plus ``extra_args``
     (e.g. ``("--replicaof", "127.0.0.1", "6379")``). A restart loses all data.
+    With ``host="127.0.0.21"`` (an IPv4 literal) it binds that address
+    instead and, as a replica, announces it to its primary
+    (``--replica-announce-ip``): the primary would otherwise see the
+    connection's source address, ``127.0.0.1``. With ``announce=(ip, port)``
+    it announces that address instead (``--replica-announce-ip/-port``): the
+    address of a :class:`~aiolocks.testing.TcpProxy` in front of it, which
+    its primary, the Sentinels and so the clients then use.
 
     :raises ServerNotInstalledError: from ``start()`` when ``redis-server`` is missing.
     :raises ServerStartError: from ``start()`` when it does not answer ``PING``.
@@ -779,8 +803,11 @@ class RedisServer(_RedisProcess):
         password: str | None = None,
         acl_users: Sequence[str] = (),
         tls: TlsFiles | None = None,
+        host: str = LOCALHOST,
+        announce: tuple[str, int] | None = None,
     ) -> None:
-        """See the class docstring; the security options:
+        """See the class docstring (``host``: the address it binds, ``announce``: the
+        address it tells others, default its own); the security options:
 
         :param password: ``requirepass``: the ``default`` user's password
             (``command()`` and the start-up probe use it)
@@ -788,14 +815,20 @@ class RedisServer(_RedisProcess):
         :param tls: also listen with TLS on :attr:`tls_port`, with these
             certificates; clients must present a certificate of the same CA
         """
-        super().__init__(port=port, base_dir=base_dir, startup_timeout=startup_timeout)
+        super().__init__(port=port, base_dir=base_dir, startup_timeout=startup_timeout, host=host)
+        if announce is not None:
+            ip, announced_port = announce
+            if not isinstance(announced_port, int) or not 0 < announced_port < 65536:
+                raise ValueError(f"announce: the port must be 1-65535, not {announced_port!r}")
+            announce = (_check_host(ip), announced_port)
+        self._announce = announce
         self._extra_args = list(extra_args)
         self._external_url: str | None = None
         self._password = password
         self._acl_users = list(acl_users)
         self._tls_files = tls
         #: the TLS port (0: no TLS)
-        self.tls_port = free_port() if tls is not None else 0
+        self.tls_port = free_port(self._host) if tls is not None else 0
 
     @classmethod
     def external(cls, url: str) -> RedisServer:
@@ -835,6 +868,14 @@ class RedisServer(_RedisProcess):
         """``(host, port)``."""
         return (self._host, self._port)
 
+    @property
+    def announced(self) -> tuple[str, int]:
+        """Where others reach it: ``announce=`` if given, else its host and served port.
+
+        The served port is the TLS port when it serves TLS, else :attr:`port`.
+        """
+        return self._announce or (self._host, _served_port(self))
+
     def _command(self) -> list[str]:
         binary = _find_binary("AIOLOCKS_REDIS_SERVER", "redis-server", "redis-server")
         return [binary, *self._base_args(), *self._security_args(), *self._extra_args]
@@ -860,7 +901,13 @@ class RedisServer(_RedisProcess):
         return args
 
     def _base_args(self) -> list[str]:
+        # on its own address: a primary must learn it (not the source address 127.0.0.1)
+        announce = ["--replica-announce-ip", self._host] if self._host != LOCALHOST else []
+        if self._announce is not None:
+            ip, port = self._announce
+            announce = ["--replica-announce-ip", ip, "--replica-announce-port", str(port)]
         return [
+            *announce,
             "--port",
             str(self._port),
             "--bind",
@@ -911,11 +958,12 @@ class RedisSentinel(_RedisProcess):
         password: str | None = None,
         auth_pass: str | None = None,
         tls: TlsFiles | None = None,
+        host: str = LOCALHOST,
     ) -> None:
-        super().__init__(port=None, base_dir=base_dir, startup_timeout=startup_timeout)
+        super().__init__(port=None, base_dir=base_dir, startup_timeout=startup_timeout, host=host)
         self._tls_files = tls
         #: the TLS port (0: no TLS); with TLS, the port it announces and monitors by
-        self.tls_port = free_port() if tls is not None else 0
+        self.tls_port = free_port(self._host) if tls is not None else 0
         #: the sentinels' own password (requirepass; they use it between them too)
         self._password = password
         #: the data servers' password
@@ -942,9 +990,10 @@ class RedisSentinel(_RedisProcess):
             f"dir {directory}",
             "logfile sentinel.log",
             f"sentinel myid {self.run_id}",
+            # on its own address: its peers must learn it, not the source address
+            *([f"sentinel announce-ip {self._host}"] if self._host != LOCALHOST else []),
             *self._tls_lines(),
-            f"sentinel monitor {name} {self._master.host} {_served_port(self._master)}"
-            f" {self._quorum}",
+            "sentinel monitor {} {} {} {}".format(name, *self._master.announced, self._quorum),
             f"sentinel down-after-milliseconds {name} {self._down_after_ms}",
             f"sentinel failover-timeout {name} {self._failover_timeout_ms}",
             f"sentinel parallel-syncs {name} 1",
@@ -957,7 +1006,7 @@ class RedisSentinel(_RedisProcess):
         # sentinel itself writes on CONFIG REWRITE): otherwise discovery
         # waits for INFO and hello rounds, several seconds.
         lines.extend(
-            f"sentinel known-replica {name} {replica.host} {_served_port(replica)}"
+            "sentinel known-replica {} {} {}".format(name, *replica.announced)
             for replica in self._known_replicas
         )
         lines.extend(
@@ -1021,6 +1070,20 @@ class RedisSentinelSet(_Launcher):
     name the TLS ports; add the ``ssl=true&ssl_ca_certs=...`` options to the
     URL. The plain ports stay open for the launcher's own probes
     (``command()`` speaks plain RESP only).
+
+    ``host`` is the address the processes bind to: one IPv4 literal for all
+    (default ``127.0.0.1``) or one per process, in the order master,
+    replica, then each sentinel (``2 + sentinels`` addresses). A process on
+    an address other than ``127.0.0.1`` announces it (``replica-announce-ip``,
+    ``sentinel announce-ip``), so what the sentinels report names it.
+
+    ``route(index, host, port)`` -> ``(host, port)``, when given, says where
+    the sentinels, the replica and the clients reach data server ``index``
+    (0: the first master, 1: the first replica), e.g. a
+    :class:`~aiolocks.testing.TcpProxy` in front of it: the data servers
+    announce that address, the sentinels monitor it and report it, so every
+    path to a data server is a proxy rule. It is called once per data server,
+    before that server starts.
     """
 
     def __init__(
@@ -1036,10 +1099,17 @@ class RedisSentinelSet(_Launcher):
         password: str | None = None,
         sentinel_password: str | None = None,
         tls: TlsFiles | None = None,
+        host: str | Sequence[str] = LOCALHOST,
+        route: Callable[[int, str, int], tuple[str, int]] | None = None,
     ) -> None:
         """See the class docstring; ``password`` is the master's and the replica's
         (``requirepass``/``masterauth``), ``sentinel_password`` the sentinels' own,
-        ``tls`` the certificates of every process (clients must present one of its CA)."""
+        ``tls`` the certificates of every process (clients must present one of its CA),
+        ``host`` the address of each process, ``route`` how the data servers are reached."""
+        self._hosts = _hosts_for(host, 2 + sentinels, "process (master, replica, sentinels)")
+        if route is not None and tls is not None:
+            raise ValueError("route and tls cannot be combined (the route names a plain port)")
+        self._route = route
         self._password = password
         self._tls = tls
         self._sentinel_password = sentinel_password
@@ -1145,15 +1215,17 @@ class RedisSentinelSet(_Launcher):
                 password=auth,
                 extra_args=common,
                 tls=self._tls,
+                **self._placed(0),
             )
             self._master = master
             master.start()
             replica = RedisServer(
-                extra_args=("--replicaof", master.host, str(_served_port(master)), *common),
+                extra_args=("--replicaof", *map(str, master.announced), *common),
                 base_dir=self._dir,
                 startup_timeout=self._startup_timeout,
                 password=auth,
                 tls=self._tls,
+                **self._placed(1),
             )
             self._replica = replica
             replica.start()
@@ -1174,8 +1246,9 @@ class RedisSentinelSet(_Launcher):
                     password=self._sentinel_password,
                     auth_pass=auth,
                     tls=self._tls,
+                    host=host,
                 )
-                for _ in range(self._count)
+                for host in self._hosts[2:]
             ]
             for sentinel in self._sentinels:
                 sentinel._peers = [peer for peer in self._sentinels if peer is not sentinel]
@@ -1190,12 +1263,20 @@ class RedisSentinelSet(_Launcher):
             raise
         return self
 
+    def _placed(self, index: int) -> dict[str, Any]:
+        """``host``, and with a route ``port`` and ``announce``, of data server ``index``."""
+        host = self._hosts[index]
+        if self._route is None:
+            return {"host": host}
+        port = free_port(host)
+        return {"host": host, "port": port, "announce": self._route(index, host, port)}
+
     def _settled(self) -> bool:
         master = self._master
         assert master is not None
         for sentinel in self._sentinels:
             state = sentinel.master_state()
-            if state.get("port") != str(_served_port(master)) or state.get("flags") != "master":
+            if state.get("port") != str(master.announced[1]) or state.get("flags") != "master":
                 return False
             if int(str(state.get("num-slaves", 0))) < 1:
                 return False
@@ -1215,7 +1296,7 @@ class RedisSentinelSet(_Launcher):
         """
         old_master, new_master = self._require_started()
         old_master.kill()
-        expected = (new_master.host, _served_port(new_master))
+        expected = new_master.announced
 
         def failed_over() -> bool:
             if any(s.master_address() != expected for s in self._sentinels if s.running):
@@ -1260,6 +1341,21 @@ class RedisCluster(_Launcher):
     (``--tls-cluster yes``); they announce their TLS ports, which
     :attr:`url` and :attr:`addresses` name (add the ``ssl=true&...``
     options). The plain ports stay open for the launcher's own probes.
+
+    ``host`` is the address the nodes bind to: one IPv4 literal for all
+    (default ``127.0.0.1``) or one per node, in the order of :attr:`nodes`.
+    A node on an address other than ``127.0.0.1`` announces it
+    (``--cluster-announce-ip``, ``--replica-announce-ip``): its peers would
+    otherwise record the connection's source address, ``127.0.0.1``.
+
+    ``route(index, host, port)`` -> ``(host, port)``, when given, says where
+    node ``index`` is reached at its client ``port`` and at its cluster bus
+    port (it is called for each, before the node starts; both answers must
+    name the same address, since a node announces one): e.g. two
+    :class:`~aiolocks.testing.TcpProxy` in front of it. The node announces
+    them (``--cluster-announce-ip/-port/-bus-port``), so clients, replicas
+    and the other nodes all reach it through them; :attr:`addresses` names
+    them. Not with ``tls``.
     """
 
     def __init__(
@@ -1271,13 +1367,21 @@ class RedisCluster(_Launcher):
         base_dir: Path | None = None,
         startup_timeout: float = 30.0,
         tls: TlsFiles | None = None,
+        host: str | Sequence[str] = LOCALHOST,
+        route: Callable[[int, str, int], tuple[str, int]] | None = None,
     ) -> None:
         """See the class docstring; ``tls``: the nodes' certificates (clients
-        must present one of the same CA)."""
+        must present one of the same CA); ``host``: the nodes' addresses;
+        ``route``: where each node is reached."""
+        if route is not None and tls is not None:
+            raise ValueError("route and tls cannot be combined (the route names a plain port)")
+        self._route = route
+        self._bus_ports: list[int] = []
         if masters < 1:
             raise ValueError(f"a cluster needs at least one master, not {masters}")
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, not {replicas}")
+        self._hosts = _hosts_for(host, masters * (1 + replicas), "node")
         self._count = masters
         self._replicas = replicas
         self._tls = tls
@@ -1311,7 +1415,7 @@ class RedisCluster(_Launcher):
         """``[(host, port), ...]`` of the nodes."""
         if self._external_url is not None:
             return _split_hosts(self._external_url, "redis+cluster")
-        return [(node.host, _served_port(node)) for node in self._nodes]
+        return [node.announced for node in self._nodes]
 
     @property
     def url(self) -> str:
@@ -1333,33 +1437,9 @@ class RedisCluster(_Launcher):
             self._wait_ok()
             return self
         self._dir = _make_dir("cluster", self._base_dir)
-        # The cluster bus gets its own free port (not port + 10000, which
-        # might be taken or above 65535); MEET must then name it.
-        bus_ports = [free_port() for _ in range(self._count * (1 + self._replicas))]
+        self._bus_ports = []
         try:
-            self._nodes = [
-                RedisServer(
-                    extra_args=(
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        str(self._node_timeout_ms),
-                        "--cluster-port",
-                        str(bus_port),
-                        *(
-                            ("--tls-cluster", "yes", "--tls-replication", "yes")
-                            if self._tls
-                            else ()
-                        ),
-                    ),
-                    base_dir=self._dir,
-                    startup_timeout=self._startup_timeout,
-                    tls=self._tls,
-                )
-                for bus_port in bus_ports
-            ]
+            self._nodes = [self._make_node(index, host) for index, host in enumerate(self._hosts)]
             for node in self._nodes:
                 node.start(wait=False)
             for node in self._nodes:
@@ -1371,14 +1451,54 @@ class RedisCluster(_Launcher):
                 node.command("CLUSTER", "SET-CONFIG-EPOCH", index + 1)
                 node.command("CLUSTER", "ADDSLOTS", *range(bounds[index], bounds[index + 1]))
             first = self._nodes[0]
-            for node, bus_port in zip(self._nodes[1:], bus_ports[1:], strict=True):
-                first.command("CLUSTER", "MEET", node.host, _served_port(node), bus_port)
+            for node, bus_port in zip(self._nodes[1:], self._bus_ports[1:], strict=True):
+                first.command("CLUSTER", "MEET", *node.announced, bus_port)
             self._attach_replicas()
             self._wait_ok()
         except BaseException:
             self.close()
             raise
         return self
+
+    def _make_node(self, index: int, host: str) -> RedisServer:
+        """Node ``index`` (not started); its bus port, as peers reach it, goes to ``_bus_ports``."""
+        assert self._dir is not None
+        # The cluster bus gets its own free port (not port + 10000, which
+        # might be taken or above 65535); MEET must then name it.
+        bus_port = free_port(host)
+        args = [
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(self._node_timeout_ms),
+            "--cluster-port", str(bus_port),
+        ]  # fmt: skip
+        if self._tls:
+            args += ["--tls-cluster", "yes", "--tls-replication", "yes"]
+        common: dict[str, Any] = {
+            "base_dir": self._dir,
+            "startup_timeout": self._startup_timeout,
+            "tls": self._tls,
+            "host": host,
+        }
+        if self._route is None:
+            if host != LOCALHOST:
+                args += ["--cluster-announce-ip", host]
+            self._bus_ports.append(bus_port)
+            return RedisServer(extra_args=args, **common)
+        port = free_port(host)
+        ip, announced_port = self._route(index, host, port)
+        bus_ip, announced_bus = self._route(index, host, bus_port)
+        if bus_ip != ip:
+            raise ValueError(
+                f"route: node {index}'s ports must be on one address, not {ip} and {bus_ip}"
+            )
+        args += [
+            "--cluster-announce-ip", ip,
+            "--cluster-announce-port", str(announced_port),
+            "--cluster-announce-bus-port", str(announced_bus),
+        ]  # fmt: skip
+        self._bus_ports.append(announced_bus)
+        return RedisServer(extra_args=args, port=port, announce=(ip, announced_port), **common)
 
     def _attach_replicas(self) -> None:
         """``CLUSTER REPLICATE`` each replica to its master, once it knows that master."""

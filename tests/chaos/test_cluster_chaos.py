@@ -33,7 +33,7 @@ from aiolocks.testing import (
     TcpProxy,
     etcd_flavors,
 )
-from aiolocks.testing.servers import LOCALHOST, ZooKeeperEnsemble
+from aiolocks.testing.servers import ServerError, ZooKeeperEnsemble, free_port
 
 from .checker import redis_leftovers, zk_leftovers
 from .cluster import (
@@ -55,9 +55,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800 if chaos_long() else 30
 
 #: The default run (CI) takes one run per kind of topology; these variants of
 #: a kind run with ``AIOLOCKS_CHAOS_ALL=1`` or the long schedule
-#: (``AIOLOCKS_CHAOS_LONG=1``): etcd 3.4 (3.5 runs by default) and Sentinel with
-#: ``min_replicas=1`` (without runs by default). Together they would add about
-#: 90 s to the suite, which must stay within its CI budget.
+#: (``AIOLOCKS_CHAOS_LONG=1``): etcd 3.4 (3.5 runs by default), Sentinel with
+#: ``min_replicas=1`` (without runs by default), 5-member ZooKeeper and etcd 3.5
+#: ensembles (3 members run by default), PostgreSQL in ``mode=lease``
+#: (advisory runs by default) and the routed Sentinel set and Redis Cluster
+#: (every path to a data server through a proxy; ``*_partitions``). Together
+#: they would add about 5 minutes to the suite, which must stay within its
+#: CI budget.
 _ALL = chaos_long() or os.environ.get("AIOLOCKS_CHAOS_ALL", "").strip().lower() in (
     "1",
     "yes",
@@ -66,9 +70,10 @@ _ALL = chaos_long() or os.environ.get("AIOLOCKS_CHAOS_ALL", "").strip().lower() 
 
 
 def _variant(value: object, what: str) -> object:
-    """A parameter that runs only in the full set (see ``_ALL``)."""
+    """A parameter (a tuple: one per argument name) that runs only in the full set (``_ALL``)."""
+    values = value if isinstance(value, tuple) else (value,)
     return pytest.param(
-        value,
+        *values,
         marks=pytest.mark.skipif(
             not _ALL, reason=f"{what}: runs with AIOLOCKS_CHAOS_ALL=1 or AIOLOCKS_CHAOS_LONG=1"
         ),
@@ -117,7 +122,8 @@ def check(run: ClusterRun) -> None:
 async def proxies_for(addresses: Sequence[tuple[str, int]]) -> AsyncIterator[list[list[TcpProxy]]]:
     """For each worker, one proxy per member: ``groups[worker][member]``.
 
-    The proxies to member ``i`` listen on its own loopback address, ``127.0.0.<10 + i>``.
+    The proxies to member ``i`` listen on ``127.0.0.<10 + i>`` (the member itself binds
+    its own address, ``127.0.0.<20 + i>``: :func:`member_host`).
     """
     async with contextlib.AsyncExitStack() as stack:
         groups = [
@@ -140,7 +146,8 @@ class PeerMesh:
 
     Given to :class:`ZooKeeperEnsemble` as ``peer_route``: member ``a``
     dials port ``p`` of member ``b`` through ``proxies[(a, b, p)]``, which
-    listens on ``127.0.0.<10 + b>``: each member's own loopback address. The
+    listens on ``127.0.0.<10 + b>`` (the address of ``b``'s proxies) and
+    forwards to ``b`` on its own address, ``127.0.0.<20 + b>``. The
     launcher calls :meth:`route` from the thread that starts the members;
     the proxies run on the test's event loop.
     """
@@ -158,7 +165,8 @@ class PeerMesh:
         return proxy.host, proxy.port
 
     async def _open(self, key: tuple[int, int, int]) -> None:
-        proxy = TcpProxy(LOCALHOST, key[2], listen_host=member_address(key[1] - 1))
+        target = key[1] - 1
+        proxy = TcpProxy(member_host(target), key[2], listen_host=member_address(target))
         self.proxies[key] = await proxy.start()
 
     def crossing(self, side: set[int]) -> list[TcpProxy]:
@@ -177,8 +185,8 @@ class PeerMesh:
 class InboundMesh:
     """One :class:`TcpProxy` in front of each etcd member's peer port (``peer_route``).
 
-    A member advertises its proxy, on its own loopback address
-    ``127.0.0.<10 + i>``, so every peer dials it there. Stalling a member's
+    A member (on its own address, ``127.0.0.<20 + i>``) advertises its
+    proxy, on ``127.0.0.<10 + i>``, so every peer dials it there. Stalling a member's
     proxy cuts it off from what its peers send (a one-way partition: what it
     sends goes through the other members' proxies; raft needs both ways, so
     the majority elects another leader and the member hears nothing back).
@@ -198,7 +206,8 @@ class InboundMesh:
 
     async def _open(self, name: str, port: int) -> None:
         self.order.append(name)
-        proxy = TcpProxy(LOCALHOST, port, listen_host=member_address(len(self.order) - 1))
+        index = len(self.order) - 1
+        proxy = TcpProxy(member_host(index), port, listen_host=member_address(index))
         self.proxies[name] = await proxy.start()
 
     def inbound(self, names: list[str]) -> list[TcpProxy]:
@@ -211,12 +220,22 @@ class InboundMesh:
 
 
 def member_address(index: int) -> str:
-    """The loopback address that stands for member ``index`` (0-based): ``127.0.0.<10 + i>``."""
+    """Where the proxies to member ``index`` (0-based) listen: ``127.0.0.<10 + i>``."""
     return f"127.0.0.{10 + index}"
 
 
+def member_host(index: int) -> str:
+    """The loopback address member ``index`` (0-based) itself binds: ``127.0.0.<20 + i>``."""
+    return f"127.0.0.{20 + index}"
+
+
+def member_hosts(count: int) -> list[str]:
+    """The own addresses of ``count`` members (``host=`` of the launchers)."""
+    return [member_host(index) for index in range(count)]
+
+
 class ZooKeeperTopology(ClusterTopology):
-    """A 3-member ensemble whose members reach each other through :class:`PeerMesh`.
+    """An ensemble (3 or 5 members) whose members reach each other through :class:`PeerMesh`.
 
     Isolating the leader cuts it from its peers and from every client (an
     election follows on the majority side); a client with a minority reaches
@@ -224,7 +243,6 @@ class ZooKeeperTopology(ClusterTopology):
     SIGKILL and a new election.
     """
 
-    label = "zookeeper-3"
     session = SESSION
 
     def __init__(
@@ -232,6 +250,7 @@ class ZooKeeperTopology(ClusterTopology):
     ) -> None:
         members: Sequence[MemberProcess] = ensemble.members
         super().__init__(members, groups)
+        self.label = f"zookeeper-{len(members)}"
         self.ensemble = ensemble
         self.mesh = mesh
         self.chroot = f"/chaos-{uuid.uuid4().hex[:8]}"
@@ -268,10 +287,10 @@ class ZooKeeperTopology(ClusterTopology):
 
 
 @contextlib.asynccontextmanager
-async def meshed_ensemble() -> AsyncIterator[tuple[ZooKeeperEnsemble, PeerMesh]]:
-    """A private 3-member ensemble whose members talk through a :class:`PeerMesh`."""
+async def meshed_ensemble(size: int) -> AsyncIterator[tuple[ZooKeeperEnsemble, PeerMesh]]:
+    """A private ensemble whose members talk through a :class:`PeerMesh`."""
     mesh = PeerMesh(asyncio.get_running_loop())
-    ensemble = ZooKeeperEnsemble(3, peer_route=mesh.route)
+    ensemble = ZooKeeperEnsemble(size, peer_route=mesh.route, host=member_hosts(size))
     try:
         try:
             await asyncio.to_thread(ensemble.start)
@@ -286,9 +305,10 @@ async def meshed_ensemble() -> AsyncIterator[tuple[ZooKeeperEnsemble, PeerMesh]]
 
 @pytest.mark.zookeeper
 @pytest.mark.asyncio
-async def test_zookeeper_ensemble_cluster_faults(tmp_path: Path) -> None:
+@pytest.mark.parametrize("size", [3, _variant(5, "5-member ZooKeeper ensemble")])
+async def test_zookeeper_ensemble_cluster_faults(size: int, tmp_path: Path) -> None:
     """Leader isolation, minority client, kill -9, SIGSTOP past the session, leader failover."""
-    async with meshed_ensemble() as (ensemble, mesh):
+    async with meshed_ensemble(size) as (ensemble, mesh):
         addresses = [(m.host, m.port) for m in ensemble.members]
         async with proxies_for(addresses) as groups:
             topology = ZooKeeperTopology(ensemble, groups, mesh)
@@ -303,7 +323,7 @@ ETCD_VERSIONS = {"debian": "3.4", "wheel": "3.5"}
 
 
 class EtcdTopology(ClusterTopology):
-    """A 3-member etcd cluster; failover = the leader's SIGKILL and a new election."""
+    """An etcd cluster (3 or 5 members); failover = the leader's SIGKILL and a new election."""
 
     session = SESSION
 
@@ -319,7 +339,7 @@ class EtcdTopology(ClusterTopology):
         self.cluster = cluster
         self.admin = admin
         self.mesh = mesh
-        self.label = f"etcd-{ETCD_VERSIONS[cluster.flavor]}-3"
+        self.label = f"etcd-{ETCD_VERSIONS[cluster.flavor]}-{len(members)}"
         self.prefix = f"chaos-{uuid.uuid4().hex[:8]}"
         self.leases_before: set[int] = set()
 
@@ -367,13 +387,16 @@ class EtcdTopology(ClusterTopology):
 
 
 @contextlib.asynccontextmanager
-async def meshed_etcd(flavor: str) -> AsyncIterator[tuple[EtcdCluster, InboundMesh]]:
-    """A private 3-member cluster of one etcd build, members behind an :class:`InboundMesh`."""
+async def meshed_etcd(flavor: str, size: int) -> AsyncIterator[tuple[EtcdCluster, InboundMesh]]:
+    """A private cluster of one etcd build, members behind an :class:`InboundMesh`."""
     if flavor not in etcd_flavors():
         pytest.skip(f"etcd {ETCD_VERSIONS[flavor]} ({flavor}) is not installed here")
     mesh = InboundMesh(asyncio.get_running_loop())
     cluster = EtcdCluster(
-        3, flavor="debian" if flavor == "debian" else "wheel", peer_route=mesh.route
+        size,
+        flavor="debian" if flavor == "debian" else "wheel",
+        peer_route=mesh.route,
+        host=member_hosts(size),
     )
     try:
         try:
@@ -389,10 +412,18 @@ async def meshed_etcd(flavor: str) -> AsyncIterator[tuple[EtcdCluster, InboundMe
 
 @pytest.mark.etcd
 @pytest.mark.asyncio
-@pytest.mark.parametrize("flavor", [_variant("debian", "etcd 3.4"), "wheel"])
-async def test_etcd_cluster_cluster_faults(flavor: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flavor", "size"),
+    [
+        _variant(("debian", 3), "etcd 3.4"),
+        ("wheel", 3),
+        _variant(("wheel", 5), "5-member etcd 3.5 cluster"),
+    ],
+    ids=["debian-3", "wheel-3", "wheel-5"],
+)
+async def test_etcd_cluster_cluster_faults(flavor: str, size: int, tmp_path: Path) -> None:
     """Leader isolation, minority client, kill -9, SIGSTOP past the lease, leader failover."""
-    async with meshed_etcd(flavor) as (cluster, mesh):
+    async with meshed_etcd(flavor, size) as (cluster, mesh):
         addresses = []
         for member in cluster.members:
             host, _, port = member.endpoint.rpartition(":")
@@ -411,6 +442,8 @@ async def test_etcd_cluster_cluster_faults(flavor: str, tmp_path: Path) -> None:
 
 #: the Redis lease (s)
 REDIS_LEASE = 2.0
+#: the Sentinels' own addresses (the data servers are members 0-2)
+SENTINEL_HOSTS = ["127.0.0.30", "127.0.0.31", "127.0.0.32"]
 
 
 def _role(server: RedisServer) -> str:
@@ -418,6 +451,18 @@ def _role(server: RedisServer) -> str:
         return server.info("replication", timeout=1.0).get("role", "?")
     except Exception:  # down or frozen
         return "down"
+
+
+def _replication(server: RedisServer) -> dict[str, str]:
+    """``INFO replication``; nothing while the server is down or frozen, or drops the probe.
+
+    A Sentinel that reconfigures a server ends its clients (``CLIENT KILL
+    TYPE normal``), this probe's connection included.
+    """
+    try:
+        return server.info("replication", timeout=1.0)
+    except (OSError, ServerError):
+        return {}
 
 
 class SentinelTopology(ClusterTopology):
@@ -435,16 +480,26 @@ class SentinelTopology(ClusterTopology):
     session = REDIS_LEASE
     can_restart_all = False  # no persistence: a restart of all is a wipe
 
-    def __init__(self, sentinels: RedisSentinelSet, extra: RedisServer, min_replicas: int) -> None:
+    def __init__(
+        self,
+        sentinels: RedisSentinelSet,
+        extra: RedisServer,
+        min_replicas: int,
+        proxies: Sequence[TcpProxy] = (),
+    ) -> None:
         members: list[RedisServer] = [sentinels.master, sentinels.replica, extra]
-        super().__init__(members, [])
+        # routed: every path to data server i (clients, Sentinels, replication) is proxies[i]
+        super().__init__(members, [list(proxies)] * WORKERS if proxies else [])
         self.servers = members
         self.sentinels = sentinels
         self.min_replicas = min_replicas
-        self.label = f"redis-sentinel-1+2{'-wait' if min_replicas else ''}"
+        routed = "-routed" if proxies else ""
+        self.label = f"redis-sentinel-1+2{'-wait' if min_replicas else ''}{routed}"
         self.prefix = f"chaos-{uuid.uuid4().hex[:8]}:"
 
     def kinds(self) -> tuple[str, ...]:
+        if self.groups:  # one proxy per server, shared by every client: no client partition
+            return ("isolate_leader", "kill_member", "pause_member", "failover")
         return ("kill_member", "pause_member", "failover")
 
     def urls(self) -> list[str]:
@@ -460,7 +515,7 @@ class SentinelTopology(ClusterTopology):
             except Exception:
                 continue
             for index, server in enumerate(self.servers):
-                if address == (server.host, server.port) and server.running:
+                if address == server.announced and server.running:
                     return None if index in self.paused else index
         return None
 
@@ -490,10 +545,10 @@ class SentinelTopology(ClusterTopology):
             return False
         for index, server in enumerate(self.servers):
             if index != primary:
-                info = server.info("replication", timeout=1.0)
+                info = _replication(server)
                 if info.get("role") != "slave" or info.get("master_link_status") != "up":
                     return False
-                if int(info.get("master_port", 0)) != self.servers[primary].port:
+                if int(info.get("master_port", 0)) != self.servers[primary].announced[1]:
                     return False
         return True
 
@@ -513,12 +568,15 @@ def own_sentinel_set() -> Iterator[tuple[RedisSentinelSet, RedisServer]]:
     Shared by the two runs (with and without ``min_replicas``): each ends
     on a healed set (one primary, both replicas in sync), whichever is primary.
     """
-    sentinels = RedisSentinelSet()
+    # data servers on 127.0.0.20-22, the Sentinels on 127.0.0.30-32
+    sentinels = RedisSentinelSet(host=member_hosts(2) + SENTINEL_HOSTS)
     extra: RedisServer | None = None
     try:
         sentinels.start()
         master = sentinels.master
-        extra = RedisServer(extra_args=("--replicaof", master.host, str(master.port)))
+        extra = RedisServer(
+            extra_args=("--replicaof", master.host, str(master.port)), host=member_host(2)
+        )
         extra.start()
         _wait_second_replica(sentinels)
     except Exception as exc:  # pragma: no cover - depends on the machine
@@ -557,10 +615,86 @@ async def test_redis_sentinel_cluster_faults(
     check_unsafe(run)
 
 
+class ServerRoutes:
+    """One :class:`TcpProxy` in front of each Redis data server (``route`` of the Sentinel set).
+
+    Data server ``i`` (on ``127.0.0.<20 + i>``) announces its proxy, on
+    ``127.0.0.<10 + i>``: the Sentinels monitor it there, replicas dial their
+    primary there, and the Sentinels send the clients there. Stalling it cuts
+    the server from everyone at once (clients, Sentinels, replication).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.proxies: list[TcpProxy] = []
+
+    def route(self, index: int, host: str, port: int) -> tuple[str, int]:
+        future = asyncio.run_coroutine_threadsafe(self.open(index, host, port), self.loop)
+        return future.result(timeout=30)
+
+    async def open(self, index: int, host: str, port: int) -> tuple[str, int]:
+        proxy = await TcpProxy(host, port, listen_host=member_address(index)).start()
+        self.proxies.append(proxy)
+        return proxy.address
+
+    async def close(self) -> None:
+        for proxy in self.proxies:
+            await proxy.stop()
+
+
+@contextlib.asynccontextmanager
+async def routed_sentinel_set() -> AsyncIterator[
+    tuple[RedisSentinelSet, RedisServer, ServerRoutes]
+]:
+    """A primary, two replicas and three Sentinels; every path to a data server is a proxy."""
+    routes = ServerRoutes(asyncio.get_running_loop())
+    sentinels = RedisSentinelSet(host=member_hosts(2) + SENTINEL_HOSTS, route=routes.route)
+    extra: RedisServer | None = None
+    try:
+        try:
+            await asyncio.to_thread(sentinels.start)
+            port = free_port(member_host(2))
+            announce = await routes.open(2, member_host(2), port)
+            master = sentinels.master.announced
+            extra = RedisServer(
+                extra_args=("--replicaof", master[0], str(master[1])),
+                host=member_host(2),
+                port=port,
+                announce=announce,
+            )
+            await asyncio.to_thread(extra.start)
+            await asyncio.to_thread(_wait_second_replica, sentinels)
+        except Exception as exc:  # pragma: no cover - depends on the machine
+            pytest.skip(f"cannot start a routed Redis Sentinel set here: {exc}")
+        yield sentinels, extra, routes
+    finally:
+        # Cleanup path: every process and every proxy goes, whatever happened.
+        await asyncio.to_thread(sentinels.close)
+        if extra is not None:
+            await asyncio.to_thread(extra.close)
+        await routes.close()
+
+
+@pytest.mark.redis
+@pytest.mark.asyncio
+@pytest.mark.skipif(not _ALL, reason="routed Sentinel: runs with AIOLOCKS_CHAOS_ALL=1 or _LONG=1")
+async def test_redis_sentinel_partitions(tmp_path: Path) -> None:
+    """The primary cut from clients, Sentinels and replicas at once; kill -9, SIGSTOP, failover."""
+    async with routed_sentinel_set() as (sentinels, extra, routes):
+        topology = SentinelTopology(sentinels, extra, 0, routes.proxies)
+        await topology.wait_healthy()
+        run = await run_cluster(topology, tmp_path)
+        # every data server was reached through its proxy only
+        assert all(proxy.connections_total > 0 for proxy in routes.proxies), routes.proxies
+    check_unsafe(run)
+
+
 # -- PostgreSQL ---------------------------------------------------------------------------
 
 #: advisory mode: a hold is declared lost within heartbeat + 1 s of its session's end
 PG_HEARTBEAT = 1.0
+#: lease mode: the lease row's lifetime (s)
+PG_LEASE = 2.0
 
 
 class PostgresTopology(ClusterTopology):
@@ -571,22 +705,35 @@ class PostgresTopology(ClusterTopology):
     the primary stalls every worker's proxy and isolating a client stalls
     one. Failover: kill -9 of the primary, ``pg_ctl promote`` of the
     standby, the address moved to it, the old primary rebuilt as the new
-    standby (``pg_basebackup``).
+    standby (``pg_basebackup``). The locks are advisory locks (heartbeat
+    1 s; the default run) or, with ``mode="lease"``, lease rows of 2 s,
+    which reach the standby by asynchronous replication.
     """
 
-    session = PG_HEARTBEAT + 1
-
-    def __init__(self, servers: list[PostgresServer], vip: Vip, proxies: list[TcpProxy]) -> None:
+    def __init__(
+        self,
+        servers: list[PostgresServer],
+        vip: Vip,
+        proxies: list[TcpProxy],
+        mode: str = "advisory",
+    ) -> None:
         super().__init__(servers, [[proxy, proxy] for proxy in proxies])
         self.servers = servers
         self.vip = vip
         self.primary = 0
-        self.label = "postgres-primary+standby"
+        self.mode = mode
+        if mode == "lease":
+            self.session = PG_LEASE
+            self.label = "postgres-primary+standby-lease"
+            self.timing = f"mode=lease&lease_time={PG_LEASE:g}"
+        else:
+            self.session = PG_HEARTBEAT + 1
+            self.label = "postgres-primary+standby"
+            self.timing = f"heartbeat={PG_HEARTBEAT:g}"
 
     def urls(self) -> list[str]:
         return [
-            f"postgresql://postgres@{group[0].netloc}/postgres"
-            f"?heartbeat={PG_HEARTBEAT:g}&connect_timeout=5"
+            f"postgresql://postgres@{group[0].netloc}/postgres?{self.timing}&connect_timeout=5"
             for group in self.groups
         ]
 
@@ -619,8 +766,8 @@ class PostgresTopology(ClusterTopology):
 @pytest.fixture
 def own_postgres_pair() -> Iterator[list[PostgresServer]]:
     """A primary and its streaming standby, for this test only."""
-    primary = PostgresServer()
-    standby = PostgresServer(standby_of=primary)
+    primary = PostgresServer(host=member_host(0))
+    standby = PostgresServer(standby_of=primary, host=member_host(1))
     try:
         primary.start()
         standby.start()
@@ -637,8 +784,9 @@ def own_postgres_pair() -> Iterator[list[PostgresServer]]:
 
 @pytest.mark.postgres
 @pytest.mark.asyncio
+@pytest.mark.parametrize("mode", ["advisory", _variant("lease", "PostgreSQL mode=lease")])
 async def test_postgres_standby_cluster_faults(
-    own_postgres_pair: list[PostgresServer], tmp_path: Path
+    own_postgres_pair: list[PostgresServer], tmp_path: Path, mode: str
 ) -> None:
     """Primary isolation, client isolation, kill -9, SIGSTOP, pg_ctl promote failover."""
     primary = own_postgres_pair[0]
@@ -651,7 +799,8 @@ async def test_postgres_standby_cluster_faults(
         Vip(primary.host, primary.port) as vip,
         proxies_for([("127.0.0.1", vip.port)]) as groups,
     ):
-        topology = PostgresTopology(own_postgres_pair, vip, [group[0] for group in groups])
+        proxies = [group[0] for group in groups]
+        topology = PostgresTopology(own_postgres_pair, vip, proxies, mode)
         await topology.wait_healthy()
         run = await run_cluster(topology, tmp_path)
     check(run)
@@ -672,17 +821,25 @@ class RedisClusterTopology(ClusterTopology):
 
     session = REDIS_LEASE
     can_restart_all = False  # no persistence: a restart of all is a wipe
-    label = "redis-cluster-3+3"
 
-    def __init__(self, cluster: RedisCluster) -> None:
+    def __init__(self, cluster: RedisCluster, routes: NodeRoutes | None = None) -> None:
         nodes: list[RedisServer] = list(cluster.nodes)
-        super().__init__(nodes, [])
+        # routed: every client reaches node i through routes.client[i] (shared)
+        super().__init__(nodes, [list(routes.client)] * WORKERS if routes else [])
         self.nodes = nodes
         self.cluster = cluster
+        self.routes = routes
+        self.label = "redis-cluster-3+3" + ("-routed" if routes else "")
         self.prefix = f"chaos-{uuid.uuid4().hex[:8]}:"
 
     def kinds(self) -> tuple[str, ...]:
+        if self.routes:  # one proxy per node, shared by every client: no client partition
+            return ("isolate_leader", "kill_member", "pause_member", "failover")
         return ("kill_member", "pause_member", "failover")
+
+    def peer_links(self, side: set[int]) -> list[TcpProxy]:
+        """The cluster bus proxies in front of the nodes in ``side`` (what their peers send)."""
+        return [self.routes.bus[index] for index in sorted(side)] if self.routes else []
 
     def urls(self) -> list[str]:
         options = f"key_prefix={self.prefix}&lease_time={self.session:g}&connect_timeout=8"
@@ -757,10 +914,69 @@ class RedisClusterTopology(ClusterTopology):
         return found
 
 
+class NodeRoutes:
+    """Two :class:`TcpProxy` in front of each Redis Cluster node (``route`` of the launcher).
+
+    Node ``i`` (on ``127.0.0.<20 + i>``) announces proxies on
+    ``127.0.0.<10 + i>``: one to its client port (clients and replicas dial
+    it), one to its cluster bus port (the other nodes dial it). Stalling both
+    cuts the node from its clients, its replicas and what its peers send; its
+    own gossip still reaches them (it dials *their* bus proxies, which every
+    node shares), so they keep counting it alive and do not fail it over: a
+    partition of the primary from its clients, not from its cluster.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.client: list[TcpProxy] = []
+        self.bus: list[TcpProxy] = []
+
+    def route(self, index: int, host: str, port: int) -> tuple[str, int]:
+        future = asyncio.run_coroutine_threadsafe(self._open(index, host, port), self.loop)
+        return future.result(timeout=30)
+
+    async def _open(self, index: int, host: str, port: int) -> tuple[str, int]:
+        proxy = await TcpProxy(host, port, listen_host=member_address(index)).start()
+        # the launcher asks for the client port first, then the bus port
+        (self.client if len(self.client) == index else self.bus).append(proxy)
+        return proxy.address
+
+    async def close(self) -> None:
+        for proxy in self.client + self.bus:
+            await proxy.stop()
+
+
+@pytest.mark.redis
+@pytest.mark.asyncio
+@pytest.mark.skipif(
+    not _ALL, reason="routed Redis Cluster: runs with AIOLOCKS_CHAOS_ALL=1 or _LONG=1"
+)
+async def test_redis_cluster_partitions(tmp_path: Path) -> None:
+    """A master cut from its clients and replica; kill -9, SIGSTOP, replica promotion."""
+    routes = NodeRoutes(asyncio.get_running_loop())
+    cluster = RedisCluster(3, replicas=1, host=member_hosts(6), route=routes.route)
+    try:
+        try:
+            await asyncio.to_thread(cluster.start)
+        except Exception as exc:  # pragma: no cover - depends on the machine
+            pytest.skip(f"cannot start a routed Redis Cluster here: {exc}")
+        topology = RedisClusterTopology(cluster, routes)
+        await topology.wait_healthy()
+        run = await run_cluster(topology, tmp_path)
+        # the nodes met through their bus proxies, the clients reached the masters through theirs
+        reached = routes.bus + routes.client[:3]
+        assert all(proxy.connections_total > 0 for proxy in reached), reached
+    finally:
+        # Cleanup path: every node and every proxy goes, whatever happened.
+        await asyncio.to_thread(cluster.close)
+        await routes.close()
+    check_unsafe(run)
+
+
 @pytest.fixture
 def own_redis_cluster() -> Iterator[RedisCluster]:
     """Three masters with one replica each, for this test only."""
-    cluster = RedisCluster(3, replicas=1)
+    cluster = RedisCluster(3, replicas=1, host=member_hosts(6))
     try:
         cluster.start()
     except Exception as exc:  # pragma: no cover - depends on the machine
