@@ -46,7 +46,7 @@ COMMAND_ERRORS = (RedisError, RedisClusterException, OSError)
 _REFUSAL_PREFIXES = ("NOPERM", "WRONGPASS", "NOAUTH")
 
 #: how a refusal shows in the Sentinel's summary of the errors it met
-_REFUSAL_NAMES = ("AuthenticationError(", "NoPermissionError(", "WRONGPASS", "NOAUTH")
+_REFUSAL_NAMES = ("AuthenticationError", "NoPermissionError", "WRONGPASS", "NOAUTH")
 
 #: OpenSSL reasons for a handshake the peer refused (our certificate missing,
 #: not trusted, or expired on the server's side)
@@ -73,9 +73,22 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
+class SentinelRefused(RedisError):
+    """A Sentinel refused our credentials or certificate (raised from its error).
+
+    Not a redis-py ``ConnectionError``, so neither redis-py's retry nor its
+    Sentinel discovery asks the Sentinels again until ``connect_timeout``
+    runs out: a refusal is reported at once (the retry of each Sentinel's
+    client in ``redis/_client.py`` raises it).
+    """
+
+
 def _refuses(item: BaseException) -> bool:
     """``item`` itself (not what it was raised from) is a refusal."""
-    if isinstance(item, AuthenticationError | NoPermissionError | ssl.SSLCertVerificationError):
+    if isinstance(
+        item,
+        AuthenticationError | NoPermissionError | SentinelRefused | ssl.SSLCertVerificationError,
+    ):
         return True
     if isinstance(item, ResponseError) and str(item).startswith(_REFUSAL_PREFIXES):
         return True

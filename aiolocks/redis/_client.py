@@ -629,6 +629,7 @@ def sentinel_set(
         sentinel_kwargs={
             "socket_connect_timeout": connect_timeout,
             "socket_timeout": connect_timeout,
+            "retry": _sentinel_retry(),
             **sentinel_credentials,
             **tls,
         },
@@ -656,6 +657,40 @@ def sentinel_master(
         connection_class=_sentinel_connection_class(tls),
     )
     return client
+
+
+def _sentinel_retry() -> Any:
+    """The retry of each Sentinel's own client: one quick retry, none for a refusal.
+
+    The next Sentinel is the real retry. redis-py's default backs off for
+    seconds and, as a refused password or certificate is a redis-py
+    ``ConnectionError``, retried refusals until ``connect_timeout`` ran out.
+    A refusal is raised as :class:`~._access.SentinelRefused` instead, which
+    neither this retry nor redis-py's Sentinel discovery catches.
+    """
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from ._access import SentinelRefused, is_refusal
+
+    class RefusalIsFinal(Retry):
+        """redis-py's ``Retry`` that lets a refusal through at once."""
+
+        async def call_with_retry(
+            self, do: Any, fail: Any, *args: Any, **kwargs: Any
+        ) -> Any:
+            async def once() -> Any:
+                try:
+                    return await do()
+                except RedisConnectionError as exc:
+                    if is_refusal(exc):
+                        raise SentinelRefused(f"a Sentinel refused us: {exc}") from exc
+                    raise
+
+            return await super().call_with_retry(once, fail, *args, **kwargs)
+
+    return RefusalIsFinal(ExponentialBackoff(cap=0.2, base=0.02), 1)
 
 
 def cluster_client(
