@@ -428,28 +428,62 @@ def _reconnected(session: Any, old: Any) -> bool:
 async def test_a_silent_connection_is_dropped_and_the_session_resumed(
     zookeeper_server: ZooKeeperServer, chroot: str
 ) -> None:
-    """A partition that keeps the socket open sends nothing back: after two
-    thirds of the session timeout without a byte the connection is dropped
-    (SUSPENDED) and, once the network heals, the same session resumes with
-    its holds (RECONNECTED, no LOST)."""
+    """A partition that keeps the socket open sends nothing back: the
+    connection is dropped (SUSPENDED) once silent for two thirds of the session
+    timeout, not a ping interval later, so a network healed right then still
+    finds the session alive: the same session resumes with its holds
+    (RECONNECTED, no LOST).
+
+    The last byte comes a little after a ping's answer: a client that checked
+    the silence only when it pings would notice it near a whole session timeout
+    after that byte, about when the server expires the session.
+    """
     name = f"silent/{uuid.uuid4().hex}"
+    timeout = 6.0  # the server grants it: its sessions go from 0.4 s to 60 s
     async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
-        # (session 30 s: two thirds of it to notice the silence, a third to heal
-        # and reconnect, which a loaded machine may need)
-        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout=30")
+        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout={timeout:g}")
+        session = own_session(a)
+        assert session.timeout == timeout
         states: list[ConnectionState] = []
-        a.add_connection_listener(states.append)
+        silences: list[float] = []
+        back: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        conn = session.conn
+
+        def on_state(state: ConnectionState) -> None:
+            states.append(state)
+            if state is ConnectionState.SUSPENDED:
+                silences.append(time.monotonic() - conn.last_received)
+                proxy.heal()  # the network heals the moment the client gives up on it
+            elif state is ConnectionState.RECONNECTED and not back.done():
+                back.set_result(None)
+
+        a.add_connection_listener(on_state)
         try:
             sid = a.session_id
             lock = a.mutex(name)
             await lock.acquire()
+            pinged: list[float] = []
+            send_ping = conn.ping
+
+            def ping() -> None:
+                pinged.append(time.monotonic())
+                send_ping()
+
+            conn.ping = ping
+            await until(lambda: pinged and conn.last_received > pinged[-1], what="a ping answered")
+            # Not a synchronisation: this places the last byte a twelfth of the
+            # timeout after a ping, where a check made only at the pings (a
+            # third apart) would notice the silence latest, near the whole
+            # timeout. When the silence is checked on its own, this is moot.
+            await asyncio.sleep(timeout / 12)
+            assert len(await lock.participants()) == 1
             proxy.stall()  # nothing forwarded; no socket closed
-            await until(
-                lambda: ConnectionState.SUSPENDED in states, timeout=60, what="silence noticed"
-            )
-            proxy.heal()
-            await until(lambda: states[-1] is ConnectionState.RECONNECTED, timeout=30, what="back")
-            assert ConnectionState.LOST not in states
+            async with asyncio.timeout(timeout * 3):
+                await back
+            assert states == [ConnectionState.SUSPENDED, ConnectionState.RECONNECTED]
+            # Dropped at two thirds of the timeout (a sixth more for a late
+            # event loop); a check only at the pings drops it at the whole timeout.
+            assert silences[0] < timeout * 5 / 6
             assert a.session_id == sid
             assert not lock.is_lost
             parts = await lock.participants()
