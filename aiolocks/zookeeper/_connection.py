@@ -10,8 +10,9 @@ that hold aiozk objects instead of patching them:
   pass per reply, watch callbacks run as their event is read.
 * :class:`Session` owns the session id, password, negotiated timeout and
   the last zxid seen. Its connect loop tries the servers in random order
-  with a short, capped, jittered back-off (a leader election refuses
-  clients for a few seconds; a long back-off would outlive the session). A
+  (the one just lost last) with a short, capped, jittered back-off (a
+  leader election refuses clients for a few seconds; a long back-off would
+  outlive the session). A
   handshake the server closes without an answer (it is electing, or behind
   our zxid, or read-only) moves on to the next server and keeps the
   session: only an explicit "no such session" answer means it expired.
@@ -337,6 +338,8 @@ class Session:
         self._connected: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._ticker: asyncio.TimerHandle | None = None
+        #: the server of the last connection that ended (tried last)
+        self._last_lost: tuple[str, int] | None = None
         #: when the next ping is due (``time.monotonic()``)
         self._next_ping = 0.0
         self.closing = False
@@ -501,10 +504,21 @@ class Session:
             backoff = None
             await wait_done(conn.closed)  # stopping this loop must not close it
             self.connection_lost(conn)  # no-op if already reported
+            self._last_lost = (conn.host, conn.port)
 
     async def _connect_round(self) -> Connection | None:
-        """One pass over the servers in random order; the connection of the first that takes us."""
-        for host, port in random.sample(self.hosts, len(self.hosts)):
+        """One pass over the servers in random order; the connection of the first that takes us.
+
+        The server whose connection just ended is tried last, as the Java
+        client moves on to the next server: when it is the one cut off (and
+        silent), a round starting with it would spend its whole share of the
+        session timeout there, which is about all that is left of the session.
+        """
+        order = random.sample(self.hosts, len(self.hosts))
+        if self._last_lost in order:
+            order.remove(self._last_lost)
+            order.append(self._last_lost)
+        for host, port in order:
             if self.closing:
                 return None
             conn = await self._try_server(host, port)

@@ -7,6 +7,7 @@ import functools
 import logging
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 import aiolocks
 from aiolocks.testing.proxy import TcpProxy
 from aiolocks.testing.servers import ZooKeeperEnsemble, ZooKeeperServer
-from aiolocks.zookeeper import ConnectionState, ZooKeeperBackend
+from aiolocks.zookeeper import ConnectionState, ZooKeeperBackend, _connection
 
 from .conftest import SESSION_TIMEOUT, Held, expire_session, lock_nodes, own_session, until
 
@@ -491,6 +492,50 @@ async def test_a_silent_connection_is_dropped_and_the_session_resumed(
             await lock.release()
         finally:
             proxy.heal()
+            await a.close()
+
+
+@pytest.mark.asyncio
+async def test_the_server_just_lost_is_tried_last(
+    zookeeper_server: ZooKeeperServer, chroot: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server a connection was lost to is tried last: when it is the one
+    cut off, starting the next round with it would spend its share of the
+    session timeout waiting for a handshake that never comes, more than is left
+    of the session, and the session would expire. Two addresses (two proxies to
+    one server), tried in the given order; the first goes silent for good."""
+    monkeypatch.setattr(_connection, "random", SimpleNamespace(sample=lambda seq, k: seq[:k]))
+    timeout = 6.0
+    async with (
+        TcpProxy(zookeeper_server.host, zookeeper_server.port) as silent,
+        TcpProxy(zookeeper_server.host, zookeeper_server.port) as other,
+    ):
+        a = await _connect(f"zk://{silent.netloc},{other.netloc}{chroot}?session_timeout=6")
+        assert own_session(a).timeout == timeout
+        assert (silent.connections_total, other.connections_total) == (1, 0)
+        states: list[ConnectionState] = []
+        back: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_state(state: ConnectionState) -> None:
+            states.append(state)
+            if state is ConnectionState.RECONNECTED and not back.done():
+                back.set_result(None)
+
+        a.add_connection_listener(on_state)
+        try:
+            sid = a.session_id
+            lock = a.mutex(f"moves-on/{uuid.uuid4().hex}")
+            await lock.acquire()
+            silent.stall()  # a partition between the client and that address only
+            async with asyncio.timeout(timeout * 3):
+                await back
+            assert states == [ConnectionState.SUSPENDED, ConnectionState.RECONNECTED]
+            assert a.session_id == sid
+            assert not lock.is_lost
+            assert silent.connections_total == 1  # no attempt on the silent one first
+            await lock.release()
+        finally:
+            silent.heal()
             await a.close()
 
 
