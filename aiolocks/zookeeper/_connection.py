@@ -10,8 +10,9 @@ that hold aiozk objects instead of patching them:
   pass per reply, watch callbacks run as their event is read.
 * :class:`Session` owns the session id, password, negotiated timeout and
   the last zxid seen. Its connect loop tries the servers in random order
-  with a short, capped, jittered back-off (a leader election refuses
-  clients for a few seconds; a long back-off would outlive the session). A
+  (the one just lost last) with a short, capped, jittered back-off (a
+  leader election refuses clients for a few seconds; a long back-off would
+  outlive the session). A
   handshake the server closes without an answer (it is electing, or behind
   our zxid, or read-only) moves on to the next server and keeps the
   session: only an explicit "no such session" answer means it expired.
@@ -337,6 +338,10 @@ class Session:
         self._connected: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._ticker: asyncio.TimerHandle | None = None
+        #: the server of the last connection that ended (tried last)
+        self._last_lost: tuple[str, int] | None = None
+        #: when the next ping is due (``time.monotonic()``)
+        self._next_ping = 0.0
         self.closing = False
         self.credentials = tuple(credentials)
         self.ssl_context = ssl_context
@@ -499,10 +504,21 @@ class Session:
             backoff = None
             await wait_done(conn.closed)  # stopping this loop must not close it
             self.connection_lost(conn)  # no-op if already reported
+            self._last_lost = (conn.host, conn.port)
 
     async def _connect_round(self) -> Connection | None:
-        """One pass over the servers in random order; the connection of the first that takes us."""
-        for host, port in random.sample(self.hosts, len(self.hosts)):
+        """One pass over the servers in random order; the connection of the first that takes us.
+
+        The server whose connection just ended is tried last, as the Java
+        client moves on to the next server: when it is the one cut off (and
+        silent), a round starting with it would spend its whole share of the
+        session timeout there, which is about all that is left of the session.
+        """
+        order = random.sample(self.hosts, len(self.hosts))
+        if self._last_lost in order:
+            order.remove(self._last_lost)
+            order.append(self._last_lost)
+        for host, port in order:
             if self.closing:
                 return None
             conn = await self._try_server(host, port)
@@ -657,22 +673,40 @@ class Session:
     # -- pings --------------------------------------------------------------------------
 
     def _schedule_tick(self, conn: Connection) -> None:
+        """Start pinging ``conn`` (a new connection): first ping a third of the timeout from now."""
+        self._next_ping = time.monotonic() + self.timeout / 3
+        self._check_at(conn, self._next_ping)
+
+    def _check_at(self, conn: Connection, when: float) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
-        self._ticker = asyncio.get_running_loop().call_later(self.timeout / 3, self._tick, conn)
+        delay = max(0.0, when - time.monotonic())
+        self._ticker = asyncio.get_running_loop().call_later(delay, self._tick, conn)
 
     def _tick(self, conn: Connection) -> None:
+        """Ping when one is due; drop the connection once silent for two thirds of the timeout.
+
+        As the Java client, the silence is checked at the very moment it
+        reaches two thirds of the session timeout, not at the next ping: a
+        check only every third would notice it up to a whole session timeout
+        after the last byte, when the server has expired the session already
+        and a healed network comes too late.
+        """
         self._ticker = None
         if self.closing or self.conn is not conn or not conn.is_open:
             return
-        if time.monotonic() - conn.last_received > self.timeout * 2 / 3:
+        now = time.monotonic()
+        silent_until = conn.last_received + self.timeout * 2 / 3
+        if now >= silent_until:
             # Silent for two thirds of the session timeout: the server (or
             # the network) is gone; reconnect elsewhere while the session lives.
             logger.debug("ZooKeeper %s:%s silent; reconnecting", conn.host, conn.port)
             conn.abort()
             return
-        conn.ping()
-        self._schedule_tick(conn)
+        if now >= self._next_ping:
+            conn.ping()
+            self._next_ping = now + self.timeout / 3
+        self._check_at(conn, min(self._next_ping, silent_until))
 
 
 #: OpenSSL reasons for a handshake the peer refused (our certificate missing,

@@ -7,6 +7,7 @@ import functools
 import logging
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 import aiolocks
 from aiolocks.testing.proxy import TcpProxy
 from aiolocks.testing.servers import ZooKeeperEnsemble, ZooKeeperServer
-from aiolocks.zookeeper import ConnectionState, ZooKeeperBackend
+from aiolocks.zookeeper import ConnectionState, ZooKeeperBackend, _connection
 
 from .conftest import SESSION_TIMEOUT, Held, expire_session, lock_nodes, own_session, until
 
@@ -428,28 +429,62 @@ def _reconnected(session: Any, old: Any) -> bool:
 async def test_a_silent_connection_is_dropped_and_the_session_resumed(
     zookeeper_server: ZooKeeperServer, chroot: str
 ) -> None:
-    """A partition that keeps the socket open sends nothing back: after two
-    thirds of the session timeout without a byte the connection is dropped
-    (SUSPENDED) and, once the network heals, the same session resumes with
-    its holds (RECONNECTED, no LOST)."""
+    """A partition that keeps the socket open sends nothing back: the
+    connection is dropped (SUSPENDED) once silent for two thirds of the session
+    timeout, not a ping interval later, so a network healed right then still
+    finds the session alive: the same session resumes with its holds
+    (RECONNECTED, no LOST).
+
+    The last byte comes a little after a ping's answer: a client that checked
+    the silence only when it pings would notice it near a whole session timeout
+    after that byte, about when the server expires the session.
+    """
     name = f"silent/{uuid.uuid4().hex}"
+    timeout = 6.0  # the server grants it: its sessions go from 0.4 s to 60 s
     async with TcpProxy(zookeeper_server.host, zookeeper_server.port) as proxy:
-        # (session 30 s: two thirds of it to notice the silence, a third to heal
-        # and reconnect, which a loaded machine may need)
-        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout=30")
+        a = await _connect(f"zk://{proxy.netloc}{chroot}?session_timeout={timeout:g}")
+        session = own_session(a)
+        assert session.timeout == timeout
         states: list[ConnectionState] = []
-        a.add_connection_listener(states.append)
+        silences: list[float] = []
+        back: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        conn = session.conn
+
+        def on_state(state: ConnectionState) -> None:
+            states.append(state)
+            if state is ConnectionState.SUSPENDED:
+                silences.append(time.monotonic() - conn.last_received)
+                proxy.heal()  # the network heals the moment the client gives up on it
+            elif state is ConnectionState.RECONNECTED and not back.done():
+                back.set_result(None)
+
+        a.add_connection_listener(on_state)
         try:
             sid = a.session_id
             lock = a.mutex(name)
             await lock.acquire()
+            pinged: list[float] = []
+            send_ping = conn.ping
+
+            def ping() -> None:
+                pinged.append(time.monotonic())
+                send_ping()
+
+            conn.ping = ping
+            await until(lambda: pinged and conn.last_received > pinged[-1], what="a ping answered")
+            # Not a synchronisation: this places the last byte a twelfth of the
+            # timeout after a ping, where a check made only at the pings (a
+            # third apart) would notice the silence latest, near the whole
+            # timeout. When the silence is checked on its own, this is moot.
+            await asyncio.sleep(timeout / 12)
+            assert len(await lock.participants()) == 1
             proxy.stall()  # nothing forwarded; no socket closed
-            await until(
-                lambda: ConnectionState.SUSPENDED in states, timeout=60, what="silence noticed"
-            )
-            proxy.heal()
-            await until(lambda: states[-1] is ConnectionState.RECONNECTED, timeout=30, what="back")
-            assert ConnectionState.LOST not in states
+            async with asyncio.timeout(timeout * 3):
+                await back
+            assert states == [ConnectionState.SUSPENDED, ConnectionState.RECONNECTED]
+            # Dropped at two thirds of the timeout (a sixth more for a late
+            # event loop); a check only at the pings drops it at the whole timeout.
+            assert silences[0] < timeout * 5 / 6
             assert a.session_id == sid
             assert not lock.is_lost
             parts = await lock.participants()
@@ -457,6 +492,50 @@ async def test_a_silent_connection_is_dropped_and_the_session_resumed(
             await lock.release()
         finally:
             proxy.heal()
+            await a.close()
+
+
+@pytest.mark.asyncio
+async def test_the_server_just_lost_is_tried_last(
+    zookeeper_server: ZooKeeperServer, chroot: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server a connection was lost to is tried last: when it is the one
+    cut off, starting the next round with it would spend its share of the
+    session timeout waiting for a handshake that never comes, more than is left
+    of the session, and the session would expire. Two addresses (two proxies to
+    one server), tried in the given order; the first goes silent for good."""
+    monkeypatch.setattr(_connection, "random", SimpleNamespace(sample=lambda seq, k: seq[:k]))
+    timeout = 6.0
+    async with (
+        TcpProxy(zookeeper_server.host, zookeeper_server.port) as silent,
+        TcpProxy(zookeeper_server.host, zookeeper_server.port) as other,
+    ):
+        a = await _connect(f"zk://{silent.netloc},{other.netloc}{chroot}?session_timeout=6")
+        assert own_session(a).timeout == timeout
+        assert (silent.connections_total, other.connections_total) == (1, 0)
+        states: list[ConnectionState] = []
+        back: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_state(state: ConnectionState) -> None:
+            states.append(state)
+            if state is ConnectionState.RECONNECTED and not back.done():
+                back.set_result(None)
+
+        a.add_connection_listener(on_state)
+        try:
+            sid = a.session_id
+            lock = a.mutex(f"moves-on/{uuid.uuid4().hex}")
+            await lock.acquire()
+            silent.stall()  # a partition between the client and that address only
+            async with asyncio.timeout(timeout * 3):
+                await back
+            assert states == [ConnectionState.SUSPENDED, ConnectionState.RECONNECTED]
+            assert a.session_id == sid
+            assert not lock.is_lost
+            assert silent.connections_total == 1  # no attempt on the silent one first
+            await lock.release()
+        finally:
+            silent.heal()
             await a.close()
 
 
