@@ -11,6 +11,7 @@ import pytest
 
 import aiolocks
 from aiolocks import cli
+from aiolocks.redis._driver import RedisDriver
 from aiolocks.testing import PostgresServer
 from aiolocks.testing.servers import RedisServer
 
@@ -116,6 +117,27 @@ async def test_release_after_password_rotation_is_denied_at_once(secure_redis: R
         try:
             with pytest.raises(aiolocks.AccessDeniedError, match="releasing 'rotate-release'"):
                 await asyncio.wait_for(hold_through_rotation(backend), 30)
+        finally:
+            secure_redis.command("ACL", "SETUSER", "locker", "resetpass", f">{LOCKER_PASSWORD}")
+
+
+@pytest.mark.asyncio
+async def test_record_write_after_password_rotation_is_denied_at_once(
+    secure_redis: RedisServer,
+) -> None:
+    """A record's write (the store behind elections and groups) refused by a rotated
+    password raises at once: it once retried the refusal until ``connect_timeout`` (60 s)."""
+    url = locker_url(secure_redis, query="connect_timeout=60")
+    async with aiolocks.connect(url) as backend:
+        driver = backend._driver
+        assert isinstance(driver, RedisDriver)
+        store = driver.records()
+        assert await store.create("rotate-records/before", b"x", ttl=30) is not None
+        secure_redis.command("ACL", "SETUSER", "locker", "resetpass", ">rotated-password")
+        try:
+            secure_redis.command("CLIENT", "KILL", "USER", "locker")
+            with pytest.raises(aiolocks.AccessDeniedError, match="invalid username-password"):
+                await asyncio.wait_for(store.create("rotate-records/after", b"y", ttl=30), 30)
         finally:
             secure_redis.command("ACL", "SETUSER", "locker", "resetpass", f">{LOCKER_PASSWORD}")
 
