@@ -63,7 +63,7 @@ from .._core.errors import AccessDeniedError, BackendUnavailableError, LockError
 from .._core.participants import Participant
 from .._core.tasks import TaskSet
 from .._core.timeouts import LEASE_TIME_RANGE, check_seconds
-from ._access import COMMAND_ERRORS, UNREACHABLE, denied, map_error
+from ._access import COMMAND_ERRORS, UNREACHABLE, denied, is_refusal, map_error
 from ._client import RedisClusterCommands, RedisCommands, RedisServerCommands
 from ._keys import LockKeys, lock_keys
 from ._pubsub import PubSubHub, Wake
@@ -788,6 +788,15 @@ class RedisNode:
             try:
                 await self.release(keys, member, fields, tombstone_ms)
             except TRANSIENT as exc:
+                if is_refusal(exc):
+                    # The caller was told (AccessDeniedError); asking again is refused again.
+                    logger.info(
+                        "Redis %s refused the clean-up of %s (%s); it lapses with its lease",
+                        self.describe,
+                        keys.holders,
+                        exc,
+                    )
+                    return False
                 if not await backoff.wait():
                     logger.warning(
                         "could not clean up an abandoned acquire of %s on %s (%s); "
@@ -1109,11 +1118,16 @@ class RedisDriver:
                     # wrote: there is nothing to give back.
                     a.maybe_written = a.unanswered = False
                 raise
-            except TRANSIENT:
+            except TRANSIENT as exc:
                 # That send may still arrive: the cleanup must leave a tombstone.
                 a.send_lost = True
                 if a.args[QUEUE_ARG] == "Q":
                     a.args[QUEUE_ARG] = "q"  # it may have queued us
+                if is_refusal(exc):
+                    # A reconnect the server refused (a rotated password, say;
+                    # redis-py's AuthenticationError is a ConnectionError):
+                    # asking again is refused again, so it is final at once.
+                    raise
                 if backoff is None:
                     backoff = Backoff(time.monotonic() + self.node.connect_timeout)
                 if not await backoff.wait():
@@ -1720,7 +1734,7 @@ class RedisDriver:
                 if grant.lost:
                     self._nudge(hold.keys.holders)
                     return True  # the lease lapses; nothing to report on a lost hold
-                if not await backoff.wait():
+                if is_refusal(exc) or not await backoff.wait():
                     raise map_error(
                         exc, f"releasing {grant.request.name!r}", self.describe()
                     ) from exc

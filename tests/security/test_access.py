@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import uuid
 
@@ -10,6 +11,7 @@ import pytest
 
 import aiolocks
 from aiolocks import cli
+from aiolocks.redis._driver import RedisDriver
 from aiolocks.testing import PostgresServer
 from aiolocks.testing.servers import RedisServer
 
@@ -78,14 +80,64 @@ async def test_key_outside_acl_is_denied_not_degraded(
 async def test_password_rotation_is_denied_not_degraded(
     secure_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The password changes under a live backend: new connections are refused, no local lock."""
-    async with aiolocks.connect(locker_url(secure_redis), on_unavailable="local") as backend:
+    """The password changes under a live backend: new connections are refused, no local lock.
+
+    The refusal is final at once: redis-py reports it as a ``ConnectionError``,
+    which the acquire once retried as an outage until ``connect_timeout`` ran
+    out. With 60 s of that and no acquire deadline, a retried refusal would
+    outlast the 30 s bound here.
+    """
+    url = locker_url(secure_redis, query="connect_timeout=60")
+    async with aiolocks.connect(url, on_unavailable="local") as backend:
         async with backend.mutex("rotate"):
             pass
         secure_redis.command("ACL", "SETUSER", "locker", "resetpass", ">rotated-password")
         try:
             secure_redis.command("CLIENT", "KILL", "USER", "locker")
-            await assert_acquire_refused(backend, "rotate", caplog, timeout=5)
+            await asyncio.wait_for(assert_acquire_refused(backend, "rotate", caplog), 30)
+        finally:
+            secure_redis.command("ACL", "SETUSER", "locker", "resetpass", f">{LOCKER_PASSWORD}")
+
+
+@pytest.mark.asyncio
+async def test_release_after_password_rotation_is_denied_at_once(secure_redis: RedisServer) -> None:
+    """A hold's release refused by a rotated password raises at once, not after retries.
+
+    The release once retried the refusal as an outage for up to
+    ``min(lease, connect_timeout)`` (60 s here), outlasting the 30 s bound.
+    """
+    url = locker_url(secure_redis, query="connect_timeout=60&lease_time=120")
+
+    async def hold_through_rotation(backend: aiolocks.Backend) -> None:
+        async with backend.mutex("rotate-release"):
+            secure_redis.command("ACL", "SETUSER", "locker", "resetpass", ">rotated-password")
+            secure_redis.command("CLIENT", "KILL", "USER", "locker")
+
+    async with aiolocks.connect(url, on_unavailable="local") as backend:
+        try:
+            with pytest.raises(aiolocks.AccessDeniedError, match="releasing 'rotate-release'"):
+                await asyncio.wait_for(hold_through_rotation(backend), 30)
+        finally:
+            secure_redis.command("ACL", "SETUSER", "locker", "resetpass", f">{LOCKER_PASSWORD}")
+
+
+@pytest.mark.asyncio
+async def test_record_write_after_password_rotation_is_denied_at_once(
+    secure_redis: RedisServer,
+) -> None:
+    """A record's write (the store behind elections and groups) refused by a rotated
+    password raises at once: it once retried the refusal until ``connect_timeout`` (60 s)."""
+    url = locker_url(secure_redis, query="connect_timeout=60")
+    async with aiolocks.connect(url) as backend:
+        driver = backend._driver
+        assert isinstance(driver, RedisDriver)
+        store = driver.records()
+        assert await store.create("rotate-records/before", b"x", ttl=30) is not None
+        secure_redis.command("ACL", "SETUSER", "locker", "resetpass", ">rotated-password")
+        try:
+            secure_redis.command("CLIENT", "KILL", "USER", "locker")
+            with pytest.raises(aiolocks.AccessDeniedError, match="invalid username-password"):
+                await asyncio.wait_for(store.create("rotate-records/after", b"y", ttl=30), 30)
         finally:
             secure_redis.command("ACL", "SETUSER", "locker", "resetpass", f">{LOCKER_PASSWORD}")
 
