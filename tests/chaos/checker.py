@@ -76,6 +76,7 @@ __all__ = [
     "Register",
     "Report",
     "WorkerPool",
+    "workers_done",
     "analyze",
     "chaos_scale",
     "chaos_seed",
@@ -539,6 +540,27 @@ class WorkerPool:
 Fault = Callable[[random.Random], Awaitable[str]]
 
 
+async def workers_done(
+    pool: WorkerPool, register: Register, timeout: float, *, stop: bool = False
+) -> list[int]:
+    """Wait for the workers to exit (``stop``: SIGTERM them first) and for their done messages.
+
+    Returns the exit codes; a done message that never came is left for the
+    analysis to report.
+    """
+    if stop:
+        for index in range(pool.count):
+            pool.signal(index, signal.SIGTERM)
+    codes = await pool.wait(timeout=timeout)
+    with contextlib.suppress(TimeoutError):
+        await register.wait_for(
+            lambda: all(s.done is not None for s in register.workers.values()),
+            timeout=5,
+            what="done messages",
+        )
+    return codes
+
+
 class FaultInjector:
     """Run faults picked at random (seeded) until stopped; count what was injected."""
 
@@ -679,13 +701,7 @@ async def run_chaos(
             await injector.run(until=time.monotonic() + max(1.0, spec.duration - 2.0))
         finally:
             await heal()
-        codes = await pool.wait(timeout=spec.duration + spec.grace + 60)
-        with contextlib.suppress(TimeoutError):
-            await register.wait_for(
-                lambda: all(s.done is not None for s in register.workers.values()),
-                timeout=5,
-                what="done messages",
-            )
+        codes = await workers_done(pool, register, timeout=spec.duration + spec.grace + 60)
     except BaseException:
         await pool.kill_all()
         raise

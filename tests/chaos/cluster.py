@@ -63,7 +63,7 @@ from typing import Any, Protocol
 
 from aiolocks.testing import TcpProxy
 
-from .checker import Register, Report, WorkerPool, analyze, rng_for
+from .checker import Register, Report, WorkerPool, analyze, rng_for, workers_done
 
 __all__ = [
     "FAULT_KINDS",
@@ -473,15 +473,7 @@ async def run_cluster(
         await pool.start(log_dir)
         await _drive(topology, steps, run)
         await asyncio.sleep(settle)
-        for index in range(pool.count):
-            pool.signal(index, signal.SIGTERM)
-        codes = await pool.wait(timeout=acquire_timeout + grace + 30)
-        with contextlib.suppress(TimeoutError):
-            await register.wait_for(
-                lambda: all(s.done is not None for s in register.workers.values()),
-                timeout=5,
-                what="done messages",
-            )
+        codes = await workers_done(pool, register, acquire_timeout + grace + 30, stop=True)
     except BaseException:
         await pool.kill_all()
         raise

@@ -66,7 +66,7 @@ import redis.asyncio
 
 from aiolocks.testing.servers import RedisServer
 
-from .checker import CsRecord, Register, Report, WorkerPool, analyze, rng_for
+from .checker import CsRecord, Register, Report, WorkerPool, analyze, rng_for, workers_done
 from .cluster import LONG_ROUNDS, ClusterRun, FaultRecord, Step, chaos_long, loss_windows
 
 __all__ = [
@@ -502,15 +502,7 @@ async def run_redlock(
         await pool.start(log_dir)
         await _drive(faults, steps, run.faults)
         await asyncio.sleep(1.0)
-        for index in range(pool.count):
-            pool.signal(index, signal.SIGTERM)
-        codes = await pool.wait(timeout=acquire_timeout + grace + 30)
-        with contextlib.suppress(TimeoutError):
-            await register.wait_for(
-                lambda: all(s.done is not None for s in register.workers.values()),
-                timeout=5,
-                what="done messages",
-            )
+        codes = await workers_done(pool, register, acquire_timeout + grace + 30, stop=True)
     except BaseException:
         faults.resume()
         await pool.kill_all()
