@@ -47,7 +47,7 @@ AT_MOST_FOR = 3.0
 #: the hold that must outlast a server restart (renewed every third of it)
 RESTART_AT_MOST_FOR = 15.0
 #: the doomed barrier party's link: a few round trips between joining and counting in
-SLOW_LINK = 0.1
+SLOW_LINK = 0.05
 #: a generous bound on any one wait (a hang fails the test; nothing is timed)
 GUARD = 120.0
 
