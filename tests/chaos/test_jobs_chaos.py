@@ -12,7 +12,10 @@
   persistence here: a restart loses the record; the holder is told at its
   next renewal (``LockLostError``), not kept in the dark.
 * a barrier whose party's session is killed (its proxy cuts and refuses
-  every connection) breaks for the other waiting parties.
+  every connection) after it counted itself in breaks for the other
+  waiting parties. Its link is slow, so its arrival record shows well
+  before it counts in: the cut waits for the count, since a party killed
+  between the two leaves as if it had not come (nothing breaks).
 * a latch keeps its count across a restart on the servers that persist it;
   on Redis without persistence the count is lost (the latch opens).
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -42,6 +46,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 AT_MOST_FOR = 3.0
 #: the hold that must outlast a server restart (renewed every third of it)
 RESTART_AT_MOST_FOR = 15.0
+#: the doomed barrier party's link: a few round trips between joining and counting in
+SLOW_LINK = 0.05
 #: a generous bound on any one wait (a hang fails the test; nothing is timed)
 GUARD = 120.0
 
@@ -210,10 +216,15 @@ async def test_once_on_redis_without_persistence_tells_the_holder_after_a_restar
                 await holder
 
 
-async def _arrived(backend: aiolocks.Backend, name: str) -> int:
-    prefix = f"barrier/{name}"
-    with await store_of(backend).snapshot(prefix) as snap:
-        return sum(1 for child in snap.records if child != "state")
+async def _counted(backend: aiolocks.Backend, name: str) -> int:
+    """How many parties counted themselves in (the ``arrived`` of the barrier's state).
+
+    A party joins its arrival record first and counts itself in after: a party
+    whose record is there may not have counted yet, and killed in between it
+    leaves as if it had not come (the barrier does not break).
+    """
+    record = await store_of(backend).read(f"barrier/{name}/state")
+    return 0 if record is None else int(json.loads(record.value).get("arrived", 0))
 
 
 @pytest.mark.parametrize("label", ["redis", "postgres", "zookeeper", "etcd"])
@@ -228,21 +239,27 @@ async def test_a_barrier_breaks_when_a_partys_session_is_killed(
         aiolocks.connect(_url(label, server)) as a,
         aiolocks.connect(_url(label, server)) as b,
     ):
+        # A slow link: the doomed party's arrival record is seen well before it
+        # counts itself in, the window the waits below must not mistake for counted.
+        proxy.delay(SLOW_LINK)
         doomed_wait = asyncio.ensure_future(doomed.barrier(name, parties=4).wait())
-        await eventually(lambda: _arrived(a, name), GUARD, what="the doomed party's arrival")
+        await eventually(lambda: _counted(a, name), GUARD, what="the doomed party counted in")
         waiters = [asyncio.ensure_future(x.barrier(name, parties=4).wait()) for x in (a, b)]
         try:
 
             async def three() -> bool:
-                return await _arrived(a, name) == 3
+                return await _counted(a, name) == 3
 
-            await eventually(three, GUARD, what="three arrivals")
+            # counted in, not only arrived: a party killed before it counts breaks nothing
+            await eventually(three, GUARD, what="three parties counted in")
             proxy.refuse()
             proxy.cut()  # the doomed party's process is gone, as far as the server knows
             for waiter in waiters:
                 with pytest.raises(aiolocks.BrokenBarrierError):
                     await asyncio.wait_for(waiter, GUARD)
         finally:
+            # the doomed party's cleanup reaches the server again (not its connect_timeout)
+            proxy.heal()
             for task in (doomed_wait, *waiters):
                 task.cancel()
                 with contextlib.suppress(BaseException):
