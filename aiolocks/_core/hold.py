@@ -79,11 +79,8 @@ class Hold:
         self._bodies: dict[asyncio.Task[object], list[int]] = _NOTHING
         # task -> the cancelling() baseline of its outermost body, for tasks we cancelled
         self._loss_cancelled: dict[asyncio.Task[object], int] = _NOTHING
-        engine.holds.add(self)  # what Engine.register_hold does, without the call
-        if grant.lost:
-            grant.add_loss_listener(self._on_grant_lost)
-        else:  # what add_loss_listener does, without the call
-            grant._listeners.append(self._on_grant_lost)
+        engine.register_hold(self)
+        grant.add_loss_listener(self._on_grant_lost)
         grant.event_sink = engine.grant_event_sink
 
     def owner_ended(self, task: asyncio.Task[object]) -> None:

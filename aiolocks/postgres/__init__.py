@@ -154,8 +154,7 @@ def _lease_driver_from_url(
     pool_size: int,
 ) -> Driver:
     """``mode=lease``: a statement pool, and one direct connection that ``LISTEN``s."""
-    import asyncpg
-
+    from ._client import connector, pool_maker
     from ._lease import PostgresLeaseDriver, pool_options
 
     kwargs = options.connect_kwargs()
@@ -164,24 +163,13 @@ def _lease_driver_from_url(
     )
     listen_kwargs.pop("statement_cache_size", None)
 
-    async def make_pool(prepared: bool) -> Any:
-        pool_kwargs = dict(kwargs)
-        if prepared:  # no pooler in the way: asyncpg's statement cache
-            pool_kwargs.pop("statement_cache_size", None)
-        return await asyncpg.create_pool(
-            min_size=1, max_size=pool_size, **pool_options(), **pool_kwargs
-        )
-
-    async def listen() -> Any:
-        return await asyncpg.connect(**listen_kwargs)
-
     return PostgresLeaseDriver(
-        make_pool,
+        pool_maker(kwargs, max_size=pool_size, **pool_options()),
         describe=_describe(options),
         lease_time=options.lease_time,
         tables=tables or options.tables,
         create_tables=options.create_tables if create_tables is None else create_tables,
-        listen=listen,
+        listen=connector(listen_kwargs),
         listen_is_pool_target=listen_url is None,
     )
 
@@ -195,17 +183,11 @@ def _advisory_driver_from_url(
     create_tables: bool | None,
 ) -> Driver:
     """``mode=advisory`` on connections of its own."""
-    import asyncpg
-
+    from ._client import connector
     from ._driver import DEFAULT_MAX_SESSIONS, PostgresAdvisoryDriver
 
-    kwargs = options.connect_kwargs()
-
-    async def connect() -> Any:
-        return await asyncpg.connect(**kwargs)
-
     return PostgresAdvisoryDriver(
-        connect,
+        connector(options.connect_kwargs()),
         describe=_describe(options),
         heartbeat=options.heartbeat if heartbeat is None else heartbeat,
         tables=tables or options.tables,

@@ -103,11 +103,11 @@ from .._core.options import check_portable_options
 from .._core.participants import Participant
 from .._core.tasks import TaskSet, wait_done
 from ._asyncpg_compat import bind_execute, stale, statement_state
+from ._client import Connect, Connection
 from ._errors import REFUSED, denied
 from ._errors import TRANSIENT as _TRANSIENT
 from ._sql import (
     AdvisoryQueries,
-    Connection,
     TableNames,
     advisory_key,
     configure_keepalives,
@@ -128,8 +128,6 @@ logger = logging.getLogger("aiolocks.postgres")
 
 #: extra sessions (waiting or holding what they won) per backend, besides the primary
 DEFAULT_MAX_SESSIONS = 8
-
-Connect = Callable[[], Awaitable[Any]]
 
 #: fencing names remembered as recorded (then forgotten at once; re-recording is harmless)
 _MAX_REGISTERED = 65536

@@ -70,15 +70,15 @@ import re
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, final
+from typing import Final, final
 
 from .._core.errors import LockError
+from ._client import Connection
 
 __all__ = [
     "FAMILIES",
     "KEY_SQL",
     "AdvisoryQueries",
-    "Connection",
     "LeaseQueries",
     "PostgresSetupError",
     "SessionProbe",
@@ -122,32 +122,6 @@ class PostgresSetupError(LockError, RuntimeError):
     def __init__(self, message: str, *, ddl: str) -> None:
         super().__init__(f"{message}\n-- run this once as a role that may create them:\n{ddl}")
         self.ddl = ddl
-
-
-class Connection(Protocol):
-    """The part of an ``asyncpg.Connection`` the SQL layer uses."""
-
-    async def fetch(self, query: str, *args: Any, timeout: float | None = None) -> list[Any]:
-        """Rows of a query."""
-        ...
-
-    async def fetchrow(self, query: str, *args: Any, timeout: float | None = None) -> Any:
-        """First row of a query, or ``None``."""
-        ...
-
-    async def fetchval(
-        self, query: str, *args: Any, column: int = 0, timeout: float | None = None
-    ) -> Any:
-        """First value of the first row, or ``None``."""
-        ...
-
-    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
-        """Run a statement; without arguments several may be sent at once."""
-        ...
-
-    def get_server_pid(self) -> int:
-        """The pid of the BackendKeyData message sent at login."""
-        ...
 
 
 # --------------------------------------------------------------------------- keys

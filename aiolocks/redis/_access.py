@@ -26,9 +26,18 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .._core.backoff import Backoff
 from .._core.errors import AccessDeniedError, BackendUnavailableError, LockError
 
-__all__ = ["COMMAND_ERRORS", "SERVED_LATER", "UNREACHABLE", "denied", "is_refusal", "map_error"]
+__all__ = [
+    "COMMAND_ERRORS",
+    "SERVED_LATER",
+    "UNREACHABLE",
+    "denied",
+    "is_refusal",
+    "map_error",
+    "retry_after",
+]
 
 #: replies of a Redis Cluster or a failover in the middle of a change: the
 #: servers answer, but the data is not served now and will be soon
@@ -105,6 +114,19 @@ def _refuses(item: BaseException) -> bool:
 def is_refusal(exc: BaseException) -> bool:
     """``exc`` (or what it was raised from) says Redis refused us, not that it is away."""
     return any(_refuses(item) for item in _chain(exc))
+
+
+async def retry_after(exc: BaseException, backoff: Backoff) -> bool:
+    """After the outage ``exc``: wait out ``backoff``'s next delay; whether to try again.
+
+    The one rule of every retry loop over Redis commands: a refusal (a
+    password rotated away, an ACL, an untrusted certificate; redis-py raises
+    some of them as a ``ConnectionError``) is final at once, since asking
+    again is refused again; any other outage is retried until ``backoff``'s
+    limit. The background loops that outlive a caller (the watchdog, the
+    pub/sub reconnect) do not use it: they retry until the lease decides.
+    """
+    return not is_refusal(exc) and await backoff.wait()
 
 
 def denied(exc: BaseException, describe: str, what: str = "connecting") -> AccessDeniedError | None:

@@ -132,9 +132,7 @@ class RedisAdmin:
         for node in self._nodes:
             client: Any = node.client
             try:
-                count = await client.eval(
-                    _FORCE_RELEASE, 2, keys.holders, keys.queue, keys.channel
-                )
+                count = await client.eval(_FORCE_RELEASE, 2, keys.holders, keys.queue, keys.channel)
             except (RedisError, OSError) as exc:
                 raise map_error(exc, f"force-releasing {name!r}", self._describe) from exc
             removed = max(removed, int(count))

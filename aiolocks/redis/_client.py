@@ -677,9 +677,7 @@ def _sentinel_retry() -> Any:
     class RefusalIsFinal(Retry):
         """redis-py's ``Retry`` that lets a refusal through at once."""
 
-        async def call_with_retry(
-            self, do: Any, fail: Any, *args: Any, **kwargs: Any
-        ) -> Any:
+        async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
             async def once() -> Any:
                 try:
                     return await do()

@@ -63,7 +63,7 @@ from .._core.errors import AccessDeniedError, BackendUnavailableError, LockError
 from .._core.participants import Participant
 from .._core.tasks import TaskSet
 from .._core.timeouts import LEASE_TIME_RANGE, check_seconds
-from ._access import COMMAND_ERRORS, UNREACHABLE, denied, is_refusal, map_error
+from ._access import COMMAND_ERRORS, UNREACHABLE, denied, is_refusal, map_error, retry_after
 from ._client import RedisClusterCommands, RedisCommands, RedisServerCommands
 from ._keys import LockKeys, lock_keys
 from ._pubsub import PubSubHub, Wake
@@ -80,8 +80,6 @@ __all__ = ["LockKeys", "RedisAttempt", "RedisDriver", "RedisHold", "RedisNode", 
 logger = logging.getLogger("aiolocks.redis")
 
 T = TypeVar("T")
-
-TRANSIENT = UNREACHABLE
 
 MODE_CODES = {Mode.EXCLUSIVE: "x", Mode.LEASE: "l", Mode.READ: "r", Mode.WRITE: "w"}
 MODE_NAMES = {"x": "exclusive", "l": "lease", "r": "read", "w": "write"}
@@ -787,26 +785,19 @@ class RedisNode:
         while True:
             try:
                 await self.release(keys, member, fields, tombstone_ms)
-            except TRANSIENT as exc:
-                if is_refusal(exc):
-                    # The caller was told (AccessDeniedError); asking again is refused again.
-                    logger.info(
-                        "Redis %s refused the clean-up of %s (%s); it lapses with its lease",
-                        self.describe,
-                        keys.holders,
-                        exc,
-                    )
-                    return False
-                if not await backoff.wait():
-                    logger.warning(
-                        "could not clean up an abandoned acquire of %s on %s (%s); "
-                        "it lapses with its lease",
-                        keys.holders,
-                        self.describe,
-                        exc,
-                    )
-                    return False
-                continue
+            except UNREACHABLE as exc:
+                if await retry_after(exc, backoff):
+                    continue
+                # after a refusal the caller was told already (AccessDeniedError)
+                logger.log(
+                    logging.INFO if is_refusal(exc) else logging.WARNING,
+                    "could not clean up an abandoned acquire of %s on %s (%s); "
+                    "it lapses with its lease",
+                    keys.holders,
+                    self.describe,
+                    exc,
+                )
+                return False
             except RedisError as exc:
                 logger.warning("cleaning up %s failed: %s", keys.holders, exc)
                 return False
@@ -1118,19 +1109,14 @@ class RedisDriver:
                     # wrote: there is nothing to give back.
                     a.maybe_written = a.unanswered = False
                 raise
-            except TRANSIENT as exc:
+            except UNREACHABLE as exc:
                 # That send may still arrive: the cleanup must leave a tombstone.
                 a.send_lost = True
                 if a.args[QUEUE_ARG] == "Q":
                     a.args[QUEUE_ARG] = "q"  # it may have queued us
-                if is_refusal(exc):
-                    # A reconnect the server refused (a rotated password, say;
-                    # redis-py's AuthenticationError is a ConnectionError):
-                    # asking again is refused again, so it is final at once.
-                    raise
                 if backoff is None:
                     backoff = Backoff(time.monotonic() + self.node.connect_timeout)
-                if not await backoff.wait():
+                if not await retry_after(exc, backoff):
                     raise
                 continue
             break
@@ -1202,7 +1188,7 @@ class RedisDriver:
         a.sent = time.monotonic()
         try:
             length = await self.node.join(a.keys, a.member)
-        except TRANSIENT:
+        except UNREACHABLE:
             a.send_lost = True  # the cleanup leaves a tombstone, which release.lua heeds
             a.args[QUEUE_ARG] = "q"  # it may have queued us: acquire.lua looks first
             return False
@@ -1627,7 +1613,7 @@ class RedisDriver:
                 hold.recheck = False
                 try:
                     value = await client.hget(hold.keys.holders, hold.field)
-                except TRANSIENT:
+                except UNREACHABLE:
                     return  # the connection is down: renewal timing decides
                 except RedisError as exc:  # WRONGTYPE: the key was overwritten
                     self._lose(hold, f"its Redis key was overwritten ({exc})")
@@ -1721,7 +1707,7 @@ class RedisDriver:
                         hold.keys, hold.field, target, publish, hold.leave
                     )
                     self._handed_locally(hold.keys.holders, successor, token)
-            except TRANSIENT as exc:
+            except UNREACHABLE as exc:
                 ambiguous = ambiguous or not refused_unrun(exc)
                 if successor is not None:
                     # It may have been handed the lock unheard: it tries (a
@@ -1734,7 +1720,7 @@ class RedisDriver:
                 if grant.lost:
                     self._nudge(hold.keys.holders)
                     return True  # the lease lapses; nothing to report on a lost hold
-                if is_refusal(exc) or not await backoff.wait():
+                if not await retry_after(exc, backoff):
                     raise map_error(
                         exc, f"releasing {grant.request.name!r}", self.describe()
                     ) from exc

@@ -71,7 +71,7 @@ from redis.exceptions import RedisError
 from .._core.backoff import Backoff
 from .._core.errors import AccessDeniedError, BackendUnavailableError
 from .._core.records import CHILD, Entry, Record, Snapshot
-from ._access import is_refusal, map_error
+from ._access import map_error, retry_after
 from ._pubsub import PubSubHub
 from ._watchdog import TRANSIENT, Renewal, RenewResult, Watchdog
 
@@ -338,8 +338,7 @@ class RedisRecords:
             except TRANSIENT as exc:
                 if backoff is None:
                     backoff = Backoff(time.monotonic() + node.connect_timeout)
-                # a refusal (a rotated password, say) is refused again: final at once
-                if is_refusal(exc) or not await backoff.wait():
+                if not await retry_after(exc, backoff):
                     raise map_error(exc, what, node.describe) from exc
             except RedisError as exc:
                 raise map_error(exc, what, node.describe) from exc
@@ -376,7 +375,7 @@ class RedisRecords:
             try:
                 await self._node.evalsha("records", keys.script_keys(op_id), args)
             except TRANSIENT as exc:
-                if not is_refusal(exc) and await backoff.wait():
+                if await retry_after(exc, backoff):
                     continue
                 logger.warning("could not undo an unanswered write of %s: %s", keys.record, exc)
             except RedisError as exc:

@@ -55,10 +55,10 @@ from .._core.driver import Attempt, Capabilities, Family, Grant, Mode, Request
 from .._core.errors import BackendUnavailableError
 from .._core.participants import Participant
 from .._core.tasks import TaskSet, gather_keeping_cancel
+from ._access import UNREACHABLE
 from ._driver import (
     MODE_CODES,
     TOMBSTONE_MS,
-    TRANSIENT,
     LockKeys,
     RedisHold,
     RedisNode,
@@ -225,7 +225,7 @@ class RedlockDriver:
         try:
             async with asyncio.timeout(timeout):
                 reply, _ = await node.try_acquire(a.keys, a.args)
-        except (TimeoutError, *TRANSIENT):
+        except (TimeoutError, *UNREACHABLE):
             # Unanswered: the script may still reach that master later.
             a.send_lost[index] = True
             return "down", 0
@@ -291,7 +291,7 @@ class RedlockDriver:
             try:
                 async with asyncio.timeout(max(0.0, give_up - time.monotonic())):
                     return await node.release(keys, "", [field], tombstone_ms)
-            except (TimeoutError, *TRANSIENT) as exc:
+            except (TimeoutError, *UNREACHABLE) as exc:
                 if await backoff.wait():
                     continue
                 logger.info(

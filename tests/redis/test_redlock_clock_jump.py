@@ -17,31 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
 
 import pytest
-import redis.asyncio
 
 import aiolocks
 from aiolocks.testing.servers import RedisServer
+
+from ..chaos.redlock import expire_now
 
 pytestmark = [pytest.mark.redis, pytest.mark.asyncio]
 
 #: long: the watchdog's first renewal (a third of it) comes after the test
 LEASE = 30.0
-
-
-async def _jump(servers: Sequence[RedisServer], prefix: str) -> int:
-    """Expire every key of ``prefix`` on ``servers`` in 1 ms; how many keys there were."""
-    count = 0
-    for server in servers:
-        raw = redis.asyncio.Redis(host=server.host, port=server.port)
-        try:
-            for key in await raw.keys(f"{prefix}*"):
-                count += int(await raw.pexpire(key, 1))
-        finally:
-            await raw.aclose()
-    return count
 
 
 @pytest.fixture
@@ -62,19 +51,27 @@ def _url(servers: Sequence[RedisServer], prefix: str) -> str:
     return f"redlock://{hosts}?key_prefix={prefix}&lease_time={LEASE:g}&connect_timeout=2"
 
 
+@asynccontextmanager
+async def _rivals(
+    servers: Sequence[RedisServer],
+) -> AsyncIterator[tuple[str, aiolocks.Mutex, aiolocks.Mutex]]:
+    """A fresh prefix and mutex ``x`` of two clients over ``servers``."""
+    prefix = f"jump-{uuid.uuid4().hex[:8]}:"
+    async with (
+        aiolocks.connect(_url(servers, prefix)) as one,
+        aiolocks.connect(_url(servers, prefix)) as two,
+    ):
+        yield prefix, one.mutex("x"), two.mutex("x")
+
+
 async def test_key_expired_early_on_a_majority_is_reported_at_release(
     masters: list[RedisServer],
 ) -> None:
-    prefix = f"jump-{uuid.uuid4().hex[:8]}:"
-    async with (
-        aiolocks.connect(_url(masters, prefix)) as one,
-        aiolocks.connect(_url(masters, prefix)) as two,
-    ):
-        lock, rival = one.mutex("x"), two.mutex("x")
+    async with _rivals(masters) as (prefix, lock, rival):
         with pytest.raises(aiolocks.LockLostError, match="already gone"):
             async with lock:
                 first = lock.fencing_token
-                assert await _jump(masters[:2], prefix) == 2
+                assert await expire_now(masters[:2], prefix) == 2
                 # two masters of three let the rival in: both believe they hold it
                 assert await rival.acquire(timeout=5)
                 assert rival.fencing_token is not None and first is not None
@@ -87,14 +84,9 @@ async def test_key_expired_early_on_one_master_of_three_is_harmless(
     masters: list[RedisServer],
 ) -> None:
     """A minority of masters dropping the key: the lock is still held on a quorum."""
-    prefix = f"jump-{uuid.uuid4().hex[:8]}:"
-    async with (
-        aiolocks.connect(_url(masters, prefix)) as one,
-        aiolocks.connect(_url(masters, prefix)) as two,
-    ):
-        lock, rival = one.mutex("x"), two.mutex("x")
+    async with _rivals(masters) as (prefix, lock, rival):
         async with lock:
-            assert await _jump(masters[:1], prefix) == 1
+            assert await expire_now(masters[:1], prefix) == 1
             assert await rival.acquire(timeout=0) is False
         assert not lock.is_lost
         assert await rival.acquire(timeout=5)
@@ -111,7 +103,7 @@ async def test_jump_on_one_master_and_restart_of_another_is_reported(
         with pytest.raises(aiolocks.LockLostError):
             async with lock:
                 first = lock.fencing_token
-                assert await _jump(masters[:1], prefix) == 1
+                assert await expire_now(masters[:1], prefix) == 1
                 await asyncio.to_thread(masters[1].kill)
                 await asyncio.to_thread(masters[1].start)  # same port, no data
                 # a client that connects now finds the lock free on two masters
