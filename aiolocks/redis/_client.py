@@ -722,7 +722,9 @@ class _ClosedUnderWrite:
     the cluster client retries ``type(e) in ERRORS_ALLOW_RETRY``); redis-py
     has already dropped the connection, which reconnects on its next use.
     Only errors naming ``NoneType`` are translated: a write that reaches no
-    stream; anything else goes through unchanged.
+    stream; anything else goes through unchanged. redis-py's own fix (PR
+    #4288: the write checks its stream and raises ``ConnectionError``) is
+    merged but in no release as of 8.1.0; with it this never triggers.
     """
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
