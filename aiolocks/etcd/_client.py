@@ -16,10 +16,12 @@ Rules of this layer:
   (``request_timeout`` unless given); connecting has ``connect_timeout``.
   Nothing retries without a bound: no request outlives its deadline.
 * **Endpoint failover.** A request that meets an unreachable or stalled
-  member (``UNAVAILABLE`` or its deadline) marks the member bad and the
-  client moves on to the next endpoint. Reads and the requests the caller
-  marks ``retry=True`` (writes that are safe to repeat, such as a
-  transaction guarded by a compare) are tried again on the next endpoint,
+  member (``UNAVAILABLE``, its deadline, or the member's own request
+  timeout, which etcd sends as ``UNKNOWN: context deadline exceeded``)
+  marks the member bad and the client moves on to the next endpoint.
+  Reads and the requests the caller marks ``retry=True`` (writes that are
+  safe to repeat, such as a transaction guarded by a compare) are tried
+  again on the next endpoint,
   round after round with a short pause, until their deadline; other writes
   are tried again (once per endpoint) only when the request cannot have
   left this process (no connection to the member).
@@ -194,8 +196,19 @@ def _details(exc: grpc.aio.AioRpcError) -> str:
     return str(exc.details() or "")
 
 
+#: how a member reports that its *own* request timeout ran out (5 s plus two
+#: election timeouts: a write or lease request it could not commit, having no
+#: quorum): gRPC ``UNKNOWN`` with Go's context error as the details. As
+#: ``DEADLINE_EXCEEDED``, an outage whose write may or may not apply later, not
+#: a refusal (found by the cluster fault runs: a client on a minority member).
+_MEMBER_DEADLINE: Final = "context deadline exceeded"
+
+
 def _is_transport(exc: grpc.aio.AioRpcError) -> bool:
-    return exc.code() in _TRANSPORT_CODES
+    code = exc.code()
+    if code == grpc.StatusCode.UNKNOWN:
+        return _details(exc).strip().lower() == _MEMBER_DEADLINE
+    return code in _TRANSPORT_CODES
 
 
 #: what ends a watch stream without refusing it: the next member is tried.

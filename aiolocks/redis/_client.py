@@ -43,8 +43,11 @@ A single server's client (``redis://``, each ``redlock://`` master) gets
 all of the following. A Sentinel master's gets the same connections and
 retry, on redis-py's Sentinel pool of ``10 * POOL_SIZE`` connections (that
 pool cannot wait). A cluster client is redis-py's ``RedisCluster`` with the
-credentials and timeouts set, nothing more. A client the application passes
-to ``RedisBackend`` is used as it is.
+credentials and timeouts set, and one change to its connections: a write
+into a connection redis-py closed under it raises redis-py's
+``ConnectionError`` (:class:`_ClosedUnderWrite`; redis-py let an
+``AttributeError`` out). A client the application passes to
+``RedisBackend`` is used as it is.
 
 * **hiredis packs commands** (:meth:`_BoundedCommands.pack_command`):
   redis-py's asyncio client packs in Python, and uses hiredis's C packer
@@ -82,7 +85,8 @@ The redis-py API it relies on
 -----------------------------
 Public names only; no private (``_``) attribute of redis-py is read or
 written, so nothing here needs a version gate beyond two ``hasattr``
-checks. Constructors: ``redis.asyncio.Redis(...)``, ``Redis.from_pool``,
+checks and the layout check of a cluster client's connection keywords
+(below). Constructors: ``redis.asyncio.Redis(...)``, ``Redis.from_pool``,
 ``redis.asyncio.sentinel.Sentinel(...)``, its ``sentinels`` and
 ``master_for``, ``redis.asyncio.cluster.RedisCluster`` and ``ClusterNode``,
 ``redis.asyncio.retry.Retry``, ``redis.backoff.ExponentialBackoff``.
@@ -99,6 +103,10 @@ max_connections=, **connection_kwargs)``, ``connection_class``,
 ``ensure_connection``, ``release``; asked for with ``hasattr`` on the
 connection class: ``should_reconnect`` (redis-py 7.0+) and ``re_auth``
 (5.3+).
+Cluster: ``RedisCluster.connection_kwargs`` (its ``connection_class``),
+``nodes_manager.connection_kwargs`` and ``nodes_manager.startup_nodes``,
+``ClusterNode.connection_class``, each checked before it is changed
+(:func:`_guard_cluster_writes`: otherwise redis-py's connections are kept).
 ``hiredis.pack_command`` is looked up with ``getattr`` (absent: redis-py
 packs). :func:`describe_client` reads ``get_nodes``,
 ``nodes_manager.startup_nodes``, ``connection_pool.connection_kwargs`` and
@@ -691,6 +699,84 @@ def _sentinel_retry() -> Any:
     return RefusalIsFinal(ExponentialBackoff(cap=0.2, base=0.02), 1)
 
 
+class _ClosedUnderWrite:
+    """Mixin: a write into a connection closed under it raises redis-py's ``ConnectionError``.
+
+    redis-py's ``send_packed_command`` checks that the connection is open,
+    then (with ``socket_timeout`` set, on Python 3.11) runs the write in a
+    task of its own through ``asyncio.wait_for``. In between, another task
+    may close the connection: the asyncio cluster client disconnects every
+    connection of every node, those in use included, when a command meets
+    ``CLUSTERDOWN`` (as during a primary's ``kill -9``). The write then finds
+    no stream and raises ``AttributeError: 'NoneType' object has no
+    attribute 'writelines'`` (on Python 3.12+ a write into a transport the
+    peer closed raises ``TypeError``/``AttributeError`` naming ``NoneType``,
+    redis-py issue #4287). Neither is a redis-py error, so neither redis-py's
+    cluster retry nor aiolocks' handling of an unreachable server saw it: it
+    escaped ``hold()`` and killed a hold's background check. Found by the
+    cluster fault runs (redis-py 8.1.0).
+
+    Raised as redis-py's own ``ConnectionError`` instead (exactly that type:
+    the cluster client retries ``type(e) in ERRORS_ALLOW_RETRY``); redis-py
+    has already dropped the connection, which reconnects on its next use.
+    Only errors naming ``NoneType`` are translated: a write that reaches no
+    stream; anything else goes through unchanged. redis-py's own fix (PR
+    #4288: the write checks its stream and raises ``ConnectionError``) is
+    merged but in no release as of 8.1.0; with it this never triggers.
+    """
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        try:
+            await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        except (AttributeError, TypeError) as exc:
+            if "NoneType" not in str(exc):
+                raise
+            from redis.exceptions import ConnectionError as RedisConnectionError
+
+            raise RedisConnectionError(
+                f"connection closed while a command was written to it ({exc})"
+            ) from exc
+
+
+@functools.cache
+def _closed_under_write_class(cls: type[Any]) -> type[Any]:
+    """``cls`` (a redis-py connection class) with :class:`_ClosedUnderWrite` mixed in."""
+    if issubclass(cls, _ClosedUnderWrite):
+        return cls
+    return type(f"Guarded{cls.__name__}", (_ClosedUnderWrite, cls), {})
+
+
+def _guard_cluster_writes(client: Any) -> bool:
+    """Give ``client``'s nodes connections of :func:`_closed_under_write_class`. No I/O.
+
+    ``RedisCluster`` takes no ``connection_class``: it puts its own in the
+    keywords every ``ClusterNode`` is built from (public ``connection_kwargs``,
+    shared with ``nodes_manager``) and builds the start-up nodes with it. Both
+    are set here, before any connection exists. Version gate: on a redis-py
+    laid out otherwise (no such dict, no start-up nodes map) the client keeps
+    redis-py's connections, and returns False.
+    """
+    found: object = getattr(client, "connection_kwargs", None)
+    manager = getattr(client, "nodes_manager", None)
+    nodes = getattr(manager, "startup_nodes", None)
+    if not isinstance(found, dict):
+        return False
+    kwargs: dict[str, Any] = found
+    shared: object = getattr(manager, "connection_kwargs", None)
+    if (
+        shared is not kwargs
+        or not isinstance(kwargs.get("connection_class"), type)
+        or not isinstance(nodes, dict)
+        or not all(isinstance(getattr(n, "connection_class", None), type) for n in nodes.values())
+    ):
+        return False
+    guarded = _closed_under_write_class(kwargs["connection_class"])
+    kwargs["connection_class"] = guarded
+    for node in nodes.values():
+        node.connection_class = _closed_under_write_class(node.connection_class)
+    return True
+
+
 def cluster_client(
     hosts: Sequence[HostPort],
     *,
@@ -698,10 +784,14 @@ def cluster_client(
     tls: Mapping[str, Any],
     connect_timeout: float,
 ) -> redis.asyncio.cluster.RedisCluster:
-    """redis-py's ``RedisCluster`` starting from ``hosts`` (``url``'s ACL user). No I/O."""
+    """redis-py's ``RedisCluster`` starting from ``hosts`` (``url``'s ACL user). No I/O.
+
+    Its connections translate a write into a connection closed under it
+    (:class:`_ClosedUnderWrite`).
+    """
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-    return RedisCluster(
+    client = RedisCluster(
         startup_nodes=[ClusterNode(h.host, h.port) for h in hosts],
         username=url.username,
         password=url.password,
@@ -709,3 +799,5 @@ def cluster_client(
         socket_timeout=connect_timeout,
         **tls,
     )
+    _guard_cluster_writes(client)
+    return client

@@ -58,6 +58,17 @@ class RegisterClient:
                 pass
 
 
+def clip(text: str, size: int = 400) -> str:
+    """``text`` cut to about ``size`` characters, keeping both ends.
+
+    An unexpected error names the backend (a cluster URL alone can take 150
+    characters) before its reason: the end must survive the cut.
+    """
+    if len(text) <= size:
+        return text
+    return f"{text[: size // 4]} ... {text[-(size - size // 4) :]}"
+
+
 def session_of(backend: aiolocks.Backend) -> list[object] | None:
     """``[session id, password hex]`` of a ZooKeeper backend; ``None`` for other backends."""
     driver = getattr(backend, "_zk", None)  # a URL-built ZooKeeper backend's own session
@@ -208,7 +219,7 @@ async def run(config: dict[str, Any]) -> None:
                             current.uncancel()
                 except Exception as exc:
                     record["outcome"] = f"error:{type(exc).__name__}"
-                    record["detail"] = str(exc)[:200]
+                    record["detail"] = clip(str(exc))
                 record["reported"] = time.monotonic_ns()  # a loss: when it was told
                 if record["start"] is not None and record["end"] is None:
                     record["end"] = record["reported"]

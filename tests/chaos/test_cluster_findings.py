@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 import aiolocks
+from aiolocks.redis import RedisBackend
+from aiolocks.redis._client import _ClosedUnderWrite, _guard_cluster_writes
 from aiolocks.testing import RedisCluster
 
 pytestmark = [pytest.mark.redis]
@@ -72,3 +76,56 @@ async def test_cluster_down_is_backend_unavailable(broken_cluster: RedisCluster)
                 pass
     finally:
         await backend.close()
+
+
+@pytest.mark.asyncio
+async def test_write_into_a_connection_closed_under_it_is_a_connection_error(
+    redis_cluster: RedisCluster,
+) -> None:
+    """A command whose connection redis-py closes under its write: ``ConnectionError``.
+
+    Finding 3 of the cluster runs: during a primary's ``kill -9``, a command
+    meets ``CLUSTERDOWN`` and redis-py's cluster client disconnects every
+    connection of every node, those in use too. A write that had checked its
+    connection and was waiting for its own ``wait_for`` task then found no
+    stream: ``AttributeError: 'NoneType' object has no attribute
+    'writelines'`` escaped ``hold()`` (reproduced with kill -9 under load).
+    Here the same interleaving is made by hand on a connection of the client
+    aiolocks builds: redis-py's ``ConnectionError`` (exactly that type, which
+    its cluster client retries) must come out instead.
+    """
+    name = "closed-under-write"
+    async with aiolocks.connect(f"{redis_cluster.url}?connect_timeout=5") as backend:
+        assert isinstance(backend, RedisBackend)
+        async with backend.mutex(name).hold(timeout=5):
+            pass  # the client has met the cluster: its node for the lock is known
+        client: Any = backend._driver.node.client
+        node = client.get_node_from_key(f"{{mutex:{name}}}")
+        connection = node.acquire_connection()
+        try:
+            await connection.connect()
+            write = asyncio.create_task(
+                connection.send_packed_command(connection.pack_command("PING"))
+            )
+            # one event-loop step: the write checked that the connection is open
+            # and now waits for the task that will write (asyncio.wait_for, 3.11)
+            await asyncio.sleep(0)
+            if write.done():  # pragma: no cover - a Python whose wait_for does not yield
+                pytest.skip("the write does not yield between its check and the write here")
+            # what redis-py's handling of CLUSTERDOWN does to every connection
+            await connection.disconnect(nowait=True)
+            with pytest.raises(RedisConnectionError) as caught:
+                await write
+            assert type(caught.value) is RedisConnectionError, caught.value
+        finally:
+            await connection.disconnect()
+            node.release(connection)
+        async with backend.mutex(name).hold(timeout=5):
+            pass  # the node's connections reconnect on their next use
+        # every node the client met (built by redis-py from its keywords) is guarded
+        assert all(issubclass(n.connection_class, _ClosedUnderWrite) for n in client.get_nodes())
+
+
+def test_a_cluster_client_laid_out_otherwise_keeps_its_connections() -> None:
+    """The version gate: a client without redis-py 8's connection keywords is left alone."""
+    assert _guard_cluster_writes(object()) is False
