@@ -9,8 +9,9 @@ I/O and calls the builders here; the recipe then uses the client through
 The narrow interface
 --------------------
 :class:`RedisCommands` names every client call the recipe makes:
-``EVALSHA`` (every lock and record script), ``SCRIPT LOAD`` (at ``open()``
-and after ``NOSCRIPT``), ``register_script`` (only for each script's SHA1),
+``EVALSHA`` (every lock and record script), ``EVAL`` (after ``NOSCRIPT``
+on a single command), ``SCRIPT LOAD`` (at ``open()``, and after ``NOSCRIPT``
+in a pipeline), ``register_script`` (only for each script's SHA1),
 ``HGET`` (a hold or record checked after a keyspace event), ``CONFIG GET`` /
 ``CONFIG SET`` of ``notify-keyspace-events`` (``keyspace_events=auto``),
 a non-transactional ``pipeline`` (:class:`RedisPipeline`: ``EVALSHA`` then
@@ -210,6 +211,9 @@ class RedisCommands(Protocol):
 
     def evalsha(self, sha: str, numkeys: int, /, *keys_and_args: Any) -> Awaitable[Any]:
         """``EVALSHA``: run a loaded script; ``NoScriptError`` when the server lost it."""
+
+    def eval(self, script: str, numkeys: int, /, *keys_and_args: Any) -> Awaitable[Any]:
+        """``EVAL``: run a script sent whole (after ``NOSCRIPT``), cached where it ran."""
 
     def script_load(self, script: str, /) -> Awaitable[Any]:
         """``SCRIPT LOAD`` (on every primary of a cluster)."""

@@ -570,11 +570,16 @@ class RedisNode:
     # -- commands ------------------------------------------------------------
 
     async def evalsha(self, script: str, keys: Sequence[str], args: Sequence[object]) -> Any:
-        """``EVALSHA`` of ``scripts/<script>.lua``; on ``NOSCRIPT`` load it and send again.
+        """``EVALSHA`` of ``scripts/<script>.lua``; on ``NOSCRIPT`` send it whole (``EVAL``).
 
-        ``NOSCRIPT`` (a restart or ``SCRIPT FLUSH``) means the script did not
-        run, so sending it again is safe for every script. (redis-py's
-        ``Script`` objects do the same, at a few more steps per call.)
+        ``NOSCRIPT`` (a restart, ``SCRIPT FLUSH``, a replica promoted on a
+        cluster: scripts are not replicated) means the script did not run,
+        so sending it again is safe for every script. ``EVAL`` runs it where
+        its keys live and caches it there for the next ``EVALSHA``; a
+        ``SCRIPT LOAD`` then ``EVALSHA`` could miss on a cluster, where the
+        load goes to the primaries the client knows of and the run to the
+        slot's owner, which may have changed in between (found by the cluster
+        fault runs: a bare ``LockError`` "No matching script").
         """
         client = self.client
         assert self.scripts is not None
@@ -584,8 +589,7 @@ class RedisNode:
             try:
                 return await client.evalsha(sha, len(keys), *keys, *args)
             except NoScriptError:
-                await client.script_load(source(script))
-                return await client.evalsha(sha, len(keys), *keys, *args)
+                return await client.eval(source(script), len(keys), *keys, *args)
 
     @contextlib.contextmanager
     def _on_the_wire(self) -> Iterator[None]:

@@ -249,6 +249,7 @@ async def test_a_cancelled_command_never_returns_its_connection_half_used(
 RECIPE_CALLS: dict[type, dict[str, tuple[tuple[Any, ...], dict[str, Any]]]] = {
     RedisCommands: {
         "evalsha": (("0" * 40, 1, "k", "arg", 1), {}),
+        "eval": (("return 1", 1, "k", "arg", 1), {}),
         "script_load": (("return 1",), {}),
         "register_script": (("return 1",), {}),
         "hget": (("k", "field"), {}),

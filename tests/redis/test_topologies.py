@@ -15,7 +15,12 @@ from redis.crc import key_slot
 
 import aiolocks
 from aiolocks.testing.proxy import TcpProxy
-from aiolocks.testing.servers import RedisCluster, RedisSentinelSet, RedisServerGroup
+from aiolocks.testing.servers import (
+    RedisCluster,
+    RedisSentinelSet,
+    RedisServer,
+    RedisServerGroup,
+)
 
 from ..polling import eventually
 from .conftest import assert_no_keys
@@ -195,9 +200,7 @@ async def _proxies(group: RedisServerGroup) -> AsyncIterator[list[TcpProxy]]:
 async def _renewed_on_every_master(group: RedisServerGroup, key: str) -> None:
     """Wait until the hold in ``key`` has been renewed on every master: its
     expiry (a field's ``<expiry ms>|...``) moved past the one first seen."""
-    clients = [
-        redis.asyncio.Redis(host=s.host, port=s.port, decode_responses=True) for s in group
-    ]
+    clients = [redis.asyncio.Redis(host=s.host, port=s.port, decode_responses=True) for s in group]
 
     async def expiries() -> list[int]:
         found = []
@@ -303,3 +306,45 @@ async def test_redlock_mutual_exclusion_under_contention(redis_servers5: RedisSe
             assert await raw.keys(f"{prefix}*") == []
         finally:
             await raw.aclose()
+
+
+async def test_a_cluster_replica_promoted_without_the_scripts_serves_the_locks() -> None:
+    """Redis does not replicate scripts: a replica promoted by ``CLUSTER FAILOVER`` has
+    none of those ``open()`` loaded. The next try meets ``NOSCRIPT`` there and sends the
+    script whole; the holds survive the (manual, lossless) failover."""
+    cluster = RedisCluster(1, replicas=1)
+    try:
+        await asyncio.to_thread(cluster.start)
+        primary, replica = cluster.nodes[0], cluster.nodes[1]
+        async with aiolocks.connect(f"{cluster.url}?lease_time=30") as backend:
+            held = backend.mutex("before")
+            assert await held.acquire(timeout=0)
+            assert replica.command("SCRIPT", "EXISTS", _acquire_sha()) == [0]
+            replica.command("CLUSTER", "FAILOVER")
+            await eventually(
+                lambda: _role(replica) == "master" and _role(primary) == "slave",
+                timeout=30,
+                what="the replica promoted",
+            )
+            after = backend.mutex("after")
+            assert await after.acquire(timeout=10)  # NOSCRIPT on the new primary, then EVAL
+            assert replica.command("SCRIPT", "EXISTS", _acquire_sha()) == [1]  # cached there
+            await after.release()
+            await held.release()  # the hold was replicated before the manual failover
+    finally:
+        await asyncio.to_thread(cluster.close)
+
+
+def _role(server: RedisServer) -> str:
+    reply = server.command("ROLE")
+    assert isinstance(reply, list)
+    role = reply[0]
+    return role.decode() if isinstance(role, bytes) else str(role)
+
+
+def _acquire_sha() -> str:
+    import hashlib
+
+    from aiolocks.redis._scripts import source
+
+    return hashlib.sha1(source("acquire").encode()).hexdigest()
